@@ -1,0 +1,136 @@
+"""`hybridrl` command line: train, explain, data, eval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cmd_train(args) -> int:
+    from hybridrl.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    from hybridrl.trainer.ppo import PPOTrainer
+
+    PPOTrainer(cfg).fit()
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from hybridrl.config import ConfigError, explain, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(explain(cfg))
+    return 0
+
+
+def cmd_data(args) -> int:
+    from hybridrl.data.converters import convert_gsm8k, make_arith
+
+    if args.dataset == "gsm8k":
+        if not args.input or not args.output:
+            print("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl", file=sys.stderr)
+            return 2
+        n = convert_gsm8k(args.input, args.output, split=args.split)
+        print(f"wrote {n} rows to {args.output}")
+    else:  # arith
+        paths = make_arith(args.output or "data/arith", seed=args.seed)
+        print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from hybridrl.data.dataset import load_prompt_records
+    from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
+    from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
+    from hybridrl.rollout import SamplingParams
+    from hybridrl.rollout.hf import HFRolloutEngine
+    from hybridrl.trainer.scoring import evaluate
+    from hybridrl.workers.actor import autocast_dtype
+
+    device = pick_device(args.device)
+    tokenizer = load_tokenizer(args.model)
+    model = load_causal_lm(args.model, what="--model").to(device).eval()
+    if args.reward_path:
+        compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
+    else:
+        compute_score, need_gt = default_compute_score, needs_ground_truth
+    records = load_prompt_records(
+        args.data, tokenizer, max_prompt_length=args.max_prompt_length, truncation="left",
+        require_ground_truth=need_gt, max_rows=args.limit,
+    )  # fmt: skip
+    engine = HFRolloutEngine(model, tokenizer, max_num_seqs=args.batch_size, autocast_dtype=autocast_dtype(device))
+    sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
+    rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    if args.output:
+        with open(args.output, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r, default=str) + "\n")
+    for k, v in metrics.items():
+        source = k.split("/")[1]
+        n = sum(r["data_source"] == source for r in rows)
+        print(f"{source}: accuracy {v:.4f} ({round(v * n)}/{n}, greedy)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybridrl", description="RL post-training for LLMs (PPO, GRPO, ...).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    for name, fn, help_ in (
+        ("train", cmd_train, "train with a YAML config and key.sub=value overrides"),
+        ("explain", cmd_explain, "show how batch sizes resolve and every config error, loading nothing"),
+    ):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("config", help="YAML config file")
+        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("data", help="write datasets in verl's row format")
+    s.add_argument("dataset", choices=["gsm8k", "arith"])
+    s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows)")
+    s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith: output directory")
+    s.add_argument("--split", default=None, help="gsm8k: split name stored in extra_info (default: from the file name)")
+    s.add_argument("--seed", type=int, default=0, help="arith: problem sampling seed")
+    s.set_defaults(fn=cmd_data)
+
+    s = sub.add_parser("eval", help="greedy accuracy of a model on a dataset, scored per row's data_source")
+    s.add_argument("--model", required=True, help="local HF model directory (e.g. a checkpoint's actor/)")
+    s.add_argument("--data", required=True, help="parquet or JSONL in verl's row format")
+    s.add_argument("--output", help="write per-sample results to this JSONL")
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--max-prompt-length", type=int, default=1024)
+    s.add_argument("--max-response-length", type=int, default=512)
+    s.add_argument("--limit", type=int, default=None, help="only the first N rows")
+    s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--reward-path", help="a Python file with a custom scorer")
+    s.add_argument("--reward-name", default="compute_score")
+    s.set_defaults(fn=cmd_eval)
+    return p
+
+
+def _quiet_libraries() -> None:
+    """Progress bars from `save_pretrained` would interleave with the one-line-per-step log."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("train", "eval"):
+        _quiet_libraries()
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

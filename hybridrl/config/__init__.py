@@ -1,0 +1,64 @@
+"""Typed config: schema (dataclasses), YAML + `a.b.c=value` overrides, validation, batch plan.
+
+    cfg = load_config("configs/gsm8k_grpo.yaml", ["data.train_batch_size=128"])
+    plan = plan_batches(cfg)      # per-device mini/micro batch sizes
+    print(explain(cfg))           # the same, as a table
+"""
+
+from .explain import explain, explain_text
+from .loader import config_from_dict, load_config, save_config, suggest_keys, to_dict
+from .schema import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    CriticConfig,
+    CriticModelConfig,
+    CustomRewardConfig,
+    DataConfig,
+    KLCtrlConfig,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RolloutConfig,
+    TrainerConfig,
+    ValKwargsConfig,
+    WarmupConfig,
+    resolve,
+)
+from .validate import BatchPlan, Problem, RolePlan, find_problems, plan_batches, validate
+
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "BatchPlan",
+    "Config",
+    "ConfigError",
+    "CriticConfig",
+    "CriticModelConfig",
+    "CustomRewardConfig",
+    "DataConfig",
+    "KLCtrlConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "Problem",
+    "RefConfig",
+    "RolePlan",
+    "RolloutConfig",
+    "TrainerConfig",
+    "ValKwargsConfig",
+    "WarmupConfig",
+    "config_from_dict",
+    "explain",
+    "explain_text",
+    "find_problems",
+    "load_config",
+    "plan_batches",
+    "resolve",
+    "save_config",
+    "suggest_keys",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,90 @@
+"""`hybridrl explain`: how the global batch sizes of a config turn into per-device work."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .loader import config_from_dict, load_config, to_dict
+from .schema import Config, ConfigError
+from .validate import BatchPlan, RolePlan, plan_batches
+
+
+def explain(cfg_or_path: Config | str | Path | None = None, overrides: Sequence[str] = ()) -> str:
+    """The batch plan of a config (a Config, or a YAML path plus overrides), or, when the config
+    has problems, every one of them instead. Never raises ConfigError."""
+    try:
+        if isinstance(cfg_or_path, Config):
+            cfg = config_from_dict(to_dict(cfg_or_path), overrides)
+        else:
+            cfg = load_config(cfg_or_path, overrides)
+    except ConfigError as e:
+        return str(e)
+    return explain_text(cfg)
+
+
+def explain_text(cfg: Config) -> str:
+    """The batch plan of a valid config as a table; raises ConfigError when it has none."""
+    p = plan_batches(cfg)
+    a = cfg.actor_rollout_ref
+    lines = [
+        f"Batch plan (data-parallel size {p.dp} = {p.nnodes} node(s) x {p.devices_per_node} device(s))",
+        _row("prompts per step", "data.train_batch_size", p.prompts_per_step),
+        _row("sequences per step", f"x actor_rollout_ref.rollout.n ({a.rollout.n})", p.sequences_per_step),
+        _row("...per device", f"{p.sequences_per_step} / dp {p.dp}", p.sequences_per_device,
+             f"generated in {p.generation_rounds} round(s) of up to {p.max_num_seqs} (rollout.max_num_seqs)"),
+        "",
+        "actor (actor_rollout_ref.actor)",
+        *_role_rows(cfg, p, p.actor, a.actor.ppo_micro_batch_size_per_gpu),
+        "",
+    ]
+    if p.critic is None:
+        lines.append(f"critic: off (algorithm.adv_estimator={cfg.algorithm.adv_estimator})")
+    else:
+        lines += ["critic (critic)", *_role_rows(cfg, p, p.critic, cfg.critic.ppo_micro_batch_size_per_gpu)]
+    lines += [
+        "",
+        "log-prob passes per device (actor_rollout_ref.{rollout,ref}.log_prob_micro_batch_size_per_gpu)",
+        _log_prob_row("rollout (old log-probs)", "rollout", a.rollout.log_prob_micro_batch_size_per_gpu,
+                      p.sequences_per_device, p.rollout_log_prob_micro_batch, p.rollout_log_prob_passes),
+    ]
+    if p.uses_ref:
+        lines.append(_log_prob_row("reference", "ref", a.ref.log_prob_micro_batch_size_per_gpu,
+                                   p.sequences_per_device, p.ref_log_prob_micro_batch, p.ref_log_prob_passes))
+    else:
+        lines.append("  reference: off (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)")
+    t = cfg.trainer
+    lines += ["", "training length"]
+    if t.total_training_steps is not None:
+        lines.append(_row("steps", "trainer.total_training_steps", t.total_training_steps))
+    else:
+        lines.append(f"  trainer.total_epochs ({t.total_epochs}) x (training prompts // {p.prompts_per_step}) "
+                     "steps; the count is known once the data is loaded")
+    return "\n".join(lines)
+
+
+def _row(label: str, formula: str, value: int, note: str = "") -> str:
+    return f"  {label:<24}{formula:<48}{value:>8}  {note}".rstrip()
+
+
+def _given(configured: int | None, used: int) -> str:
+    return f"null -> {used}" if configured is None else str(configured)
+
+
+def _role_rows(cfg: Config, p: BatchPlan, r: RolePlan, micro: int | None) -> list[str]:
+    steps = f"per epoch x {r.epochs} epoch(s) = {r.optimizer_steps_per_step} optimizer steps per step"
+    lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
+    return [
+        _row("mini-batches", f"{p.prompts_per_step} / ppo_mini_batch_size ({r.mini_batch_prompts})",
+             r.num_mini_batches, steps),
+        _row("...per device", f"{r.mini_batch_prompts} x {cfg.actor_rollout_ref.rollout.n} / dp {p.dp}",
+             r.per_device_mini_batch, "sequences"),
+        _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "
+             f"({_given(micro, r.micro_batch)})", r.grad_accum, f"(gradient accumulation {r.grad_accum})"),
+        _row("tokens per micro-batch", f"{r.micro_batch} x {lengths}", r.tokens_per_micro_batch,
+             "(upper bound, padded)"),
+    ]
+
+
+def _log_prob_row(label: str, section: str, configured: int | None, per_device: int, micro: int,
+                  passes: int) -> str:
+    formula = f"{per_device} / {section} micro-batch ({_given(configured, micro)})"
+    return _row(label, formula, passes, f"forward pass(es) of {micro} sequences")

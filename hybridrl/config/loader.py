@@ -1,0 +1,297 @@
+"""YAML file + `a.b.c=value` overrides -> a typed, checked, resolved `Config`.
+
+Every problem (unreadable file, malformed override, unknown key, wrong type, failed
+validation) is collected and raised together as one `ConfigError`, so a user fixes a
+launch script in one round instead of one error per run.
+"""
+
+import copy
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import Config, ConfigError, resolve, type_name, walk
+from .validate import find_problems
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-6` as a float.
+
+    PyYAML implements YAML 1.1, where a float needs a dot (`1.0e-6`) and `1e-6` is a string;
+    learning rates are written `1e-6` everywhere, in files and on command lines alike.
+    """
+
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != _FLOAT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+            |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+            |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+            |[-+]?\.(?:inf|Inf|INF)
+            |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+_ENTRIES = {e.path: e for e in walk(Config())}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check: bool = True) -> Config:
+    """Read a (possibly partial) YAML file, apply overrides, type-check, validate, resolve.
+
+    path: a YAML mapping, or None for the defaults alone.
+    overrides: `a.b.c=value` strings (a leading `+` or `++`, as Hydra users write, is ignored);
+        the value is parsed as YAML, so `1e-6`, `[a,b]`, `null`, `true` work.
+    check: also run `validate` (batch sizes, choices, ranges); type errors are always raised.
+    """
+    errors: list[str] = []
+    tree = _read_yaml(path, errors) if path is not None else {}
+    return _load(tree, overrides, check, errors, readable=not errors)
+
+
+def config_from_dict(d: Mapping[str, Any], overrides: Sequence[str] = (), *, check: bool = True) -> Config:
+    """Like `load_config`, from an already-parsed nested mapping."""
+    if not isinstance(d, Mapping):
+        raise ConfigError([f"a config must be a mapping of sections, got {type(d).__name__}"])
+    return _load(copy.deepcopy(dict(d)), overrides, check, [], readable=True)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain dicts and lists."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML; `load_config` reads it back to an equal Config."""
+    resolved = resolve(copy.deepcopy(cfg))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(to_dict(resolved), sort_keys=False, default_flow_style=None, width=100)
+    path.write_text("# hybridrl config, resolved (every inherited value filled in)\n" + text)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], readable: bool) -> Config:
+    if isinstance(overrides, str):  # a single override passed bare would be split into characters
+        overrides = [overrides]
+    for item in overrides:
+        _apply_override(tree, item, errors)
+    cfg = Config()
+    bad: set[str] = set()  # keys whose value was rejected; validation of them would mislead
+    _fill(cfg, tree, "", errors, bad)
+    if check and readable:
+        for problem in find_problems(cfg):
+            if not any(k == b or k.startswith(b + ".") for k in problem.keys for b in bad):
+                errors.append(problem.message)
+    if errors:
+        raise ConfigError(errors)
+    return resolve(cfg)
+
+
+def _read_yaml(path: str | Path, errors: list[str]) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        errors.append(f"cannot read config file {str(path)!r}: {e.strerror or e}")
+        return {}
+    try:
+        tree = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        errors.append(f"{path} is not valid YAML: {e}")
+        return {}
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        errors.append(f"{path} must hold a mapping of sections (data:, trainer:, ...), got {type(tree).__name__}")
+        return {}
+    return tree
+
+
+def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
+    key, sep, text = str(item).partition("=")
+    key = key.strip().lstrip("+")
+    if not sep or not key:
+        errors.append(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=128)")
+        return
+    try:
+        value = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        reason = getattr(e, "problem", None) or e
+        errors.append(f"override {item!r}: cannot parse the value as YAML ({reason})")
+        return
+    entry = _ENTRIES.get(key)
+    if entry is not None and _is_text(entry.type) and isinstance(value, (bool, int, float)):
+        value = text.strip()  # experiment_name=007 means the string "007", not the number 7
+    if entry is not None and entry.type is str and value is None and not text.strip():
+        value = ""  # `key=` empties a text key
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            errors.append(f"override {item!r}: {'.'.join(parts[: i + 1])} holds a value, not a section of keys")
+            return
+        node = child
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        _merge(node[last], value)
+    else:
+        node[last] = value
+
+
+def _merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _is_text(tp: Any) -> bool:
+    return tp is str or set(typing.get_args(tp)) == {str, type(None)}
+
+
+# --------------------------------------------------------------------------- typing
+
+
+def _fill(obj: Any, raw: Any, prefix: str, errors: list[str], bad: set[str]) -> None:
+    """Set obj's fields from the raw mapping, recursing into sections; record every problem."""
+    if raw is None:  # `critic:` with nothing under it
+        return
+    if not isinstance(raw, dict):
+        path = prefix.rstrip(".")
+        errors.append(f"{path}: expected a section of keys ({type(obj).__name__}), got {_brief(raw)}")
+        bad.add(path)
+        return
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        f = fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            errors.extend(_unknown_key(path, value))
+        elif dataclasses.is_dataclass(f.type):
+            _fill(getattr(obj, key), value, path + ".", errors, bad)
+        else:
+            ok, coerced = _coerce(value, f.type)
+            if ok:
+                setattr(obj, key, coerced)
+            else:
+                hint = ""
+                if _accepts_str(f.type) and isinstance(value, (bool, int, float)):
+                    hint = f"; quote it in YAML: '{value}'"
+                errors.append(f"{path}: expected {type_name(f.type)}, got {_brief(value)}{hint}")
+                bad.add(path)
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """(True, value converted to tp) or (False, None). Only int -> float and a lone string for
+    a list of strings (`trainer.logger=console`) are converted; everything else must match."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None:
+            return type(None) in args, None
+        for arm in args:
+            ok, coerced = _coerce(value, arm)
+            if ok:
+                return True, coerced
+        return False, None
+    if tp is Any:
+        return True, value
+    if tp is type(None):
+        return value is None, None
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else None
+    if tp is str:
+        return isinstance(value, str), value
+    if tp is dict or origin is dict:
+        return isinstance(value, dict), copy.deepcopy(value)
+    if tp is list or origin is list:
+        item = args[0] if args else Any
+        if isinstance(value, str) and item is str:
+            value = [value]
+        if not isinstance(value, list):
+            return False, None
+        out = []
+        for v in value:
+            ok, coerced = _coerce(v, item)
+            if not ok:
+                return False, None
+            out.append(coerced)
+        return True, out
+    return isinstance(value, tp), value
+
+
+def _accepts_str(tp: Any) -> bool:
+    return tp is str or str in typing.get_args(tp)
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --------------------------------------------------------------------------- unknown keys
+
+
+def _unknown_key(path: str, value: Any, section: str | None = None) -> list[str]:
+    """One message per unknown leaf; an unknown section is reported by the keys under it,
+    which are what the suggestion can match (`actr.ppo_epochs` -> `actor.ppo_epochs`), and
+    failing that by the section itself (`datta.x` -> `data`)."""
+    if isinstance(value, dict) and value:
+        return [m for k, v in value.items() for m in _unknown_key(f"{path}.{k}", v, section or path)]
+    close = suggest_keys(path) or (suggest_keys(section) if section else [])
+    if not close:
+        return [f"unknown key '{path}' (all keys: docs/config.md, or `hybridrl explain`)"]
+    more = f" (or {', '.join(repr(c) for c in close[1:])})" if len(close) > 1 else ""
+    return [f"unknown key '{path}'; did you mean '{close[0]}'?{more}"]
+
+
+def suggest_keys(path: str, limit: int = 3) -> list[str]:
+    """Valid keys a mistyped or misplaced one probably meant, best first.
+
+    Keys with the same last name anywhere in the tree (`actor.lr` -> `actor.optim.lr`) beat
+    keys whose last name is close, which beat close full paths; only the best of these groups
+    is returned, closest full path first.
+    """
+    leaf = path.rsplit(".", 1)[-1]
+    ranked = []
+    for candidate in _ENTRIES:
+        candidate_leaf = candidate.rsplit(".", 1)[-1]
+        ratio = difflib.SequenceMatcher(None, path, candidate).ratio()
+        if candidate_leaf == leaf:
+            tier = 0
+        elif difflib.SequenceMatcher(None, leaf, candidate_leaf).ratio() >= 0.8:
+            tier = 1
+        elif ratio >= 0.75:
+            tier = 2
+        else:
+            continue
+        ranked.append((tier, -ratio, candidate))
+    ranked.sort()
+    return [candidate for tier, _, candidate in ranked[:limit] if tier == ranked[0][0]]

@@ -1,0 +1,506 @@
+"""Config checks, and the batch plan: how global batch sizes become per-device ones.
+
+Users state intent in global terms (prompts per step, samples per prompt, prompts per
+optimizer step); `plan_batches` derives what each device does, with verl's semantics.
+Every problem names the keys involved and suggests a value that works (`Problem.fix`), chosen
+so that applying it does not break any other batch-size rule.
+"""
+
+import copy
+import math
+from dataclasses import dataclass
+from difflib import get_close_matches
+from typing import Any, Callable
+
+from .schema import Config, ConfigError, resolve, show, walk
+
+# Names the algorithms package registers; kept here as plain tuples so config has no
+# dependency on it (ARCHITECTURE.md: config imports nothing from hybridrl).
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "remax")
+GROUP_ESTIMATORS = ("grpo", "rloo")  # baselines from the other responses to the same prompt
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+TRUNCATIONS = ("error", "left", "right")
+RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+ROLLOUT_NAMES = ("hf", "native", "vllm")
+LR_SCHEDULERS = ("constant", "cosine")
+
+# Keys whose value must be one of a fixed set (for trainer.logger: every entry).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.truncation": TRUNCATIONS,
+    "actor_rollout_ref.actor.loss_agg_mode": LOSS_AGG_MODES,
+    "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": LR_SCHEDULERS,
+    "actor_rollout_ref.rollout.name": ROLLOUT_NAMES,
+    "critic.optim.lr_scheduler_type": LR_SCHEDULERS,
+    "critic.loss_agg_mode": LOSS_AGG_MODES,
+    "algorithm.adv_estimator": ADV_ESTIMATORS,
+    "algorithm.kl_penalty": KL_ESTIMATORS,
+    "algorithm.kl_ctrl.type": KL_CTRL_TYPES,
+    "trainer.device": DEVICES,
+    "trainer.logger": LOGGERS,
+    "trainer.resume_mode": RESUME_MODES,
+}
+
+_Rule = tuple[Callable[[Any], bool], str]
+_AT_LEAST_1: _Rule = (lambda v: v >= 1, "must be >= 1")
+_AT_LEAST_0: _Rule = (lambda v: v >= 0, "must be >= 0")
+_POSITIVE: _Rule = (lambda v: v > 0, "must be > 0")
+_UNIT: _Rule = (lambda v: 0 <= v <= 1, "must be between 0 and 1")
+_PROB: _Rule = (lambda v: 0 < v <= 1, "must be in (0, 1]")
+_OFF_OR_1: _Rule = (lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1")
+_OFF_OR_0: _Rule = (lambda v: v >= -1, "must be -1 (off) or >= 0")
+_ABOVE_1: _Rule = (lambda v: v > 1, "must be > 1 (the dual-clip bound on the ratio for negative advantages)")
+
+
+def _optim_rules(prefix: str) -> list[tuple[str, _Rule]]:
+    return [
+        (f"{prefix}.lr", _POSITIVE),
+        (f"{prefix}.weight_decay", _AT_LEAST_0),
+        (f"{prefix}.warmup_steps_ratio", _UNIT),
+        (f"{prefix}.lr_warmup_steps", _OFF_OR_0),
+        (f"{prefix}.min_lr_ratio", _UNIT),
+    ]
+
+
+_A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+# Range rules; a None value (an optional key left unset) is not checked.
+# Keys under critic. are checked only when the critic is trained.
+_RULES: list[tuple[str, _Rule]] = [
+    ("data.max_prompt_length", _AT_LEAST_1),
+    ("data.max_response_length", _AT_LEAST_1),
+    ("data.train_batch_size", _AT_LEAST_1),
+    ("data.val_batch_size", _AT_LEAST_1),
+    ("data.val_max_samples", _AT_LEAST_1),
+    (f"{_A}.ppo_mini_batch_size", _AT_LEAST_1),
+    (f"{_A}.ppo_micro_batch_size_per_gpu", _AT_LEAST_1),
+    (f"{_A}.ppo_epochs", _AT_LEAST_1),
+    (f"{_A}.clip_ratio", _POSITIVE),
+    (f"{_A}.clip_ratio_low", _POSITIVE),
+    (f"{_A}.clip_ratio_high", _POSITIVE),
+    (f"{_A}.clip_ratio_c", _ABOVE_1),
+    (f"{_A}.kl_loss_coef", _AT_LEAST_0),
+    (f"{_A}.grad_clip", _POSITIVE),
+    *_optim_rules(f"{_A}.optim"),
+    (f"{_R}.n", _AT_LEAST_1),
+    (f"{_R}.temperature", _AT_LEAST_0),
+    (f"{_R}.top_p", _PROB),
+    (f"{_R}.top_k", _OFF_OR_1),
+    (f"{_R}.max_num_seqs", _AT_LEAST_1),
+    (f"{_R}.log_prob_micro_batch_size_per_gpu", _AT_LEAST_1),
+    (f"{_R}.val_kwargs.n", _AT_LEAST_1),
+    (f"{_R}.val_kwargs.temperature", _AT_LEAST_0),
+    (f"{_R}.val_kwargs.top_p", _PROB),
+    (f"{_R}.val_kwargs.top_k", _OFF_OR_1),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", _AT_LEAST_1),
+    ("critic.ppo_mini_batch_size", _AT_LEAST_1),
+    ("critic.ppo_micro_batch_size_per_gpu", _AT_LEAST_1),
+    ("critic.ppo_epochs", _AT_LEAST_1),
+    ("critic.cliprange_value", _POSITIVE),
+    ("critic.grad_clip", _POSITIVE),
+    *_optim_rules("critic.optim"),
+    ("algorithm.gamma", _UNIT),
+    ("algorithm.lam", _UNIT),
+    ("algorithm.kl_ctrl.kl_coef", _AT_LEAST_0),
+    ("algorithm.kl_ctrl.target_kl", _POSITIVE),
+    ("algorithm.kl_ctrl.horizon", _AT_LEAST_1),
+    ("trainer.total_epochs", _AT_LEAST_1),
+    ("trainer.total_training_steps", _AT_LEAST_1),
+    ("trainer.n_gpus_per_node", _AT_LEAST_1),
+    ("trainer.nnodes", _AT_LEAST_1),
+    ("trainer.save_freq", _OFF_OR_1),
+    ("trainer.test_freq", _OFF_OR_1),
+    ("trainer.max_nonfinite_steps", _AT_LEAST_0),
+    ("trainer.log_samples", _AT_LEAST_0),
+    ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
+    ("warmup.steps", _AT_LEAST_0),
+    ("warmup.batch_size", _AT_LEAST_1),
+    ("warmup.lr", _POSITIVE),
+]
+
+_DEFAULTS = {e.path: e.value for e in walk(Config())}
+
+# The keys the batch plan is computed from.
+_TRAIN, _N = "data.train_batch_size", f"{_R}.n"
+_NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
+_MINI = {"actor": f"{_A}.ppo_mini_batch_size", "critic": "critic.ppo_mini_batch_size"}
+_MICRO = {"actor": f"{_A}.ppo_micro_batch_size_per_gpu", "critic": "critic.ppo_micro_batch_size_per_gpu"}
+_LOG_PROB_MICRO = {"rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
+                   "ref": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"}
+_PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values()}
+_BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(),
+               "data.max_prompt_length", "data.max_response_length", f"{_R}.max_num_seqs",
+               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator"}
+
+
+@dataclass
+class Problem:
+    """One thing wrong with a config."""
+
+    message: str  # names the keys and suggests a value that works
+    keys: tuple[str, ...]  # the keys involved, first the one to change
+    fix: dict[str, Any] | None = None  # overrides that remove this problem, when one change does
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem in the config, one message each; empty when it is good to run."""
+    return [p.message for p in find_problems(cfg)]
+
+
+def find_problems(cfg: Config) -> list[Problem]:
+    """Like `validate`, with the keys involved and a suggested fix for each problem."""
+    r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
+    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r)
+    if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
+        problems += _batch_problems(cfg)
+    return problems
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _suggest(key: str, value: Any, rule: str, fix: Any) -> Problem:
+    return Problem(f"{key}={show(value)} {rule}; use e.g. {key}={show(fix)}", (key,), {key: fix})
+
+
+def _range_problems(cfg: Config) -> list[Problem]:
+    out = []
+    for key, (ok, rule) in _RULES:
+        value = _get(cfg, key)
+        if value is None or (key.startswith("critic.") and not cfg.critic_enabled):
+            continue
+        if not ok(value):
+            out.append(_suggest(key, value, rule, _DEFAULTS[key]))
+    for key in (f"{_A}.optim.betas", "critic.optim.betas"):
+        value = _get(cfg, key)
+        if key.startswith("critic.") and not cfg.critic_enabled:
+            continue
+        if len(value) != 2 or not all(0 <= b < 1 for b in value):
+            out.append(_suggest(key, value, "must be two numbers in [0, 1)", [0.9, 0.999]))
+    return out
+
+
+def _choice_problems(cfg: Config) -> list[Problem]:
+    out = []
+    for key, choices in CHOICES.items():
+        if key.startswith("critic.") and not cfg.critic_enabled:
+            continue
+        value = _get(cfg, key)
+        wrong = [v for v in (value if isinstance(value, list) else [value]) if v not in choices]
+        if not wrong:
+            continue
+        if isinstance(value, list):
+            fix = [v for v in value if v in choices] or _DEFAULTS[key]
+            rule = f"has {', '.join(map(repr, wrong))}, not among {', '.join(choices)}"
+            out.append(_suggest(key, value, rule, fix))
+            continue
+        close = get_close_matches(str(value), choices, n=3, cutoff=0.5)
+        fix = next((c for c in [*close, _DEFAULTS[key], *choices] if _harmless(cfg, key, c)), _DEFAULTS[key])
+        problem = _suggest(key, value, f"is not one of {', '.join(choices)}", fix)
+        if close and close[0] != fix:
+            problem.message += f" ({close[0]} would also need other keys changed)"
+        out.append(problem)
+    return out
+
+
+def _harmless(cfg: Config, key: str, value: Any) -> bool:
+    """Whether setting key=value adds no problem besides choice ones (e.g. resume_mode=resume_path
+    without a path, or adv_estimator=grpo with rollout.n=1)."""
+    def others(c: Config) -> set[str]:
+        r = resolve(copy.deepcopy(c))
+        return {p.message for p in _range_problems(r) + _requirement_problems(r) + _batch_problems(c)}
+
+    changed = copy.deepcopy(cfg)
+    parent, _, name = key.rpartition(".")
+    setattr(_get(changed, parent), name, value)
+    return others(changed) <= others(cfg)
+
+
+def _requirement_problems(cfg: Config) -> list[Problem]:
+    out = []
+    if not cfg.actor_rollout_ref.model.path:
+        out.append(Problem(
+            "actor_rollout_ref.model.path is empty; set it to a local Hugging Face model directory, "
+            "e.g. actor_rollout_ref.model.path=models/Qwen2.5-0.5B-Instruct",
+            ("actor_rollout_ref.model.path",), {"actor_rollout_ref.model.path": "models/Qwen2.5-0.5B-Instruct"}))
+    files = cfg.data.train_files
+    if not files or (isinstance(files, list) and not all(files)):
+        out.append(Problem(
+            f"data.train_files={show(files)} names no file; set it to parquet or jsonl prompt files, "
+            "e.g. data.train_files=data/gsm8k/train.parquet",
+            ("data.train_files",), {"data.train_files": "data/gsm8k/train.parquet"}))
+    t = cfg.trainer
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        out.append(Problem(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint directory such as "
+            f"{t.default_local_dir}/checkpoints/step_100); or use trainer.resume_mode=auto to resume from the latest",
+            ("trainer.resume_mode", "trainer.resume_from_path"), {"trainer.resume_mode": "auto"}))
+    w = cfg.warmup
+    if w.steps > 0 and (not w.files or (isinstance(w.files, list) and not all(w.files))):
+        out.append(Problem(
+            f"warmup.steps={w.steps} needs warmup.files (rows with a prompt and a `response` column); "
+            "or use warmup.steps=0 to skip the warm-up",
+            ("warmup.files", "warmup.steps"), {"warmup.steps": 0}))
+    reward = cfg.custom_reward_function
+    if reward.path and not reward.name:
+        out.append(_suggest("custom_reward_function.name", reward.name,
+                            f"must name a function in {reward.path}", "compute_score"))
+    for prefix in (_R, f"{_R}.val_kwargs"):
+        sampling = _get(cfg, prefix)
+        if sampling.do_sample and sampling.temperature == 0:
+            out.append(Problem(
+                f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
+                f"for greedy decoding, or a temperature such as 1.0",
+                (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
+    return out
+
+
+# --------------------------------------------------------------------------- batch plan
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """How one trained role (actor or critic) splits a step's sequences."""
+
+    mini_batch_prompts: int  # ppo_mini_batch_size
+    mini_batch_sequences: int  # x rollout.n
+    per_device_mini_batch: int  # / dp: sequences one device contributes to an optimizer step
+    micro_batch: int  # sequences per forward/backward pass on one device
+    grad_accum: int  # micro-batches per optimizer step
+    num_mini_batches: int  # optimizer steps per epoch = train_batch_size / ppo_mini_batch_size
+    epochs: int  # ppo_epochs
+    optimizer_steps_per_step: int  # num_mini_batches x epochs
+    tokens_per_micro_batch: int  # micro_batch x (max_prompt_length + max_response_length), padded bound
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Per-step and per-device batch sizes derived from the global ones."""
+
+    nnodes: int
+    devices_per_node: int
+    dp: int  # data-parallel size: nnodes x devices_per_node
+    prompts_per_step: int  # data.train_batch_size
+    sequences_per_step: int  # x rollout.n
+    sequences_per_device: int  # / dp
+    max_num_seqs: int  # rollout.max_num_seqs
+    generation_rounds: int  # ceil(sequences_per_device / max_num_seqs)
+    tokens_per_sequence: int  # max_prompt_length + max_response_length
+    actor: RolePlan
+    critic: RolePlan | None  # None when no critic is trained (adv_estimator != gae)
+    rollout_log_prob_micro_batch: int  # sequences per old-log-prob forward pass on one device
+    rollout_log_prob_passes: int
+    uses_ref: bool  # a KL term needs reference log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward)
+    ref_log_prob_micro_batch: int
+    ref_log_prob_passes: int
+
+
+def plan_batches(cfg: Config) -> BatchPlan:
+    """The batch plan; raises ConfigError naming the keys to change when sizes do not fit."""
+    problems = [p for p in find_problems(cfg) if p.keys[0] in _BATCH_KEYS]
+    if problems:
+        raise ConfigError([p.message for p in problems])
+    r = resolve(copy.deepcopy(cfg))
+    a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
+    dp = r.trainer.nnodes * r.trainer.n_gpus_per_node
+    per_device = r.data.train_batch_size * rollout.n // dp
+    seq_tokens = r.data.max_prompt_length + r.data.max_response_length
+
+    def role(mini: int, micro: int | None, epochs: int) -> RolePlan:
+        per_device_mini = mini * rollout.n // dp
+        micro = micro or per_device_mini
+        steps = r.data.train_batch_size // mini
+        return RolePlan(
+            mini_batch_prompts=mini, mini_batch_sequences=mini * rollout.n, per_device_mini_batch=per_device_mini,
+            micro_batch=micro, grad_accum=per_device_mini // micro, num_mini_batches=steps, epochs=epochs,
+            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens,
+        )
+
+    def log_prob_micro(configured: int | None) -> int:
+        return min(configured or per_device, per_device)
+
+    rollout_micro = log_prob_micro(rollout.log_prob_micro_batch_size_per_gpu)
+    ref_micro = log_prob_micro(a.ref.log_prob_micro_batch_size_per_gpu)
+    critic = r.critic
+    return BatchPlan(
+        nnodes=r.trainer.nnodes,
+        devices_per_node=r.trainer.n_gpus_per_node,
+        dp=dp,
+        prompts_per_step=r.data.train_batch_size,
+        sequences_per_step=r.data.train_batch_size * rollout.n,
+        sequences_per_device=per_device,
+        max_num_seqs=rollout.max_num_seqs,
+        generation_rounds=math.ceil(per_device / rollout.max_num_seqs),
+        tokens_per_sequence=seq_tokens,
+        actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs),
+        critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs)
+        if r.critic_enabled else None,
+        rollout_log_prob_micro_batch=rollout_micro,
+        rollout_log_prob_passes=math.ceil(per_device / rollout_micro),
+        uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward,
+        ref_log_prob_micro_batch=ref_micro,
+        ref_log_prob_passes=math.ceil(per_device / ref_micro),
+    )
+
+
+# The batch rules work on a flat {key: int} view so that a candidate fix can be tried by
+# changing one entry. A critic mini-batch of None inherits the actor's.
+_Sizes = dict[str, Any]
+_Context = tuple[bool, bool]  # (critic trained, estimator needs groups)
+
+
+def _sizes(cfg: Config) -> _Sizes:
+    keys = [_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values()]
+    s = {k: _get(cfg, k) for k in keys}
+    if s[_MINI["critic"]] == s[_MINI["actor"]]:  # as after `resolve`: treat as inherited, one report
+        s[_MINI["critic"]] = None
+    return s
+
+
+def _mini(s: _Sizes, role: str) -> int:
+    own = s[_MINI[role]]
+    return s[_MINI["actor"]] if own is None else own
+
+
+def _role_failure(s: _Sizes, role: str) -> str | None:
+    train, n, dp, mini, micro = s[_TRAIN], s[_N], s[_NODES] * s[_GPUS], _mini(s, role), s[_MICRO[role]]
+    if train % mini:
+        return "divides"
+    if mini * n % dp:
+        return "split"
+    if micro is not None and (mini * n // dp) % micro:
+        return "micro"
+    return None
+
+
+def _failures(s: _Sizes, ctx: _Context) -> set[tuple[str, str]]:
+    critic_on, grouped = ctx
+    out = set()
+    actor = _role_failure(s, "actor")
+    if actor:
+        out.add(("actor", actor))
+    if critic_on:
+        critic = _role_failure(s, "critic")
+        inherited = s[_MINI["critic"]] is None and critic in ("divides", "split")  # reported for the actor
+        if critic and not inherited:
+            out.add(("critic", critic))
+    if grouped and s[_N] < 2:
+        out.add(("algorithm", "group"))
+    return out
+
+
+def _removes(s: _Sizes, change: dict[str, Any], failure: tuple[str, str], ctx: _Context) -> bool:
+    """Whether the change removes `failure` and breaks nothing that was fine: no role (actor,
+    critic, algorithm) that passed before fails after it."""
+    before = {role for role, _ in _failures(s, ctx) - {failure}}
+    after = _failures({**s, **change}, ctx)
+    return failure not in after and {role for role, _ in after} <= before
+
+
+def _working_values(s: _Sizes, key: str, candidates: Any, failure: tuple[str, str], ctx: _Context) -> list[int]:
+    """The nearest candidate below and above the current value that remove `failure`
+    without breaking anything else."""
+    current = s[key] if s[key] is not None else _mini(s, "actor")
+    good = [v for v in candidates if v != current and _removes(s, {key: v}, failure, ctx)]
+    below = [v for v in good if v < current]
+    above = [v for v in good if v > current]
+    return ([max(below)] if below else []) + ([min(above)] if above else [])
+
+
+def _divisors(x: int) -> list[int]:
+    return [d for d in range(1, x + 1) if x % d == 0]
+
+
+def _batch_problems(cfg: Config) -> list[Problem]:
+    s = _sizes(cfg)
+    ctx = (cfg.critic_enabled, cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
+    return [_describe(s, role, kind, ctx, cfg) for role, kind in sorted(_failures(s, ctx))]
+
+
+def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Problem:
+    train, n, nodes, gpus = s[_TRAIN], s[_N], s[_NODES], s[_GPUS]
+    dp = nodes * gpus
+    failure = (role, kind)
+    if kind == "group":
+        values = [5] if _removes(s, {_N: 5}, failure, ctx) else []
+        values = values or _working_values(s, _N, range(2, max(4 * n, 16) + 1), failure, ctx)
+        text = (f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares several responses to the same "
+                f"prompt, so it needs {_N} > 1 (got {n})")
+        return _with_fix(text, (_N, "algorithm.adv_estimator"), _N, values, f"use {_N}=")
+
+    mini_key = _MINI[role] if s[_MINI[role]] is not None else _MINI["actor"]
+    mini, micro_key = _mini(s, role), _MICRO[role]
+    mini_text = f"{mini_key}={mini}"
+    if kind == "divides":
+        verb = "is larger than" if mini > train else "does not divide"
+        text = f"{mini_text} {verb} {_TRAIN}={train}"
+        keys = (mini_key, _TRAIN)
+        values = _working_values(s, mini_key, _divisors(train), failure, ctx)
+        if values:
+            return _with_fix(text, keys, mini_key, values, "use a divisor such as ")
+        values = _working_values(s, _TRAIN, range(mini, 4 * max(train, mini) + 1, mini), failure, ctx)
+        if values:
+            return _with_fix(text, keys, _TRAIN, values, f"use a multiple of {mini} such as {_TRAIN}=")
+        joint = _joint_fix(s, role, mini_key, failure, ctx)
+        if joint:
+            return Problem(f"{text}; use {_show_fix(joint)}", keys, joint)
+        return Problem(f"{text}; change several of {', '.join(keys)} together", keys)
+    if kind == "split":
+        text = (f"{mini_text} x {_N}={n} = {mini * n} sequences per mini-batch cannot be split evenly over "
+                f"data-parallel size {dp} ({_NODES}={nodes} x {_GPUS}={gpus})")
+        keys = (mini_key, _N, _NODES, _GPUS)
+        values = _working_values(s, mini_key, _divisors(train), failure, ctx)
+        if values:
+            return _with_fix(text, keys, mini_key, values, "use a value such as ")
+        # No mini-batch size works with this train batch: change the batch sizes together
+        # (keeps the algorithm as it is), or the samples per prompt, or the device count.
+        fixes = [f for f in (_joint_fix(s, role, mini_key, failure, ctx),) if f]
+        fixes += [{_N: v} for v in _working_values(s, _N, range(1, max(4 * n, 16) + 1), failure, ctx)[:1]]
+        options = [_show_fix(f) for f in fixes] + [f"a data-parallel size that divides {mini * n}"]
+        return Problem(f"{text}; use {', or '.join(options)}", keys, fixes[0] if fixes else None)
+    # kind == "micro"
+    micro, per_device = s[micro_key], mini * n // dp
+    verb = "is larger than" if micro > per_device else "does not divide"
+    text = (f"{micro_key}={micro} {verb} the per-device mini-batch of {per_device} sequences "
+            f"({mini_text} x {_N}={n} / data-parallel size {dp})")
+    values = _working_values(s, micro_key, _divisors(per_device), failure, ctx)
+    return _with_fix(text, (micro_key, mini_key, _N, _NODES, _GPUS), micro_key, values,
+                     f"use a divisor of {per_device} such as ")
+
+
+def _joint_fix(s: _Sizes, role: str, mini_key: str, failure: tuple[str, str], ctx: _Context) -> dict | None:
+    """When no single key can change: the mini-batch with the micro-batch; failing that, the
+    train batch too. Mini-batch sizes nearest the current one first."""
+    train, n, dp, micro_key = s[_TRAIN], s[_N], s[_NODES] * s[_GPUS], _MICRO[role]
+
+    def with_micro(fix: dict[str, int]) -> dict[str, int]:
+        micro, per_device = s[micro_key], fix[mini_key] * n // dp
+        if micro is not None and per_device % micro:
+            fix[micro_key] = max(d for d in _divisors(per_device) if d <= micro)
+        return fix
+
+    def nearest_first(values: Any) -> list[int]:
+        return sorted(values, key=lambda v: (abs(v - s[mini_key]), v))
+
+    step = dp // math.gcd(n, dp)  # mini-batches that dp can split are multiples of this
+    options = [with_micro({mini_key: m}) for m in nearest_first(_divisors(train)) if m % step == 0]
+    options += [with_micro({_TRAIN: max(m, round(train / m) * m), mini_key: m})
+                for m in nearest_first(range(step, 4 * max(train, s[mini_key]) + 1, step))[:256]]
+    options = [{k: v for k, v in fix.items() if v != s[k]} for fix in options]
+    return next((fix for fix in options if fix and _removes(s, fix, failure, ctx)), None)
+
+
+def _show_fix(fix: dict[str, Any]) -> str:
+    return " and ".join(f"{k}={show(v)}" for k, v in fix.items())
+
+
+def _with_fix(text: str, keys: tuple[str, ...], key: str, values: list[int], lead: str) -> Problem:
+    if not values:  # only with other problems present; fix those first
+        return Problem(f"{text}; change several of {', '.join(keys)} together", keys)
+    return Problem(f"{text}; {lead}{' or '.join(map(str, values))}", keys, {key: values[0]})

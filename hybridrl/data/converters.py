@@ -1,0 +1,181 @@
+"""Turn raw datasets into prompt files in verl's row format, and make the
+quickstart arithmetic task.
+
+A row is ``{"data_source", "prompt": [chat messages], "ability",
+"reward_model": {"style", "ground_truth"}, "extra_info": {...}}``; files are
+JSONL or parquet, chosen by extension, so verl's prepared parquet files load
+here unchanged and ours load there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+GSM8K_INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
+
+_SUFFIXES = (".jsonl", ".parquet")
+
+# GSM8K reference solutions end with "#### <number>"; the same pattern the
+# reward extracts from responses, so the two always agree on the format.
+_GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
+
+
+def _suffix(path: str | os.PathLike) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise ValueError(f"{os.fspath(path)}: unsupported file type {suffix or '(none)'!r}; "
+                         f"use one of {', '.join(_SUFFIXES)}")
+    return suffix
+
+
+def write_rows(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> int:
+    """Write dict rows to ``.jsonl`` or ``.parquet``; create the parent
+    directory. Returns the number of rows."""
+    suffix = _suffix(path)
+    rows = list(rows)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".jsonl":
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return len(rows)
+
+
+def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read the rows of a ``.jsonl`` or ``.parquet`` file as dicts."""
+    suffix = _suffix(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file not found: {os.fspath(path)}")
+    if suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{os.fspath(path)}:{lineno}: invalid JSON ({e})") from None
+    return rows
+
+
+def _guess_split(path: str | os.PathLike) -> str:
+    name = Path(path).name.lower()
+    return "test" if "test" in name else "train"
+
+
+def _gsm8k_row(record: Any, index: int, split: str, where: str) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in ("question", "answer"):
+        if not isinstance(record.get(key), str):
+            raise ValueError(f"{where}: missing string field {key!r}")
+    question, answer = record["question"], record["answer"]
+    match = _GSM8K_ANSWER.search(answer)
+    if match is None:
+        raise ValueError(f"{where}: 'answer' has no final '#### <number>'")
+    return {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": question + GSM8K_INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": match.group(1).replace(",", "")},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
+
+
+def convert_gsm8k(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    split: str | None = None,
+) -> int:
+    """Convert GSM8K JSONL (``{"question", "answer": "... #### 72"}`` per line)
+    into prompt rows at ``output_path`` (.jsonl or .parquet). ``split`` defaults
+    to "test" if the input file name contains "test", else "train". Returns the
+    number of rows written."""
+    _suffix(output_path)  # fail on a bad extension before reading anything
+    split = split or _guess_split(input_path)
+    rows = []
+    with open(input_path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{os.fspath(input_path)}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e})") from None
+            rows.append(_gsm8k_row(record, len(rows), split, where))
+    return write_rows(rows, output_path)
+
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
+
+
+def make_arith(
+    output_dir: str | os.PathLike,
+    n_train: int = 1000,
+    n_test: int = 200,
+    seed: int = 0,
+    max_operand: int = 49,
+    *,
+    ops: str = "+",
+    n_sft: int = 1000,
+) -> dict[str, str]:
+    """Write the quickstart task: prompts like ``"37+45="`` with operands in
+    ``0..max_operand`` and operators from ``ops`` ("+", "-" or "+-").
+
+    Three JSONL files with no problem in common: ``sft.jsonl`` (rows also carry
+    ``response``, the bare answer, for a supervised warm-up; the tokenizer adds
+    EOS), ``train.jsonl`` (RL prompts) and ``test.jsonl``. The same seed gives
+    the same files. Returns ``{"sft": path, "train": path, "test": path}``.
+    """
+    if not ops or set(ops) - set(_OPS):
+        raise ValueError(f"ops must be made of {''.join(_OPS)!r}, got {ops!r}")
+    ops = "".join(dict.fromkeys(ops))
+    counts = {"sft": n_sft, "train": n_train, "test": n_test}
+    if min(counts.values()) < 0 or max_operand < 0:
+        raise ValueError(f"sizes and max_operand must be >= 0, got {counts}, {max_operand}")
+    side = max_operand + 1
+    space = side * side * len(ops)
+    total = sum(counts.values())
+    if total > space:
+        raise ValueError(
+            f"asked for {total} distinct problems but only {space} exist with "
+            f"max_operand={max_operand} and ops={ops!r}; raise max_operand or lower the sizes"
+        )
+
+    # Sampling problem ids without replacement is what makes the splits disjoint.
+    ids = iter(random.Random(seed).sample(range(space), total))
+    paths = {}
+    for split, count in counts.items():
+        rows = []
+        for index in range(count):
+            op_index, rest = divmod(next(ids), side * side)
+            a, b = divmod(rest, side)
+            op = ops[op_index]
+            answer = str(_OPS[op](a, b))
+            row = {
+                "data_source": "arith",
+                "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index},
+            }
+            if split == "sft":
+                row["response"] = answer
+            rows.append(row)
+        path = os.path.join(os.fspath(output_dir), f"{split}.jsonl")
+        write_rows(rows, path)
+        paths[split] = path
+    return paths

@@ -1,0 +1,179 @@
+"""Prompt datasets (parquet / JSONL in verl's row format) and a resumable prompt loader.
+
+A row: `{"prompt": [{"role": "user", "content": ...}] or "text", "data_source": str,
+"reward_model": {"ground_truth": ...}, "extra_info": {...}}`. Every row is checked and
+tokenized once, up front, so that a malformed row stops the run before any training happens,
+with its file and index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.converters import read_rows
+
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+class DataError(ValueError):
+    """A data file or row that cannot be used; the message names the file and row."""
+
+
+@dataclass
+class PromptRecord:
+    prompt_ids: list[int]
+    raw_prompt: str
+    data_source: str
+    ground_truth: Any
+    extra_info: dict
+
+
+def render_prompt(tokenizer, prompt) -> str:
+    """Chat messages go through the tokenizer's chat template; a plain string is used as is."""
+    if isinstance(prompt, str):
+        return prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        # No template (a base model): join the contents, the common fallback.
+        return "\n".join(m["content"] for m in prompt)
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+
+
+def _check_prompt(prompt, where: str):
+    if isinstance(prompt, str):
+        if not prompt:
+            raise DataError(f"{where}: the prompt is an empty string")
+        return prompt
+    if isinstance(prompt, np.ndarray):  # parquet lists of structs come back as arrays
+        prompt = list(prompt)
+    if isinstance(prompt, list) and prompt:
+        for j, msg in enumerate(prompt):
+            if not isinstance(msg, dict) or "content" not in msg or "role" not in msg:
+                raise DataError(
+                    f"{where}: prompt message {j} must be a dict with 'role' and 'content', got {msg!r:.120}"
+                )
+            if not isinstance(msg["content"], str):
+                raise DataError(f"{where}: prompt message {j} 'content' must be a string")
+        return [dict(m) for m in prompt]
+    raise DataError(f"{where}: the prompt must be a string or a non-empty list of chat messages, got {prompt!r:.120}")
+
+
+def load_prompt_records(
+    files,
+    tokenizer,
+    *,
+    prompt_key: str = "prompt",
+    reward_fn_key: str = "data_source",
+    max_prompt_length: int,
+    truncation: str = "error",
+    require_ground_truth=lambda data_source: True,
+    max_rows: int | None = None,
+) -> list[PromptRecord]:
+    """Read, check and tokenize every row of `files` (a path or list of paths)."""
+    if truncation not in TRUNCATION_MODES:
+        raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+    files = [files] if isinstance(files, str) else list(files)
+    records: list[PromptRecord] = []
+    for path in files:
+        rows = read_rows(path)
+        for i, row in enumerate(rows):
+            if max_rows is not None and len(records) >= max_rows:
+                return records
+            where = f"{path}, row {i}"
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
+            if prompt_key not in row or row[prompt_key] is None:
+                raise DataError(f"{where}: missing the prompt field {prompt_key!r} (data.prompt_key); row has {sorted(row)}")
+            prompt = _check_prompt(row[prompt_key], where)
+            source = row.get(reward_fn_key)
+            if not isinstance(source, str) or not source:
+                raise DataError(f"{where}: missing {reward_fn_key!r} (data.reward_fn_key), which picks the reward function")
+            reward_model = row.get("reward_model") or {}
+            ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+            if ground_truth is None and require_ground_truth(source):
+                raise DataError(f"{where}: missing reward_model.ground_truth, which the {source!r} scorer needs")
+            text = render_prompt(tokenizer, prompt)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length:
+                if truncation == "error":
+                    raise DataError(
+                        f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_prompt_length}; "
+                        f"raise it or set data.truncation=left|right"
+                    )
+                ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
+            extra = row.get("extra_info") or {}
+            records.append(PromptRecord(ids, text, source, ground_truth, dict(extra) if isinstance(extra, dict) else {}))
+    if not records:
+        raise DataError(f"no rows in {files}")
+    return records
+
+
+def collate_prompts(records: list[PromptRecord], pad_token_id: int, uids: list[str]) -> Batch:
+    """Left-pad prompts into a Batch (the layout generation wants)."""
+    width = max(len(r.prompt_ids) for r in records)
+    ids = torch.full((len(records), width), pad_token_id, dtype=torch.long)  # (B, P)
+    mask = torch.zeros((len(records), width), dtype=torch.long)
+    for i, r in enumerate(records):
+        n = len(r.prompt_ids)
+        ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        mask[i, width - n :] = 1
+    return Batch(
+        {K.PROMPTS: ids, K.PROMPT_MASK: mask},
+        {
+            K.UID: uids,
+            K.DATA_SOURCE: [r.data_source for r in records],
+            K.GROUND_TRUTH: [r.ground_truth for r in records],
+            K.EXTRA_INFO: [r.extra_info for r in records],
+            K.RAW_PROMPT: [r.raw_prompt for r in records],
+        },
+    )
+
+
+class PromptLoader:
+    """Shuffled epochs of fixed-size prompt batches, resumable from `state_dict()`.
+
+    The order of epoch e is a permutation drawn from `seed + e` alone, so the position
+    (epoch, batch index) is all a checkpoint needs to continue with the very same batches.
+    The last incomplete batch of an epoch is dropped (as verl does) so every step has
+    `batch_size` prompts.
+    """
+
+    def __init__(self, records: list[PromptRecord], batch_size: int, pad_token_id: int, *, shuffle=True, seed=0):
+        if batch_size > len(records):
+            raise DataError(
+                f"data.train_batch_size={batch_size} is larger than the training set ({len(records)} prompts); "
+                f"use at most {len(records)}"
+            )
+        self.records, self.batch_size, self.pad_token_id = records, batch_size, pad_token_id
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.records) // self.batch_size
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.records))
+        return np.random.default_rng(self.seed + epoch).permutation(len(self.records))
+
+    def next_batch(self) -> Batch:
+        if self.position >= len(self):
+            self.epoch, self.position = self.epoch + 1, 0
+        order = self._order(self.epoch)
+        start = self.position * self.batch_size
+        idx = order[start : start + self.batch_size]
+        self.position += 1
+        uids = [f"e{self.epoch}-p{int(i)}" for i in idx]
+        return collate_prompts([self.records[i] for i in idx], self.pad_token_id, uids)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

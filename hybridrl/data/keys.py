@@ -1,0 +1,32 @@
+"""Names of the fields a `Batch` carries between stages — the one place they are documented.
+
+Shapes: B = sequences in the batch, P = prompt length (left-padded), R = response length
+(right-padded), T = P + R. Stages list what they read and write in their docstrings using
+these constants; nothing probes a batch for optional keys.
+"""
+
+# -- written by the prompt loader -------------------------------------------------------------
+PROMPTS = "prompts"  # (B, P) int64, left-padded prompt token ids
+PROMPT_MASK = "prompt_mask"  # (B, P) int64, 1 on prompt tokens
+UID = "uid"  # non-tensor str: one id per prompt, shared by its n samples (the GRPO group)
+DATA_SOURCE = "data_source"  # non-tensor str: picks the reward function
+GROUND_TRUTH = "ground_truth"  # non-tensor: the reference answer (may be None)
+EXTRA_INFO = "extra_info"  # non-tensor dict: passed through to the reward function
+RAW_PROMPT = "raw_prompt"  # non-tensor str: the prompt text after the chat template
+
+# -- written by the rollout engine ------------------------------------------------------------
+RESPONSES = "responses"  # (B, R) int64, right-padded sampled token ids
+RESPONSE_MASK = "response_mask"  # (B, R) float32, 1 on sampled tokens up to and incl. EOS
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, R) float32, the engine's log-prob of each token
+RESPONSE_TEXT = "response_text"  # non-tensor str: decoded response, special tokens dropped
+
+# -- written by reward / actor / reference / critic -------------------------------------------
+TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, R) the scalar score on the last response token
+TOKEN_LEVEL_REWARDS = "token_level_rewards"  # (B, R) scores minus the in-reward KL penalty
+OLD_LOG_PROBS = "old_log_probs"  # (B, R) the current policy's log-probs before the update
+REF_LOG_PROBS = "ref_log_probs"  # (B, R) the frozen reference policy's log-probs
+ENTROPY = "entropy"  # (B, R) per-token entropy of the current policy
+VALUES = "values"  # (B, R) critic's value estimates
+REWARD_BASELINES = "reward_baselines"  # (B,) ReMax: score of the greedy response to the prompt
+ADVANTAGES = "advantages"  # (B, R)
+RETURNS = "returns"  # (B, R)

@@ -1,0 +1,86 @@
+"""Load a Hugging Face causal LM (or build one from its config) and its tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class ModelLoadError(ValueError):
+    pass
+
+
+def _check_dir(path: str, what: str) -> Path:
+    if not path:
+        raise ModelLoadError(f"{what} is empty: set it to a local Hugging Face model directory")
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelLoadError(
+            f"{what}={path!r} is not a directory. hybridrl loads local model directories only "
+            f"(config.json + weights); see docs/models.md for how to obtain one"
+        )
+    if not (p / "config.json").exists():
+        raise ModelLoadError(f"{what}={path!r} has no config.json: not a Hugging Face model directory")
+    return p
+
+
+def has_weights(path: str) -> bool:
+    return any((Path(path) / f).exists() for f in WEIGHT_FILES)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        # Decoder-only models often ship without a pad token; padding is masked everywhere.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(
+    path: str,
+    *,
+    random_init: bool = False,
+    override_config: dict | None = None,
+    trust_remote_code: bool = False,
+    what: str = "actor_rollout_ref.model.path",
+    backbone_only: bool = False,
+) -> nn.Module:
+    """A float32 model from a local directory; `random_init` builds it from config.json alone.
+
+    `backbone_only` returns the base model without the LM head (for a critic).
+    """
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    p = _check_dir(path, what)
+    config = AutoConfig.from_pretrained(p, trust_remote_code=trust_remote_code)
+    for k, v in (override_config or {}).items():
+        setattr(config, k, v)
+    cls = AutoModel if backbone_only else AutoModelForCausalLM
+    if random_init:
+        model = cls.from_config(config, trust_remote_code=trust_remote_code, dtype=torch.float32)
+    else:
+        if not has_weights(str(p)):
+            raise ModelLoadError(
+                f"{what}={path!r} has a config.json but no weights ({', '.join(WEIGHT_FILES[::2])}); "
+                f"set actor_rollout_ref.model.random_init=true to build it with random weights"
+            )
+        model = cls.from_pretrained(p, config=config, trust_remote_code=trust_remote_code, dtype=torch.float32)
+    return model
+
+
+def pick_device(device: str) -> torch.device:
+    """`auto` = the current CUDA device if there is one, else CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    if device == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device(device)

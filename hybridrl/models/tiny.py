@@ -1,0 +1,76 @@
+"""Tiny models of a real architecture, built from a config with random weights.
+
+The quickstart and the tests never download weights: they build a Qwen2-architecture model
+a few layers deep over a character-level tokenizer that ships in `hybridrl/assets/tiny-arith`.
+`python -m hybridrl.models.tiny` regenerates that directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-arith"
+
+# One token per character: digits, arithmetic, a few letters for tests with text.
+CHARS = list("0123456789+-*=() ,.#") + list("abcdefghijklmnopqrstuvwxyz") + ["\n"]
+SPECIAL = ["<pad>", "<eos>"]
+
+# Plain concatenation: the tiny model has no roles to distinguish, and the rows still use
+# verl's chat-message format so the same data path serves real instruct models.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def build_tokenizer():
+    """A character-level fast tokenizer (`transformers` wrapper over `tokenizers`)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    from tokenizers import decoders
+
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
+    """A Qwen2 config small enough to train on two CPU cores in seconds."""
+    cfg = dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        torch_dtype="float32",
+    )
+    cfg.update(overrides)
+    return cfg
+
+
+def write_tiny_model_dir(out: str | Path, **config_overrides) -> Path:
+    """Write tokenizer + config.json (no weights) to `out`; load with `model.random_init=true`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    tok.save_pretrained(out)
+    cfg = tiny_qwen2_config(len(tok), **config_overrides)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    print(write_tiny_model_dir(ASSET_DIR))

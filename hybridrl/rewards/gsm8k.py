@@ -1,0 +1,77 @@
+"""GSM8K scorer: compare the answer after ``####`` with the reference number.
+
+Semantics follow verl's ``reward_score/gsm8k.py`` so that scores stay comparable
+with runs made there: only the tail of the response is searched, the last match
+wins, and the comparison is an exact string match against the ground truth.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Only the tail is searched: the final answer comes last, and a bound keeps a
+# runaway generation from costing a regex scan over thousands of characters.
+# 300 is verl's value.
+_TAIL_CHARS = 300
+
+_STRICT = re.compile(r"#### (-?[0-9.,]+)")
+_NUMBER = re.compile(r"-?[0-9.,]+")
+
+
+def extract_solution(solution_str: str, method: str = "strict") -> str | None:
+    """Return the final answer found in the last 300 characters, or None.
+
+    ``strict`` takes the last ``#### <number>``; ``flexible`` takes the last
+    number anywhere. Commas are removed in both. As in verl, ``$`` is not part
+    of a number, so ``#### $18`` is not a well-formed strict answer, and a
+    trailing full stop stays in the match (``#### 18.`` gives ``"18."``).
+
+    >>> extract_solution("3 + 4 = 7 so 7 * 10 = 70.\\n#### 70")
+    '70'
+    >>> extract_solution("#### 1 then again #### -1,234")
+    '-1234'
+    >>> extract_solution("The answer is 42") is None
+    True
+    >>> extract_solution("The answer is 42, not 41.", method="flexible")
+    '41.'
+    >>> extract_solution("#### 5" + "x" * 300) is None
+    True
+    >>> extract_solution("nothing here . .", method="flexible") is None
+    True
+    """
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
+    tail = solution_str[-_TAIL_CHARS:]
+    if method == "strict":
+        matches = _STRICT.findall(tail)
+    else:
+        # A lone "." or "," (sentence punctuation) matches the pattern too.
+        matches = [m for m in _NUMBER.findall(tail) if m.strip(".,")]
+    if not matches:
+        return None
+    return matches[-1].replace(",", "")
+
+
+def compute_score(
+    solution_str: str,
+    ground_truth: str,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """``score`` if the extracted answer equals ``ground_truth``, ``format_score``
+    if an answer was found but differs, 0.0 if none was found.
+
+    >>> compute_score("so she sold 72 clips.\\n#### 72", "72")
+    1.0
+    >>> compute_score("#### 71", "72", format_score=0.1)
+    0.1
+    >>> compute_score("I think it is 72", "72")
+    0.0
+    >>> compute_score("I think it is 72", "72", method="flexible")
+    1.0
+    """
+    answer = extract_solution(solution_str, method=method)
+    if answer is None:
+        return 0.0
+    return float(score) if answer == str(ground_truth).strip() else float(format_score)

@@ -1,0 +1,40 @@
+"""The rollout engine interface every generation backend implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+from hybridrl.data.batch import Batch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    do_sample: bool = True
+    max_new_tokens: int = 512
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Prompts (PROMPTS, PROMPT_MASK + non-tensor fields) -> the batch repeated `n` times
+        (the samples of a prompt adjacent) with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS and
+        RESPONSE_TEXT added."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take new policy weights; a no-op for engines that read the trainer's parameters."""
+
+    def sleep(self) -> None:
+        """Free generation memory (KV cache) while the trainer runs."""
+
+    def wake(self) -> None:
+        """Re-allocate what `sleep` freed."""

@@ -1,0 +1,96 @@
+"""Generation with Hugging Face `generate`: the reference engine, and the CPU default.
+
+It runs on the trainer's own module, so on one device the policy it samples from is always
+the current one and `load_weights` has nothing to do.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.rollout.base import SamplingParams
+
+
+class HFRolloutEngine:
+    def __init__(self, model, tokenizer, *, max_num_seqs: int = 256, autocast_dtype=None):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.autocast_dtype = autocast_dtype
+        eos = tokenizer.eos_token_id
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids = {eos} | (set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos})
+        self.eos_token_ids = sorted(i for i in ids if i is not None)
+        self.pad_token_id = tokenizer.pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        batch = prompts.repeat_interleave(sampling.n) if sampling.n > 1 else prompts
+        outs = [self._generate_chunk(chunk, sampling) for chunk in batch.split(self.max_num_seqs)]
+        width = max(o[0].shape[1] for o in outs)
+        responses = torch.cat([_pad_right(o[0], width, self.pad_token_id) for o in outs])  # (B, R)
+        log_probs = torch.cat([_pad_right(o[1], width, 0.0) for o in outs])  # (B, R)
+        mask = _mask_through_eos(responses, self.eos_token_ids)  # (B, R)
+        batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
+        batch[K.RESPONSES] = responses
+        batch[K.RESPONSE_MASK] = mask
+        batch[K.ROLLOUT_LOG_PROBS] = log_probs * mask
+        batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
+            [r[m.bool()] for r, m in zip(responses, mask)], skip_special_tokens=True
+        )
+        return batch
+
+    def _generate_chunk(self, chunk: Batch, sampling: SamplingParams):
+        device = next(self.model.parameters()).device
+        ids, attn = chunk[K.PROMPTS].to(device), chunk[K.PROMPT_MASK].to(device)
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy)
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=attn,
+                    eos_token_id=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    return_dict_in_generate=True,
+                    output_logits=True,
+                    **kwargs,
+                )
+        finally:
+            self.model.train(was_training)
+        responses = out.sequences[:, ids.shape[1] :]  # (b, r)
+        # Log-prob of each sampled token under the temperature-scaled distribution, before
+        # top-p/top-k: the same quantity the trainer computes, so the two can be compared.
+        temp = 1.0 if sampling.greedy else sampling.temperature
+        logits = torch.stack(out.logits, dim=1).float() / temp  # (b, r, V)
+        log_probs = logits.log_softmax(-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)  # (b, r)
+        return responses.cpu(), log_probs.cpu()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        return None
+
+    def sleep(self) -> None:
+        return None
+
+    def wake(self) -> None:
+        return None
+
+
+def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] == width:
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def _mask_through_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 on every token up to and including the first EOS, 0 after: (B, R) float32."""
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, dtype=responses.dtype))
+    # Count EOS tokens strictly before each position; a token is real if none came earlier.
+    before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    return (before == 0).float()

@@ -1,0 +1,114 @@
+"""Checkpoint directories: written atomically, found again by `resume_mode=auto`.
+
+Layout of `<run>/checkpoints/step_N/`:
+  actor/            a plain HF model directory (loadable by `hybridrl eval` / from_pretrained)
+  actor_optim.pt    optimizer + LR scheduler (loaded with weights_only=True)
+  critic/, critic_optim.pt   when there is a critic
+  ref/              only when the reference policy is not `model.path` (random init, warm-up)
+  trainer_state.json  step, data position, KL controller, counters
+  rng.pt            python / numpy / torch / cuda RNG states
+
+A checkpoint is written into `.tmp_step_N` and renamed into place only when complete, and
+`latest` is replaced atomically after that: a crash mid-save never leaves a broken latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LATEST = "latest"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step}"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
+    pointer = root / LATEST
+    if pointer.exists():
+        path = root / pointer.read_text().strip()
+        if path.is_dir() and (path / "trainer_state.json").exists():
+            return path
+    # The pointer is missing or stale: fall back to the highest complete step directory.
+    steps = []
+    for p in root.glob("step_*") if root.exists() else []:
+        m = re.fullmatch(r"step_(\d+)", p.name)
+        if m and (p / "trainer_state.json").exists():
+            steps.append((int(m.group(1)), p))
+    return max(steps)[1] if steps else None
+
+
+def begin_save(root: Path, step: int) -> Path:
+    tmp = root / f".tmp_step_{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish_save(root: Path, tmp: Path, step: int, trainer_state: dict, keep: int | None) -> Path:
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+    torch.save(rng_state(), tmp / "rng.pt")
+    final = step_dir(root, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer_tmp = root / f".{LATEST}.tmp"
+    pointer_tmp.write_text(final.name)
+    os.replace(pointer_tmp, root / LATEST)
+    if keep:
+        _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    steps = sorted(
+        (int(m.group(1)), p) for p in root.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
+    )
+    for _, p in steps[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def load_trainer_state(path: Path) -> dict:
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+# -- RNG --------------------------------------------------------------------------------------
+def rng_state() -> dict:
+    """All RNG states as tensors and plain Python values, so weights_only loading works."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(path: Path) -> None:
+    state = torch.load(path / "rng.pt", weights_only=True)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

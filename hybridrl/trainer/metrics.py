@@ -1,0 +1,38 @@
+"""Batch statistics under verl's metric names."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.algorithms import masked_mean
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    x = x.float()
+    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
+
+
+def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    mask = batch[K.RESPONSE_MASK]
+    valid = mask.bool()
+    response_len = mask.sum(-1)  # (B,)
+    prompt_len = batch[K.PROMPT_MASK].sum(-1)  # (B,)
+    seq_scores = batch[K.TOKEN_LEVEL_SCORES].sum(-1)
+    seq_rewards = batch[K.TOKEN_LEVEL_REWARDS].sum(-1)
+    m = {}
+    m.update(_stats("critic/score", seq_scores))
+    m.update(_stats("critic/rewards", seq_rewards))
+    m.update(_stats("critic/advantages", batch[K.ADVANTAGES][valid]))
+    m.update(_stats("critic/returns", batch[K.RETURNS][valid]))
+    if K.VALUES in batch:
+        m.update(_stats("critic/values", batch[K.VALUES][valid]))
+    m.update(_stats("response_length", response_len))
+    m["response_length/clip_ratio"] = float((response_len >= max_response_length).float().mean())
+    m.update(_stats("prompt_length", prompt_len))
+    m["perf/total_num_tokens"] = float(response_len.sum() + prompt_len.sum())
+    m["training/rollout_probs_diff_mean"] = float(
+        masked_mean((batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs(), mask)
+    )
+    return m

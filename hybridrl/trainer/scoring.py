@@ -1,0 +1,69 @@
+"""Rule-based scoring on the controller, and evaluation (validation and `hybridrl eval`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.dataset import PromptRecord, collate_prompts
+from hybridrl.rewards import score_batch
+from hybridrl.rollout import SamplingParams
+
+
+def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar score on its last response token: (B,) -> (B, R)."""
+    out = torch.zeros_like(response_mask, dtype=torch.float32)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # (B,)
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * response_mask
+
+
+def score(batch: Batch, compute_score) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scores (B,) of the batch's responses and the reward metrics (errors, extra keys)."""
+    result = score_batch(
+        compute_score,
+        list(batch[K.DATA_SOURCE]),
+        list(batch[K.RESPONSE_TEXT]),
+        list(batch[K.GROUND_TRUTH]),
+        list(batch[K.EXTRA_INFO]),
+    )
+    metrics = {"reward/errors": float(result.num_errors)}
+    for k, vals in result.extras.items():
+        metrics[f"reward/{k}/mean"] = float(np.mean(vals))
+    return torch.tensor(result.scores, dtype=torch.float32), metrics
+
+
+def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batch_size: int, compute_score, pad_token_id: int):
+    """Generate for every record and score; returns (per-sample rows, metrics).
+
+    `engine` is anything with `generate(prompts: Batch, sampling) -> Batch`: the actor's
+    worker group during training, or a bare rollout engine in `hybridrl eval`.
+    Metrics: `val-core/<data_source>/reward/mean@<n>` (mean over all n samples of a prompt).
+    """
+    rows, per_source = [], defaultdict(list)
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        prompts = collate_prompts(chunk, pad_token_id, [str(start + i) for i in range(len(chunk))])
+        out = engine.generate(prompts, sampling)
+        scores, _ = score(out, compute_score)
+        lengths = out[K.RESPONSE_MASK].sum(-1)
+        for i in range(len(out)):
+            source = out[K.DATA_SOURCE][i]
+            per_source[source].append(float(scores[i]))
+            rows.append(
+                {
+                    "index": start + i // sampling.n,
+                    "data_source": source,
+                    "prompt": out[K.RAW_PROMPT][i],
+                    "response": out[K.RESPONSE_TEXT][i],
+                    "ground_truth": out[K.GROUND_TRUTH][i],
+                    "score": float(scores[i]),
+                    "response_length": int(lengths[i]),
+                }
+            )
+    metrics = {f"val-core/{s}/reward/mean@{sampling.n}": float(np.mean(v)) for s, v in per_source.items()}
+    return rows, metrics

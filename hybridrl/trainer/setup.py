@@ -1,0 +1,214 @@
+"""Everything a run needs before its first step: data, workers, rewards, tracking, resume.
+
+Kept apart from the loop so `ppo.py` reads as the algorithm and this file as the plumbing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hybridrl.config import plan_batches, save_config, to_dict
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.converters import read_rows
+from hybridrl.data.dataset import PromptLoader, load_prompt_records, render_prompt
+from hybridrl.distributed.local import LocalWorkerGroup
+from hybridrl.models.loading import load_tokenizer, pick_device
+from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
+from hybridrl.tracking.tracker import Tracker, append_samples
+from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.workers.critic import CriticWorker
+
+
+def run_dir(cfg) -> Path:
+    t = cfg.trainer
+    return Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
+
+
+@dataclass
+class RunContext:
+    cfg: object
+    dir: Path
+    loader: PromptLoader
+    val_records: list
+    actor: object
+    critic: object | None
+    compute_score: object
+    need_ref: bool
+    save_ref: bool
+    tracker: Tracker
+    total_steps: int
+    pad_token_id: int
+    val_batch_size: int
+    global_step: int = 0
+    trainer_state: dict = field(default_factory=dict)
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.dir / "checkpoints"
+
+    def save_checkpoint(self, kl_ctrl_state: dict) -> Path:
+        tmp = ckpt.begin_save(self.ckpt_root, self.global_step)
+        self.actor.save_checkpoint(str(tmp), self.save_ref)
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(tmp))
+        state = {"global_step": self.global_step, "data": self.loader.state_dict(), "kl_ctrl": kl_ctrl_state}
+        return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
+
+    def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
+        n = self.cfg.trainer.log_samples
+        if n > 0:
+            append_samples(self.dir / "samples.jsonl", self.global_step, batch[K.RAW_PROMPT], batch[K.RESPONSE_TEXT], scores.tolist(), n)
+
+    def finish(self) -> None:
+        self.tracker.close()
+
+
+def _reward_fn(cfg):
+    c = cfg.custom_reward_function
+    if c.path:
+        return load_custom_reward_fn(c.path, c.name), (lambda source: False)
+    return default_compute_score, needs_ground_truth
+
+
+def build_run(cfg) -> RunContext:
+    plan = plan_batches(cfg)
+    if plan.dp > 1:
+        raise NotImplementedError(
+            f"trainer.nnodes x trainer.n_gpus_per_node = {plan.dp} workers needs the Ray backend, which is not in "
+            f"this version; set trainer.n_gpus_per_node=1 trainer.nnodes=1"
+        )
+    device = pick_device(cfg.trainer.device)
+    out = run_dir(cfg)
+    resume_from = _find_resume(cfg, out)
+    ckpt.seed_everything(cfg.trainer.seed)
+
+    m = cfg.actor_rollout_ref.model
+    tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
+    compute_score, need_gt = _reward_fn(cfg)
+    records = load_prompt_records(
+        cfg.data.train_files, tokenizer,
+        prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
+        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
+    )  # fmt: skip
+    val_records = []
+    if cfg.data.val_files:
+        val_records = load_prompt_records(
+            cfg.data.val_files, tokenizer,
+            prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
+            max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
+            require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
+        )  # fmt: skip
+    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * len(loader)
+
+    a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    need_ref = a.use_kl_loss or algo.use_kl_in_reward
+    # The reference is the initial policy; save it with checkpoints when it cannot be reloaded
+    # from model.path (random weights, or weights changed by the warm-up).
+    save_ref = need_ref and (m.random_init or cfg.warmup.steps > 0)
+    actor = LocalWorkerGroup(ActorRolloutRefWorker(cfg, plan, device))
+    critic = LocalWorkerGroup(CriticWorker(cfg, plan, device)) if cfg.critic_enabled else None
+    actor_steps = total_steps * plan.actor.optimizer_steps_per_step
+    critic_steps = total_steps * plan.critic.optimizer_steps_per_step if critic else 0
+
+    state: dict = {}
+    if resume_from is None:
+        actor.init_model(m.path, m.random_init, actor_steps, need_ref, ref_path=None)
+        if critic:
+            critic.init_model(cfg.critic.model.path, m.random_init and cfg.critic.model.path == m.path, critic_steps)
+    else:
+        ref_path = str(resume_from / "ref") if (resume_from / "ref").exists() else m.path
+        actor.init_model(str(resume_from / "actor"), False, actor_steps, need_ref, ref_path=ref_path)
+        actor.load_optimizer(str(resume_from))
+        if critic:
+            critic.init_model(str(resume_from / "critic"), False, critic_steps, head_path=resume_from / "critic" / "value_head.safetensors")
+            critic.load_optimizer(str(resume_from))
+        state = ckpt.load_trainer_state(resume_from)
+        loader.load_state_dict(state["data"])
+        ckpt.restore_rng(resume_from)
+
+    global_step = state.get("global_step", 0)
+    tracker = Tracker(
+        cfg.trainer.logger, out,
+        project=cfg.trainer.project_name, name=cfg.trainer.experiment_name, config=to_dict(cfg),
+        total_steps=total_steps, resume_step=global_step if resume_from else None,
+    )  # fmt: skip
+    if resume_from is None:
+        (out / "samples.jsonl").unlink(missing_ok=True)
+        if cfg.warmup.steps > 0:
+            state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
+        actor.freeze_reference()
+        print(f"[hybridrl] run dir {out} | {total_steps} steps | device {device}", flush=True)
+    else:
+        _truncate_jsonl(out / "samples.jsonl", global_step)
+        print(f"[hybridrl] resumed from {resume_from} at step {global_step}/{total_steps}", flush=True)
+    save_config(cfg, out / "config.yaml")
+
+    return RunContext(
+        cfg=cfg, dir=out, loader=loader, val_records=val_records, actor=actor, critic=critic,
+        compute_score=compute_score, need_ref=need_ref, save_ref=save_ref, tracker=tracker,
+        total_steps=total_steps, pad_token_id=tokenizer.pad_token_id,
+        val_batch_size=cfg.data.val_batch_size or max(1, len(val_records)),
+        global_step=global_step, trainer_state=state,
+    )  # fmt: skip
+
+
+def _find_resume(cfg, out: Path) -> Path | None:
+    t = cfg.trainer
+    if t.resume_mode == "disable":
+        return None
+    if t.resume_mode == "resume_path":
+        path = Path(t.resume_from_path)
+        if not (path / "trainer_state.json").exists():
+            raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
+        return path
+    return ckpt.latest_checkpoint(out / "checkpoints")
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    if path.exists():
+        kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        path.write_text("".join(ln + "\n" for ln in kept))
+
+
+# -- supervised warm-up -----------------------------------------------------------------------
+def run_warmup(cfg, actor, tokenizer) -> dict:
+    """A short supervised stage on (prompt, response) rows before RL (the quickstart uses it)."""
+    w = cfg.warmup
+    files = [w.files] if isinstance(w.files, str) else list(w.files)
+    pairs = []
+    for path in files:
+        for i, row in enumerate(read_rows(path)):
+            if "response" not in row or cfg.data.prompt_key not in row:
+                raise ValueError(f"{path}, row {i}: warm-up rows need {cfg.data.prompt_key!r} and 'response'")
+            prompt_ids = tokenizer(render_prompt(tokenizer, row[cfg.data.prompt_key]), add_special_tokens=False)["input_ids"]
+            resp_ids = tokenizer(str(row["response"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            pairs.append((prompt_ids, resp_ids))
+    rng = np.random.default_rng(cfg.trainer.seed)
+    pad = tokenizer.pad_token_id
+    for step in range(1, w.steps + 1):
+        idx = rng.choice(len(pairs), size=min(w.batch_size, len(pairs)), replace=False)
+        m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
+        if step == w.steps or step % max(1, w.steps // 5) == 0:
+            print(f"warm-up {step}/{w.steps} | loss {m['warmup/loss']:.3f} | token_acc {m['warmup/token_acc']:.3f}", flush=True)
+    return m
+
+
+def _sft_batch(pairs, pad: int) -> Batch:
+    P = max(len(p) for p, _ in pairs)
+    R = max(len(r) for _, r in pairs)
+    prompts = torch.full((len(pairs), P), pad, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompts)
+    responses = torch.full((len(pairs), R), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(pairs), R), dtype=torch.float32)
+    for i, (p, r) in enumerate(pairs):
+        prompts[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
+        responses[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
+    return Batch({K.PROMPTS: prompts, K.PROMPT_MASK: prompt_mask, K.RESPONSES: responses, K.RESPONSE_MASK: response_mask})

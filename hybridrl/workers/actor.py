@@ -1,0 +1,235 @@
+"""The actor + rollout + reference role, composed from three parts on one device.
+
+- `policy`: the trainable causal LM with its optimizer (the PPO/GRPO update lives here);
+- `rollout`: a generation engine that samples from the same weights;
+- `ref`: a frozen copy of the initial policy, built only when a KL term needs it.
+
+Public methods take and return a `Batch` (fields from `hybridrl.data.keys`) and are registered
+with a dispatch mode so the in-process and Ray worker groups call them the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_loss, kl_penalty
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
+from hybridrl.rollout import SamplingParams, make_rollout_engine
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+
+SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)
+LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
+
+
+def autocast_dtype(device: torch.device):
+    """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+class ActorRolloutRefWorker:
+    def __init__(self, cfg, plan, device: torch.device):
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.arr = cfg.actor_rollout_ref
+        self.amp = autocast_dtype(device)
+        rollout_temp = self.arr.rollout.temperature
+        # Log-probs are those of the distribution the rollout sampled from (temperature-scaled).
+        self.temperature = rollout_temp if rollout_temp > 0 else 1.0
+        self.nonfinite_in_a_row = 0
+
+    # -- setup ---------------------------------------------------------------------------------
+    @register(Dispatch.ALL)
+    def init_model(self, model_path: str, random_init: bool, total_optimizer_steps: int, need_ref: bool, ref_path=None):
+        """Load the policy (and reference); `ref_path=None` means a copy of the initial policy."""
+        m = self.arr.model
+        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
+        self.model = load_causal_lm(
+            model_path, random_init=random_init, override_config=m.override_config, trust_remote_code=m.trust_remote_code
+        ).to(self.device)
+        if m.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.optimizer = build_optimizer(self.model.parameters(), self.arr.actor.optim)
+        self.scheduler = build_scheduler(self.optimizer, self.arr.actor.optim, total_optimizer_steps)
+        self.rollout = make_rollout_engine(
+            self.arr.rollout.name, self.model, self.tokenizer, max_num_seqs=self.arr.rollout.max_num_seqs, autocast_dtype=self.amp
+        )
+        self.need_ref, self._ref_path = need_ref, ref_path
+        self.ref = None
+        if need_ref and ref_path is not None:
+            self.ref = self._freeze(load_causal_lm(ref_path, trust_remote_code=m.trust_remote_code).to(self.device))
+
+    @register(Dispatch.ALL)
+    def freeze_reference(self) -> None:
+        """Take the current weights as the reference policy (after loading or a warm-up)."""
+        if self.need_ref and self.ref is None:
+            self.ref = self._freeze(copy.deepcopy(self.model))
+
+    @staticmethod
+    def _freeze(model):
+        model.eval()
+        model.requires_grad_(False)
+        return model
+
+    # -- generation ----------------------------------------------------------------------------
+    @register(Dispatch.DP)
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT."""
+        return self.rollout.generate(prompts, sampling)
+
+    # -- log-probs -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def _log_probs(self, model, batch: Batch, micro_batch: int) -> torch.Tensor:
+        out = []
+        for micro in batch.select(SEQ_KEYS).split(micro_batch):
+            micro = micro.to(self.device)
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                logits = response_logits(model, *(micro[k] for k in SEQ_KEYS), temperature=self.temperature)
+            out.append(log_probs_from_logits(logits, micro[K.RESPONSES]).cpu())
+        return torch.cat(out) * batch[K.RESPONSE_MASK]
+
+    @register(Dispatch.DP)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
+        was_training = self.model.training
+        self.model.eval()  # no dropout: old log-probs must be deterministic
+        try:
+            batch[K.OLD_LOG_PROBS] = self._log_probs(self.model, batch, self.plan.rollout_log_prob_micro_batch)
+        finally:
+            self.model.train(was_training)
+        return batch
+
+    @register(Dispatch.DP)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """Adds REF_LOG_PROBS from the frozen reference policy."""
+        if self.ref is None:
+            raise RuntimeError("no reference policy: it is built only when a KL term is configured")
+        batch[K.REF_LOG_PROBS] = self._log_probs(self.ref, batch, self.plan.ref_log_prob_micro_batch)
+        return batch
+
+    # -- update --------------------------------------------------------------------------------
+    @register(Dispatch.DP)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO-clip update over mini-batches and micro-batches; returns averaged metrics.
+
+        Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (and REF_LOG_PROBS with use_kl_loss).
+        Micro-batch losses are normalized by the mini-batch's token/sequence count, so the
+        accumulated gradient equals the mini-batch's whatever the micro-batch size.
+        """
+        a = self.arr.actor
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(a.ppo_epochs):
+            order = torch.randperm(len(batch)) if a.shuffle else torch.arange(len(batch))
+            for mini in batch.index(order).split(self.plan.actor.per_device_mini_batch):
+                global_tokens = float(mini[K.RESPONSE_MASK].sum())
+                shares: dict[str, float] = defaultdict(float)
+                for micro in mini.split(self.plan.actor.micro_batch):
+                    loss, m = self._policy_loss(micro.to(self.device), global_tokens, len(mini))
+                    loss.backward()
+                    for k, v in m.items():
+                        # Loss terms are this micro-batch's share of the mini-batch loss: add them.
+                        if k in LOSS_SHARE_KEYS:
+                            shares[k] += v
+                        else:
+                            metrics[k].append(v)
+                for k, v in shares.items():
+                    metrics[k].append(v)
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip)
+                self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
+                metrics["actor/grad_norm"].append(grad_norm)
+                metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["actor/nonfinite_skipped"] = sum(metrics["actor/nonfinite_skipped"])
+        out["actor/nonfinite_in_a_row"] = self.nonfinite_in_a_row
+        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
+    def _policy_loss(self, micro: Batch, global_tokens: float, global_seqs: int):
+        a = self.arr.actor
+        mask = micro[K.RESPONSE_MASK]
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            logits = response_logits(self.model, *(micro[k] for k in SEQ_KEYS), temperature=self.temperature)
+        log_prob = log_probs_from_logits(logits, micro[K.RESPONSES])  # (b, R)
+        norm = dict(loss_agg_mode=a.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+        pg = compute_policy_loss(
+            old_log_prob=micro[K.OLD_LOG_PROBS],
+            log_prob=log_prob,
+            advantages=micro[K.ADVANTAGES],
+            response_mask=mask,
+            clip_ratio_low=a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            **norm,
+        )
+        loss = pg["pg_loss"]
+        with torch.no_grad() if a.entropy_coeff == 0 else torch.enable_grad():
+            entropy = entropy_from_logits(logits)  # (b, R)
+        entropy_loss = compute_entropy_loss(entropy, mask, **norm)
+        if a.entropy_coeff != 0:
+            loss = loss - a.entropy_coeff * entropy_loss
+        metrics = {
+            "actor/pg_loss": float(pg["pg_loss"].detach()),
+            "actor/pg_clipfrac": float(pg["pg_clipfrac"]),
+            "actor/pg_clipfrac_lower": float(pg["pg_clipfrac_lower"]),
+            "actor/ppo_kl": float(pg["ppo_kl"]),
+            "actor/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+        }
+        if a.use_kl_loss:
+            kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, **norm)
+            loss = loss + a.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = float(kl_loss.detach())
+        return loss, metrics
+
+    # -- supervised warm-up ------------------------------------------------------------------
+    @register(Dispatch.DP)
+    def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:
+        """One supervised step: mean negative log-likelihood of the response tokens (incl. EOS).
+
+        Uses its own AdamW (created on the first call) so the RL optimizer's state stays clean.
+        """
+        if getattr(self, "_sft_optimizer", None) is None:
+            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        optimizer = self._sft_optimizer
+        batch = batch.to(self.device)
+        mask = batch[K.RESPONSE_MASK]
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            logits = response_logits(self.model, *(batch[k] for k in SEQ_KEYS))
+        log_prob = log_probs_from_logits(logits, batch[K.RESPONSES])
+        loss = -agg_loss(log_prob, mask, "token-mean")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        correct = (logits.argmax(-1) == batch[K.RESPONSES]).float()
+        return {"warmup/loss": float(loss.detach()), "warmup/token_acc": float((correct * mask).sum() / mask.sum())}
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str, save_ref: bool) -> None:
+        """`path/actor` is a plain HF model directory (weights + tokenizer), plus optimizer state."""
+        path = Path(path)
+        self.model.save_pretrained(path / "actor", safe_serialization=True)
+        self.tokenizer.save_pretrained(path / "actor")
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "actor_optim.pt")
+        if save_ref and self.ref is not None:
+            self.ref.save_pretrained(path / "ref", safe_serialization=True)
+
+    @register(Dispatch.ALL)
+    def load_optimizer(self, path: str) -> None:
+        state = torch.load(Path(path) / "actor_optim.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    @register(Dispatch.RANK0)
+    def save_model(self, path: str) -> None:
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)

@@ -1,0 +1,109 @@
+"""The critic role: a value model (LM backbone + scalar head) and its clipped-value update."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from hybridrl.algorithms import compute_value_loss
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.value_model import ValueModel
+from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+
+
+class CriticWorker:
+    def __init__(self, cfg, plan, device: torch.device):
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.amp = autocast_dtype(device)
+        self.nonfinite_in_a_row = 0
+
+    @register(Dispatch.ALL)
+    def init_model(self, backbone_path: str, random_init: bool, total_optimizer_steps: int, head_path=None):
+        c, m = self.cfg.critic, self.cfg.actor_rollout_ref.model
+        backbone = load_causal_lm(
+            backbone_path,
+            random_init=random_init,
+            override_config=m.override_config,
+            trust_remote_code=m.trust_remote_code,
+            what="critic.model.path",
+            backbone_only=True,
+        )
+        self.model = ValueModel(backbone).to(self.device)
+        if head_path is not None:
+            self.model.value_head.load_state_dict(load_file(str(head_path), device=str(self.device)))
+        if c.model.enable_gradient_checkpointing:
+            self.model.backbone.gradient_checkpointing_enable()
+        self.model.train()
+        self.optimizer = build_optimizer(self.model.parameters(), c.optim)
+        self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)
+
+    def _values(self, micro: Batch) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            return self.model.response_values(*(micro[k] for k in SEQ_KEYS))
+
+    @register(Dispatch.DP)
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        """Adds VALUES (B, R), zero outside the response."""
+        self.model.eval()
+        out = [self._values(micro.to(self.device)).cpu() for micro in batch.select(SEQ_KEYS).split(self.plan.critic.micro_batch)]
+        self.model.train()
+        batch[K.VALUES] = torch.cat(out) * batch[K.RESPONSE_MASK]
+        return batch
+
+    @register(Dispatch.DP)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Clipped value regression onto RETURNS; reads SEQ_KEYS, VALUES, RETURNS."""
+        c = self.cfg.critic
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.plan.critic.epochs):
+            for mini in batch.split(self.plan.critic.per_device_mini_batch):
+                global_tokens = float(mini[K.RESPONSE_MASK].sum())
+                vf_loss_total, clipfrac = 0.0, []
+                for micro in mini.split(self.plan.critic.micro_batch):
+                    micro = micro.to(self.device)
+                    vpreds = self._values(micro)
+                    out = compute_value_loss(
+                        vpreds=vpreds,
+                        values=micro[K.VALUES],
+                        returns=micro[K.RETURNS],
+                        response_mask=micro[K.RESPONSE_MASK],
+                        cliprange_value=c.cliprange_value,
+                        loss_agg_mode=c.loss_agg_mode,
+                        global_tokens=global_tokens,
+                        global_seqs=len(mini),
+                    )
+                    out["vf_loss"].backward()
+                    vf_loss_total += float(out["vf_loss"])
+                    clipfrac.append(float(out["vf_clipfrac"]))
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip)
+                self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
+                metrics["critic/vf_loss"].append(vf_loss_total)
+                metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
+                metrics["critic/grad_norm"].append(grad_norm)
+                metrics["critic/nonfinite_skipped"].append(0.0 if stepped else 1.0)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["critic/nonfinite_skipped"] = sum(metrics["critic/nonfinite_skipped"])
+        out["critic/nonfinite_in_a_row"] = self.nonfinite_in_a_row
+        out["critic/lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str) -> None:
+        path = Path(path)
+        self.model.backbone.save_pretrained(path / "critic", safe_serialization=True)
+        save_file({k: v.contiguous() for k, v in self.model.value_head.state_dict().items()}, str(path / "critic" / "value_head.safetensors"))
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "critic_optim.pt")
+
+    @register(Dispatch.ALL)
+    def load_optimizer(self, path: str) -> None:
+        state = torch.load(Path(path) / "critic_optim.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,57 @@
+"""Optimizer, LR schedule and the guarded optimizer step shared by the trainable roles."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad],
+        lr=optim_cfg.lr,
+        betas=tuple(optim_cfg.betas),
+        weight_decay=optim_cfg.weight_decay,
+    )
+
+
+def warmup_steps(optim_cfg, total_steps: int) -> int:
+    if optim_cfg.lr_warmup_steps >= 0:
+        return optim_cfg.lr_warmup_steps
+    return int(optim_cfg.warmup_steps_ratio * total_steps)
+
+
+def build_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up to `lr`, then constant or cosine decay to `lr * min_lr_ratio`."""
+    warm = warmup_steps(optim_cfg, total_steps)
+    kind, floor = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def guarded_step(module, optimizer, scheduler, grad_clip: float) -> tuple[float, bool]:
+    """Clip, then step only if the gradient norm is finite; returns (grad_norm, stepped).
+
+    A NaN/inf gradient would poison the weights and Adam's moments for good, so the update
+    is dropped instead (the caller counts these and stops after too many in a row).
+    """
+    params = [p for p in module.parameters() if p.grad is not None]
+    max_norm = grad_clip if grad_clip and grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
+    norm = float(norm)
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return norm, False
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, True

@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny Qwen2-architecture model directory and the arithmetic task data.
+
+Nothing is downloaded: the model is built from a config with random weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrl.data.converters import make_arith
+from hybridrl.models.tiny import write_tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """config.json + char tokenizer, no weights (load with random_init=True)."""
+    return str(write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), hidden_size=32, intermediate_size=64))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_with_weights(tiny_model_dir, tmp_path_factory):
+    """The same tiny model saved with (random) weights, as a real checkpoint directory."""
+    from hybridrl.models.loading import load_causal_lm, load_tokenizer
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-weights")
+    load_causal_lm(tiny_model_dir, random_init=True).save_pretrained(out)
+    load_tokenizer(tiny_model_dir).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def arith_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    return make_arith(str(out), n_train=64, n_test=16, n_sft=64, max_operand=20, seed=0)

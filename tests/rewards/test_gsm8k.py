@@ -1,0 +1,66 @@
+import doctest
+
+import pytest
+
+from hybridrl.rewards import gsm8k
+from hybridrl.rewards.gsm8k import compute_score, extract_solution
+
+
+def test_doctests():
+    assert doctest.testmod(gsm8k).failed == 0
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("#### 72", "72"),
+        ("work... #### 1,234", "1234"),
+        ("#### -5", "-5"),
+        ("#### 3.50", "3.50"),
+        ("#### 1\n#### 2", "2"),  # last match wins
+        ("####72", None),  # the space is part of the format
+        ("#### $18", None),  # as in verl, "$" is not part of a number
+        ("the answer is 72", None),
+        ("", None),
+    ],
+)
+def test_extract_strict(text, expected):
+    assert extract_solution(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so 3 apples and 4 pears: 7", "7"),
+        ("total is 1,000 dollars.", "1000"),
+        ("it is -3 .", "-3"),
+        ("no digits at all.", None),
+        ("", None),
+    ],
+)
+def test_extract_flexible(text, expected):
+    assert extract_solution(text, method="flexible") == expected
+
+
+def test_only_last_300_chars_are_searched():
+    head = "#### 72\n"
+    assert extract_solution(head + "a" * 292) == "72"  # 8 + 292 = 300 chars: all kept
+    assert extract_solution(head + "a" * 293) is None  # "#" cut off
+    assert extract_solution("#### 1 " + "b" * 400 + " #### 9") == "9"
+
+
+def test_bad_method():
+    with pytest.raises(ValueError, match="flexible"):
+        extract_solution("#### 1", method="loose")
+
+
+def test_compute_score_values():
+    assert compute_score("#### 72", "72") == 1.0
+    assert compute_score("#### 72", "72", score=2.0) == 2.0
+    assert compute_score("#### 71", "72") == 0.0
+    assert compute_score("#### 71", "72", format_score=0.1) == 0.1
+    assert compute_score("no answer", "72", format_score=0.1) == 0.0
+    assert compute_score("#### 1,000", "1000") == 1.0
+    assert compute_score("#### 72.", "72") == 0.0  # exact string match, as in verl
+    assert compute_score("I get 72", "72", method="flexible") == 1.0
+    assert isinstance(compute_score("#### 72", "72"), float)

@@ -15,9 +15,13 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    from hybridrl.trainer.ppo import PPOTrainer
+    from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
 
-    PPOTrainer(cfg).fit()
+    try:
+        PPOTrainer(cfg).fit()
+    except NonFiniteError as e:
+        print(f"hybridrl train: stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -126,10 +130,18 @@ def _quiet_libraries() -> None:
 
 
 def main(argv=None) -> int:
+    from hybridrl.data.dataset import DataError
+    from hybridrl.models.loading import ModelLoadError
+
     args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):
         _quiet_libraries()
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (DataError, ModelLoadError, FileNotFoundError, NotImplementedError) as e:
+        # Bad input: the message says what to change; a traceback would only bury it.
+        print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ class ActorRolloutRefWorker:
             "actor/pg_clipfrac": float(pg["pg_clipfrac"]),
             "actor/pg_clipfrac_lower": float(pg["pg_clipfrac_lower"]),
             "actor/ppo_kl": float(pg["ppo_kl"]),
-            "actor/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+            "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1)),
         }
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)

@@ -81,7 +81,7 @@ class CriticWorker:
                         global_seqs=len(mini),
                     )
                     out["vf_loss"].backward()
-                    vf_loss_total += float(out["vf_loss"])
+                    vf_loss_total += float(out["vf_loss"].detach())
                     clipfrac.append(float(out["vf_clipfrac"]))
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1

@@ -1,0 +1,186 @@
+"""End-to-end runs of the `hybridrl` CLI on a tiny model built from a config (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+VOLATILE = ("timing_s/", "perf/throughput")  # wall-clock numbers differ between runs
+
+
+def cli(*args, env=None, check=True):
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *map(str, args)],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
+    )  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def base_overrides(model_dir, data, out, **extra):
+    o = {
+        "data.train_files": data["train"],
+        "data.val_files": data["test"],
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.model.path": model_dir,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.rollout.n": 2,
+        "critic.optim.lr": 1e-3,
+        "trainer.device": "cpu",
+        "trainer.total_training_steps": 3,
+        "trainer.default_local_dir": out,
+        "trainer.logger": "[console,jsonl,tensorboard]",
+        "trainer.test_freq": 2,
+        "trainer.resume_mode": "auto",
+    }
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def assert_all_finite(rows):
+    for row in rows:
+        for k, v in row.items():
+            assert isinstance(v, (int, float)) and math.isfinite(v), (row["step"], k, v)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_train_changes_parameters_and_logs_finite_metrics(estimator, tiny_model_with_weights, arith_data, tmp_path):
+    out = tmp_path / "run"
+    extra = {"algorithm.adv_estimator": estimator}
+    if estimator == "grpo":
+        extra.update({"actor_rollout_ref.actor.use_kl_loss": "true"})
+    else:
+        extra.update({"algorithm.use_kl_in_reward": "true", "algorithm.kl_ctrl.type": "adaptive"})
+    proc = cli("train", "-", *base_overrides(tiny_model_with_weights, arith_data, out, **extra)) if False else cli(
+        "train", _write_empty_yaml(tmp_path), *base_overrides(tiny_model_with_weights, arith_data, out, **extra)
+    )
+    assert "step 3/3" in proc.stdout
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert_all_finite(rows)
+    train = rows[1:]
+    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/lr", "response_length/mean",
+                "timing_s/gen", "timing_s/update_actor", "perf/throughput", "actor/entropy"):  # fmt: skip
+        assert all(key in r for r in train), key
+    assert "val-core/arith/reward/mean@1" in rows[0] and "val-core/arith/reward/mean@1" in rows[2]
+    before, after = weights(tiny_model_with_weights), weights(out / "checkpoints" / "step_3" / "actor")
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) == len(before), f"unchanged parameters: {set(before) - set(changed)}"
+    if estimator == "gae":
+        assert all("critic/vf_loss" in r and "critic/values/mean" in r for r in train)
+        assert all("actor/reward_kl_penalty_coeff" in r for r in train)
+        critic = load_file(str(out / "checkpoints" / "step_3" / "critic" / "value_head.safetensors"))
+        assert critic["weight"].abs().sum() > 0
+    else:
+        assert all("actor/kl_loss" in r for r in train)
+        assert not (out / "checkpoints" / "step_3" / "critic").exists()
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2, 3} and all({"prompt", "response", "score"} <= s.keys() for s in samples)
+    assert list((out / "tensorboard").iterdir()), "no TensorBoard events written"
+    # the checkpoint's actor directory is a plain HF model directory: evaluate it
+    ev = cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],
+             "--max-response-length", 4, "--output", tmp_path / "eval.jsonl")  # fmt: skip
+    assert "arith: accuracy" in ev.stdout
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 16
+
+
+def _write_empty_yaml(tmp_path) -> Path:
+    p = tmp_path / "base.yaml"
+    p.write_text("algorithm:\n  adv_estimator: grpo\n")
+    return p
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_model_dir, arith_data, tmp_path):
+    """Save at step 2, SIGKILL the process, resume: steps 3-4 match the uninterrupted run exactly."""
+    cfg = _write_empty_yaml(tmp_path)
+    common = {
+        "actor_rollout_ref.model.random_init": "true",  # the reference must come back from the checkpoint
+        "actor_rollout_ref.actor.use_kl_loss": "true",
+        "trainer.total_training_steps": 4,
+        "trainer.save_freq": 2,
+        "trainer.test_freq": -1,
+        "warmup.steps": 3,
+        "warmup.files": arith_data["sft"],
+        "warmup.batch_size": 8,
+    }
+    a, b = tmp_path / "a", tmp_path / "b"
+    cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, a, **common))
+    killed = cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, b, **common),
+                 env={"HYBRIDRL_KILL_AFTER_SAVE_STEP": "2"}, check=False)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    assert (b / "checkpoints" / "latest").read_text() == "step_2"
+    resumed = cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, b, **common))
+    assert "resumed from" in resumed.stdout and "at step 2/4" in resumed.stdout
+    ra, rb = metrics(a), metrics(b)
+    assert [r["step"] for r in rb] == [r["step"] for r in ra] == [0, 1, 2, 3, 4]
+    for x, y in zip(ra, rb):
+        strip = lambda r: {k: v for k, v in r.items() if not k.startswith(VOLATILE)}  # noqa: E731
+        assert strip(x) == strip(y), f"step {x['step']} differs"
+    wa, wb = weights(a / "checkpoints" / "step_4" / "actor"), weights(b / "checkpoints" / "step_4" / "actor")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_explain_and_config_errors(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  train_files: x.jsonl\n  train_batch_size: 128\nactor_rollout_ref:\n  model:\n    path: m\n")
+    out = cli("explain", cfg, "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo").stdout  # fmt: skip
+    assert "1024" in out and "16" in out  # sequences per step; gradient accumulation
+    bad = cli("train", cfg, "actor_rollout_ref.actor.lr=1e-6", check=False)
+    assert bad.returncode == 2 and "actor_rollout_ref.actor.optim.lr" in bad.stderr
+    bad = cli("explain", cfg, "actor_rollout_ref.actor.ppo_mini_batch_size=48", check=False)
+    assert bad.returncode == 2 and "data.train_batch_size" in bad.stderr
+
+
+def test_data_gsm8k_writes_verl_rows(tmp_path):
+    src = tmp_path / "train.jsonl"
+    src.write_text(json.dumps({"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}) + "\n")
+    cli("data", "gsm8k", "--input", src, "--output", tmp_path / "out.parquet")
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(tmp_path / "out.parquet").to_pylist()[0]
+    assert row["data_source"] == "openai/gsm8k"
+    assert row["prompt"][0]["content"].endswith('Let\'s think step by step and output the final answer after "####".')
+    assert row["reward_model"]["ground_truth"] == "5"
+
+
+def test_bad_data_and_raising_reward_function(tiny_model_with_weights, arith_data, tmp_path):
+    cfg = _write_empty_yaml(tmp_path)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(Path(arith_data["train"]).read_text() + json.dumps({"data_source": "arith"}) + "\n")
+    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
+               f"data.train_files={broken}", check=False)  # fmt: skip
+    assert proc.returncode == 2 and f"{broken}, row 64" in proc.stderr and "prompt" in proc.stderr
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    if solution_str.startswith('1'):\n        raise RuntimeError('boom')\n"
+                      "    return float(solution_str.strip() == ground_truth)\n")  # fmt: skip
+    out = tmp_path / "r2"
+    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out),
+               f"custom_reward_function.path={reward}", "actor_rollout_ref.rollout.n=8")  # fmt: skip
+    rows = metrics(out)[1:]
+    assert sum(r["reward/errors"] for r in rows) > 0
+    assert "boom" in proc.stderr and proc.stderr.count("boom") <= 2  # the first traceback, once

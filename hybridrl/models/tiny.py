@@ -38,11 +38,14 @@ def build_tokenizer():
 
 
 def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
-    """A Qwen2 config small enough to train on two CPU cores in seconds."""
+    """A Qwen2 config small enough to train on two CPU cores in seconds.
+
+    `overrides` may change any field, e.g. to a real model's shape (vocab_size included).
+    """
     cfg = dict(
+        vocab_size=vocab_size,
         architectures=["Qwen2ForCausalLM"],
         model_type="qwen2",
-        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=256,
         num_hidden_layers=2,
@@ -67,7 +70,7 @@ def write_tiny_model_dir(out: str | Path, **config_overrides) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.save_pretrained(out)
-    cfg = tiny_qwen2_config(len(tok), **config_overrides)
+    cfg = tiny_qwen2_config(**{"vocab_size": len(tok), **config_overrides})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 

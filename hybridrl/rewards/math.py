@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import threading
 
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
-
 # math_verify bounds each parse/compare with signal.alarm, which Python allows
 # only in the main thread; elsewhere the call raises. Off the main thread we
 # turn the library's timeout off (its documented advice) and accept that a
@@ -40,6 +37,10 @@ def compute_score(solution_str: str, ground_truth: str) -> float:
     >>> compute_score("}}{{$$\\\\boxed{", "1")
     0.0
     """
+    # Imported here so the rest of hybridrl works where math-verify is not installed.
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
     timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         gold = parse(_as_gold(str(ground_truth)), parsing_timeout=timeout)

@@ -10,6 +10,8 @@ from typing import Iterable
 
 import torch
 
+from transformers import LogitsProcessor, LogitsProcessorList
+
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout.base import SamplingParams
@@ -49,27 +51,24 @@ class HFRolloutEngine:
         kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy)
         if not sampling.greedy:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
+        temp = 1.0 if sampling.greedy else sampling.temperature
+        recorder = _SampledLogProbs(temp)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                out = self.model.generate(
+                sequences = self.model.generate(
                     input_ids=ids,
                     attention_mask=attn,
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
-                    return_dict_in_generate=True,
-                    output_logits=True,
+                    logits_processor=LogitsProcessorList([recorder]),
                     **kwargs,
                 )
         finally:
             self.model.train(was_training)
-        responses = out.sequences[:, ids.shape[1] :]  # (b, r)
-        # Log-prob of each sampled token under the temperature-scaled distribution, before
-        # top-p/top-k: the same quantity the trainer computes, so the two can be compared.
-        temp = 1.0 if sampling.greedy else sampling.temperature
-        logits = torch.stack(out.logits, dim=1).float() / temp  # (b, r, V)
-        log_probs = logits.log_softmax(-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)  # (b, r)
+        responses = sequences[:, ids.shape[1] :]  # (b, r)
+        log_probs = recorder.finish(responses)  # (b, r)
         return responses.cpu(), log_probs.cpu()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -80,6 +79,34 @@ class HFRolloutEngine:
 
     def wake(self) -> None:
         return None
+
+
+class _SampledLogProbs(LogitsProcessor):
+    """Records log softmax(logits / T) of each sampled token, one step behind.
+
+    `generate` runs user processors before its temperature/top-k/top-p warpers, so `scores`
+    here are the model's logits: the same quantity the trainer computes, which keeps the two
+    comparable (`training/rollout_probs_diff_mean`). Only one step's distribution is held,
+    instead of `output_logits`' (B, R, V) tensor, which does not fit at a 150k vocabulary.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None  # (b, V) log-probs of the step before
+        self.out: list[torch.Tensor] = []  # each (b,)
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:  # input_ids now ends with the token sampled from `prev`
+            self.out.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, responses: torch.Tensor) -> torch.Tensor:
+        """(b, r) log-probs of `responses`, the tokens generated while this processor ran."""
+        if self.prev is None:
+            return torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        self.out.append(self.prev.gather(-1, responses[:, -1:]).squeeze(-1))
+        return torch.stack(self.out, dim=1)
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:

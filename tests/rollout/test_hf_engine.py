@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from hybridrl.data import keys as K
@@ -18,12 +19,14 @@ def test_mask_through_first_eos():
     assert _mask_through_eos(r, [1]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
 
 
-def test_samples_grouped_and_log_probs_match_trainer(tiny_model_dir):
+@pytest.mark.parametrize("top_k, top_p", [(-1, 1.0), (3, 0.9)])
+def test_samples_grouped_and_log_probs_match_trainer(tiny_model_dir, top_k, top_p):
+    """Log-probs are of softmax(logits / T), before top-k/top-p, like the trainer's."""
     torch.manual_seed(0)
     tok = load_tokenizer(tiny_model_dir)
     model = load_causal_lm(tiny_model_dir, random_init=True)
     engine = HFRolloutEngine(model, tok, max_num_seqs=3)  # forces several chunks
-    out = engine.generate(prompts(tok, ["1+2=", "13+4="]), SamplingParams(n=4, temperature=0.7, max_new_tokens=5))
+    out = engine.generate(prompts(tok, ["1+2=", "13+4="]), SamplingParams(n=4, temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=5))
     assert len(out) == 8 and list(out[K.UID]) == ["u0"] * 4 + ["u1"] * 4
     assert out[K.RESPONSES].shape[1] <= 5
     # the engine's log-probs are the trainer's log-probs of the same tokens at the same temperature

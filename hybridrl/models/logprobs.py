@@ -47,9 +47,12 @@ def response_logits(model, prompts, prompt_mask, responses, response_mask, tempe
     The logit at position t predicts token t+1, so the response's logits start one before it.
     """
     input_ids, attention_mask, position_ids = sequence_inputs(prompts, prompt_mask, responses, response_mask)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
-    P, R = prompts.shape[1], responses.shape[1]
-    logits = logits[:, P - 1 : P + R - 1]  # (B, R, V)
+    R = responses.shape[1]
+    # Only the last R + 1 positions feed the LM head: the prompt's logits (P x V) are never built.
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=R + 1
+    ).logits
+    logits = logits[:, -(R + 1) : -1]  # (B, R, V)
     if temperature not in (0, 1.0):
         logits = logits / temperature
     return logits

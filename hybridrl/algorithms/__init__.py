@@ -26,8 +26,14 @@ from hybridrl.algorithms.losses import (
     compute_policy_loss,
     compute_value_loss,
 )
+from hybridrl.algorithms.preference import DPO_LOSS_TYPES, dpo_loss, kto_kl_estimate, kto_loss, sft_loss
 
 __all__ = [
+    "DPO_LOSS_TYPES",
+    "dpo_loss",
+    "kto_kl_estimate",
+    "kto_loss",
+    "sft_loss",
     "ADV_ESTIMATORS",
     "KL_TYPES",
     "LOSS_AGG_MODES",

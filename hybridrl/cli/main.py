@@ -17,8 +17,14 @@ def cmd_train(args) -> int:
         return 2
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
 
+    if cfg.algorithm.name in ("dpo", "kto"):
+        from hybridrl.trainer.preference import PreferenceTrainer as Trainer
+    elif cfg.algorithm.name == "sft":
+        from hybridrl.trainer.sft import SFTTrainer as Trainer
+    else:
+        Trainer = PPOTrainer
     try:
-        PPOTrainer(cfg).fit()
+        Trainer(cfg).fit()
     except NonFiniteError as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
@@ -38,7 +44,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from hybridrl.data.converters import convert_gsm8k, make_arith
+    from hybridrl.data.converters import convert_gsm8k, make_arith, make_arith_preferences
 
     if args.dataset == "gsm8k":
         if not args.input or not args.output:
@@ -46,6 +52,9 @@ def cmd_data(args) -> int:
             return 2
         n = convert_gsm8k(args.input, args.output, split=args.split)
         print(f"wrote {n} rows to {args.output}")
+    elif args.dataset == "arith-pref":
+        paths = make_arith_preferences(args.output or "data/arith_pref", seed=args.seed)
+        print("\n".join(f"{k}: {v}" for k, v in paths.items()))
     else:  # arith
         paths = make_arith(args.output or "data/arith", seed=args.seed)
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
@@ -79,15 +88,15 @@ def cmd_eval(args) -> int:
         with open(args.output, "w") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
-    for k, v in metrics.items():
-        source = k.split("/")[1]
-        n = sum(r["data_source"] == source for r in rows)
-        print(f"{source}: accuracy {v:.4f} ({round(v * n)}/{n}, greedy)")
+    for source in sorted({r["data_source"] for r in rows}):
+        scores = [r["score"] for r in rows if r["data_source"] == source]
+        correct = sum(s == 1.0 for s in scores)
+        print(f"{source}: accuracy {sum(scores) / len(scores):.4f} ({correct}/{len(scores)} exactly right, greedy)")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybridrl", description="RL post-training for LLMs (PPO, GRPO, ...).")
+    p = argparse.ArgumentParser(prog="hybridrl", description="Post-training for LLMs: RL (PPO, GRPO, ...), DPO, KTO, SFT.")
     sub = p.add_subparsers(dest="command", required=True)
 
     for name, fn, help_ in (
@@ -100,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("data", help="write datasets in verl's row format")
-    s.add_argument("dataset", choices=["gsm8k", "arith"])
+    s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref"])
     s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows)")
-    s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith: output directory")
+    s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith, arith-pref: output directory")
     s.add_argument("--split", default=None, help="gsm8k: split name stored in extra_info (default: from the file name)")
-    s.add_argument("--seed", type=int, default=0, help="arith: problem sampling seed")
+    s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed")
     s.set_defaults(fn=cmd_data)
 
     s = sub.add_parser("eval", help="greedy accuracy of a model on a dataset, scored per row's data_source")

@@ -24,6 +24,8 @@ def explain(cfg_or_path: Config | str | Path | None = None, overrides: Sequence[
 def explain_text(cfg: Config) -> str:
     """The batch plan of a valid config as a table; raises ConfigError when it has none."""
     p = plan_batches(cfg)
+    if cfg.algorithm.name != "rl":
+        return _offline_text(cfg, p)
     a = cfg.actor_rollout_ref
     lines = [
         f"Batch plan (data-parallel size {p.dp} = {p.nnodes} node(s) x {p.devices_per_node} device(s))",
@@ -51,14 +53,53 @@ def explain_text(cfg: Config) -> str:
                                    p.sequences_per_device, p.ref_log_prob_micro_batch, p.ref_log_prob_passes))
     else:
         lines.append("  reference: off (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)")
+    return "\n".join(lines + _length_rows(cfg, p, "prompts"))
+
+
+def _length_rows(cfg: Config, p: BatchPlan, rows: str) -> list[str]:
     t = cfg.trainer
-    lines += ["", "training length"]
+    lines = ["", "training length"]
     if t.total_training_steps is not None:
         lines.append(_row("steps", "trainer.total_training_steps", t.total_training_steps))
     else:
-        lines.append(f"  trainer.total_epochs ({t.total_epochs}) x (training prompts // {p.prompts_per_step}) "
+        lines.append(f"  trainer.total_epochs ({t.total_epochs}) x (training {rows} // {p.prompts_per_step}) "
                      "steps; the count is known once the data is loaded")
-    return "\n".join(lines)
+    return lines
+
+
+def _offline_text(cfg: Config, p: BatchPlan) -> str:
+    """DPO / KTO / SFT: no generation; one optimizer step per data.train_batch_size rows."""
+    name, pref = cfg.algorithm.name, cfg.preference
+    rows = "pairs" if name == "dpo" else "examples"
+    seqs = 2 if name == "dpo" else 1  # chosen + rejected
+    r, micro = p.actor, cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
+    lines = [
+        f"Batch plan for algorithm.name={name} (data-parallel size {p.dp} = {p.nnodes} node(s) x "
+        f"{p.devices_per_node} device(s))",
+        _row(f"{rows} per step", "data.train_batch_size", p.prompts_per_step, "= 1 optimizer step per step"),
+        _row("...per device", f"{p.prompts_per_step} / dp {p.dp}", r.per_device_mini_batch, rows),
+        _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "
+             f"({_given(micro, r.micro_batch)})", r.grad_accum, f"(gradient accumulation {r.grad_accum})"),
+        _row("tokens per micro-batch", f"{r.micro_batch}{' x 2' if seqs == 2 else ''} x {lengths}",
+             r.tokens_per_micro_batch * seqs, "(upper bound, padded)"),
+        "",
+    ]
+    if name == "sft":
+        lines.append("loss: token-mean negative log-likelihood of the response tokens; reference: off")
+    else:
+        loss = (f"dpo {pref.loss_type}, beta {pref.beta}, label_smoothing {pref.label_smoothing}" if name == "dpo"
+                else f"kto, beta {pref.beta}, desirable_weight {pref.desirable_weight}, "
+                     f"undesirable_weight {pref.undesirable_weight}")
+        lines.append(f"loss: {loss} (preference.*)")
+        passes = f"{seqs} x {p.ref_log_prob_passes}" if name == "dpo" else f"2 x {p.ref_log_prob_passes}"
+        when = ("once for the whole training set before step 1 (preference.precompute_ref_log_probs=true)"
+                if pref.precompute_ref_log_probs else f"every step: {passes} forward pass(es) of up to "
+                f"{p.ref_log_prob_micro_batch} sequences (actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)")
+        lines.append(f"reference log-probs (frozen copy of the initial policy): {when}")
+        if name == "kto":
+            lines.append("KL reference point z0: every step, a no-grad policy pass over mismatched prompt/completion pairs")
+    return "\n".join(lines + _length_rows(cfg, p, rows))
 
 
 def _row(label: str, formula: str, value: int, note: str = "") -> str:

@@ -218,6 +218,10 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = option(False, "Subtract a KL(policy || reference) penalty from the reward.")
     kl_penalty: str = option("kl", "KL estimator for the in-reward penalty.")
     kl_ctrl: KLCtrlConfig = option(KLCtrlConfig, "KL coefficient controller.")
+    name: str = option(
+        "rl", "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
+        "optimization (see `preference`); sft = supervised fine-tuning on the responses."
+    )
 
 
 # --------------------------------------------------------------------------- trainer, warm-up
@@ -260,6 +264,22 @@ class WarmupConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """DPO and KTO (algorithm.name=dpo|kto): the loss and the reference log-probs."""
+
+    loss_type: str = option("sigmoid", "DPO loss: sigmoid (DPO), ipo (IPO) or hinge (SLiC).")
+    beta: float = option(0.1, "Strength of the implicit KL to the reference (DPO and KTO beta).")
+    label_smoothing: float = option(
+        0.0, "DPO sigmoid loss only: assumed probability that a preference label is flipped (cDPO); < 0.5."
+    )
+    desirable_weight: float = option(1.0, "KTO: weight of the loss on desirable (label true) examples.")
+    undesirable_weight: float = option(1.0, "KTO: weight of the loss on undesirable (label false) examples.")
+    precompute_ref_log_probs: bool = option(
+        False, "Compute the reference log-probs of the whole training set once before training, instead of per step."
+    )
+
+
+@dataclass
 class Config:
     """A whole hybridrl run."""
 
@@ -270,11 +290,12 @@ class Config:
     algorithm: AlgorithmConfig = option(AlgorithmConfig, "Advantages and KL penalty.")
     trainer: TrainerConfig = option(TrainerConfig, "Run length, devices, logging, checkpoints.")
     warmup: WarmupConfig = option(WarmupConfig, "Supervised warm-up before RL.")
+    preference: PreferenceConfig = option(PreferenceConfig, "DPO / KTO loss (algorithm.name=dpo|kto).")
 
     @property
     def critic_enabled(self) -> bool:
         """Only GAE needs a learned value function; the other estimators use group baselines."""
-        return self.algorithm.adv_estimator == "gae"
+        return self.algorithm.name == "rl" and self.algorithm.adv_estimator == "gae"
 
 
 def resolve(cfg: Config) -> Config:

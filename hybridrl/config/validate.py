@@ -27,6 +27,9 @@ DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 ROLLOUT_NAMES = ("hf", "native", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
+ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
+PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
 # Keys whose value must be one of a fixed set (for trainer.logger: every entry).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -43,6 +46,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.device": DEVICES,
     "trainer.logger": LOGGERS,
     "trainer.resume_mode": RESUME_MODES,
+    "algorithm.name": ALGORITHM_NAMES,
+    "preference.loss_type": DPO_LOSS_TYPES,
 }
 
 _Rule = tuple[Callable[[Any], bool], str]
@@ -119,6 +124,10 @@ _RULES: list[tuple[str, _Rule]] = [
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),
+    ("preference.beta", _POSITIVE),
+    ("preference.label_smoothing", (lambda v: 0 <= v < 0.5, "must be in [0, 0.5)")),
+    ("preference.desirable_weight", _POSITIVE),
+    ("preference.undesirable_weight", _POSITIVE),
 ]
 
 _DEFAULTS = {e.path: e.value for e in walk(Config())}
@@ -133,7 +142,7 @@ _LOG_PROB_MICRO = {"rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
 _PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values()}
 _BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(),
                "data.max_prompt_length", "data.max_response_length", f"{_R}.max_num_seqs",
-               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator"}
+               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator", "algorithm.name"}
 
 
 @dataclass
@@ -258,6 +267,7 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
+    out += _offline_problems(cfg)
     return out
 
 
@@ -307,6 +317,8 @@ def plan_batches(cfg: Config) -> BatchPlan:
     if problems:
         raise ConfigError([p.message for p in problems])
     r = resolve(copy.deepcopy(cfg))
+    if r.algorithm.name != "rl":
+        _as_offline_plan(r)
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
     dp = r.trainer.nnodes * r.trainer.n_gpus_per_node
     per_device = r.data.train_batch_size * rollout.n // dp
@@ -343,7 +355,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         if r.critic_enabled else None,
         rollout_log_prob_micro_batch=rollout_micro,
         rollout_log_prob_passes=math.ceil(per_device / rollout_micro),
-        uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward,
+        uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward or r.algorithm.name in PREFERENCE_ALGORITHMS,
         ref_log_prob_micro_batch=ref_micro,
         ref_log_prob_passes=math.ceil(per_device / ref_micro),
     )
@@ -418,6 +430,8 @@ def _divisors(x: int) -> list[int]:
 
 
 def _batch_problems(cfg: Config) -> list[Problem]:
+    if cfg.algorithm.name != "rl":
+        return _offline_batch_problems(cfg)
     s = _sizes(cfg)
     ctx = (cfg.critic_enabled, cfg.algorithm.adv_estimator in GROUP_ESTIMATORS)
     return [_describe(s, role, kind, ctx, cfg) for role, kind in sorted(_failures(s, ctx))]
@@ -504,3 +518,53 @@ def _with_fix(text: str, keys: tuple[str, ...], key: str, values: list[int], lea
     if not values:  # only with other problems present; fix those first
         return Problem(f"{text}; change several of {', '.join(keys)} together", keys)
     return Problem(f"{text}; {lead}{' or '.join(map(str, values))}", keys, {key: values[0]})
+
+
+# --------------------------------------------------------------------------- dpo / kto / sft
+# No generation: a step is data.train_batch_size rows (pairs for DPO, examples for KTO/SFT), one
+# optimizer step, split into micro-batches of ppo_micro_batch_size_per_gpu rows per device. The
+# RL plan covers this with rollout.n = 1, one mini-batch of the whole step and one epoch.
+
+
+def _as_offline_plan(r: Config) -> None:
+    a = r.actor_rollout_ref
+    a.rollout.n = 1
+    a.actor.ppo_mini_batch_size = r.data.train_batch_size
+    a.actor.ppo_epochs = 1
+
+
+def _offline_batch_problems(cfg: Config) -> list[Problem]:
+    train, micro_key = cfg.data.train_batch_size, _MICRO["actor"]
+    micro, nodes, gpus = _get(cfg, micro_key), cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+    dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples"}[cfg.algorithm.name]
+    if train % dp:
+        fixes = [v for v in range(train - train % dp, train + dp + 1, dp) if v > 0]
+        return [Problem(
+            f"{_TRAIN}={train} {rows} per step cannot be split evenly over data-parallel size {dp} "
+            f"({_NODES}={nodes} x {_GPUS}={gpus}); use a multiple of {dp} such as {_TRAIN}={fixes[0]}",
+            (_TRAIN, _NODES, _GPUS), {_TRAIN: fixes[0]})]
+    per_device = train // dp
+    if micro is not None and per_device % micro:
+        verb = "is larger than" if micro > per_device else "does not divide"
+        values = [d for d in _divisors(per_device) if d < micro][-1:] + [d for d in _divisors(per_device) if d > micro][:1]
+        return [_with_fix(
+            f"{micro_key}={micro} {verb} the {per_device} {rows} one device trains on per step "
+            f"({_TRAIN}={train} / data-parallel size {dp}; algorithm.name={cfg.algorithm.name} makes one optimizer "
+            f"step per {_TRAIN} rows)", (micro_key, _TRAIN, _NODES, _GPUS), micro_key, values,
+            f"use a divisor of {per_device} such as ")]
+    return []
+
+
+def _offline_problems(cfg: Config) -> list[Problem]:
+    p, out = cfg.preference, []
+    if cfg.algorithm.name == "dpo" and p.label_smoothing > 0 and p.loss_type != "sigmoid":
+        out.append(Problem(
+            f"preference.label_smoothing={show(p.label_smoothing)} applies to the sigmoid loss only "
+            f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
+            ("preference.label_smoothing", "preference.loss_type"), {"preference.label_smoothing": 0.0}))
+    if cfg.algorithm.name != "rl" and cfg.data.val_files:
+        out.append(Problem(
+            f"data.val_files is not used with algorithm.name={cfg.algorithm.name} in this version "
+            "(no validation pass for dpo/kto/sft yet); use data.val_files=null",
+            ("data.val_files", "algorithm.name"), {"data.val_files": None}))
+    return out

@@ -179,3 +179,42 @@ def make_arith(
         write_rows(rows, path)
         paths[split] = path
     return paths
+
+
+def make_arith_preferences(
+    output_dir: str | os.PathLike,
+    n: int = 1000,
+    seed: int = 0,
+    max_operand: int = 49,
+) -> dict[str, str]:
+    """Write a synthetic preference set from the arithmetic task, one problem per row
+    (``"37+45="``, operands in ``0..max_operand``):
+
+    - ``pairs.jsonl``: DPO rows, ``chosen`` the correct sum, ``rejected`` a wrong one (the sum
+      off by 1 to 9, so that the two always differ in the last digit, which the model can learn to check);
+    - ``kto.jsonl``: KTO rows, each problem once with its correct sum (``label: true``) and once
+      with the wrong one (``label: false``), shuffled;
+    - ``sft.jsonl``: SFT rows as chat ``messages`` ending with the assistant's correct sum.
+
+    Prompts are chat messages, completions plain strings. Returns ``{"pairs", "kto", "sft"}`` paths.
+    """
+    side = max_operand + 1
+    if not 0 < n <= side * side:
+        raise ValueError(f"n must be in 1..{side * side} with max_operand={max_operand}, got {n}")
+    rng = random.Random(seed)
+    pairs, kto, sft = [], [], []
+    for problem in rng.sample(range(side * side), n):
+        a, b = divmod(problem, side)
+        prompt = [{"role": "user", "content": f"{a}+{b}="}]
+        right = a + b
+        wrong = right + rng.choice([d for d in range(-9, 10) if d != 0 and right + d >= 0])
+        pairs.append({"prompt": prompt, "chosen": str(right), "rejected": str(wrong)})
+        kto += [{"prompt": prompt, "completion": str(right), "label": True},
+                {"prompt": prompt, "completion": str(wrong), "label": False}]  # fmt: skip
+        sft.append({"messages": [*prompt, {"role": "assistant", "content": str(right)}]})
+    rng.shuffle(kto)
+    paths = {}
+    for name, rows in (("pairs", pairs), ("kto", kto), ("sft", sft)):
+        paths[name] = os.path.join(os.fspath(output_dir), f"{name}.jsonl")
+        write_rows(rows, paths[name])
+    return paths

@@ -30,3 +30,20 @@ VALUES = "values"  # (B, R) critic's value estimates
 REWARD_BASELINES = "reward_baselines"  # (B,) ReMax: score of the greedy response to the prompt
 ADVANTAGES = "advantages"  # (B, R)
 RETURNS = "returns"  # (B, R)
+
+# -- preference / supervised batches (hybridrl/data/preference.py) ----------------------------
+# A DPO batch holds B pairs: PROMPTS + CHOSEN and PROMPTS + REJECTED (both right-padded to the
+# same width R). A KTO batch holds B examples as PROMPTS + RESPONSES with LABEL, plus the
+# mismatched completions for the KL reference point. An SFT batch is PROMPTS + RESPONSES.
+CHOSEN = "chosen"  # (B, R) int64, the preferred completion's token ids
+CHOSEN_MASK = "chosen_mask"  # (B, R) float32
+REJECTED = "rejected"  # (B, R) int64, the dispreferred completion's token ids
+REJECTED_MASK = "rejected_mask"  # (B, R) float32
+LABEL = "label"  # (B,) bool, KTO: the completion is desirable
+KL_RESPONSES = "kl_responses"  # (B, R) int64, KTO: another row's completion (a fixed pairing), after prompt i
+KL_RESPONSE_MASK = "kl_response_mask"  # (B, R) float32
+REF_CHOSEN_LOGPS = "ref_chosen_logps"  # (B,) reference log-prob of CHOSEN, summed over tokens
+REF_REJECTED_LOGPS = "ref_rejected_logps"  # (B,)
+REF_LOGPS = "ref_logps"  # (B,) KTO: reference log-prob of RESPONSES, summed over tokens
+REF_KL_LOGPS = "ref_kl_logps"  # (B,) KTO: reference log-prob of KL_RESPONSES
+POLICY_KL_LOGPS = "policy_kl_logps"  # (B,) KTO: current policy's log-prob of KL_RESPONSES (no grad)

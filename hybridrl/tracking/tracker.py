@@ -28,6 +28,11 @@ class ConsoleLogger:
         ("actor/reward_kl_penalty", "kl", "{:.4f}"),
         ("actor/kl_loss", "kl", "{:.4f}"),
         ("response_length/mean", "resp_len", "{:.1f}"),
+        ("loss", "loss", "{:.4f}"),  # dpo / kto / sft
+        ("rewards/accuracies", "acc", "{:.3f}"),
+        ("rewards/margins", "margin", "{:.3f}"),
+        ("kl", "kl", "{:.4f}"),
+        ("mean_token_accuracy", "token_acc", "{:.3f}"),
         ("timing_s/step", "step_s", "{:.2f}"),
     )
 
@@ -35,6 +40,8 @@ class ConsoleLogger:
         self.total, self.start_step, self.t0 = total_steps, start_step, time.perf_counter()
 
     def log(self, metrics: dict, step: int) -> None:
+        if step == self.start_step:  # the pre-training line: time the ETA from here, not from load
+            self.t0 = time.perf_counter()
         parts = [f"step {step}/{self.total}"]
         shown = set()
         for key, label, fmt in self.FIELDS:

@@ -77,7 +77,13 @@ def _reward_fn(cfg):
     return default_compute_score, needs_ground_truth
 
 
-def build_run(cfg) -> RunContext:
+def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
+    """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
+
+    The RL loop calls it with the defaults. Other trainers pass `data(tokenizer) -> (loader,
+    val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
+    reference policy); the rest (workers, checkpoints, resume, tracking) is shared.
+    """
     plan = plan_batches(cfg)
     if plan.dp > 1:
         raise NotImplementedError(
@@ -92,24 +98,12 @@ def build_run(cfg) -> RunContext:
     m = cfg.actor_rollout_ref.model
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
     compute_score, need_gt = _reward_fn(cfg)
-    records = load_prompt_records(
-        cfg.data.train_files, tokenizer,
-        prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
-    )  # fmt: skip
-    val_records = []
-    if cfg.data.val_files:
-        val_records = load_prompt_records(
-            cfg.data.val_files, tokenizer,
-            prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-            max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
-            require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
-        )  # fmt: skip
-    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt)
     total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * len(loader)
 
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
-    need_ref = a.use_kl_loss or algo.use_kl_in_reward
+    if need_ref is None:
+        need_ref = a.use_kl_loss or algo.use_kl_in_reward
     # The reference is the initial policy; save it with checkpoints when it cannot be reloaded
     # from model.path (random weights, or weights changed by the warm-up).
     save_ref = need_ref and (m.random_init or cfg.warmup.steps > 0)
@@ -158,6 +152,25 @@ def build_run(cfg) -> RunContext:
         val_batch_size=cfg.data.val_batch_size or max(1, len(val_records)),
         global_step=global_step, trainer_state=state,
     )  # fmt: skip
+
+
+def _prompt_data(cfg, tokenizer, need_gt):
+    """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows."""
+    records = load_prompt_records(
+        cfg.data.train_files, tokenizer,
+        prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
+        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
+    )  # fmt: skip
+    val_records = []
+    if cfg.data.val_files:
+        val_records = load_prompt_records(
+            cfg.data.val_files, tokenizer,
+            prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
+            max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
+            require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
+        )  # fmt: skip
+    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    return loader, val_records
 
 
 def _find_resume(cfg, out: Path) -> Path | None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_loss, kl_penalty
+from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_loss, dpo_loss, kl_penalty, kto_loss, sft_loss
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.preference import MASK_OF
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
@@ -233,3 +234,113 @@ class ActorRolloutRefWorker:
     def save_model(self, path: str) -> None:
         self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
+
+    # -- preference and supervised updates (algorithm.name = dpo | kto | sft) -----------------
+    # Rows are pairs (DPO) or examples (KTO, SFT) as laid out by hybridrl.data.preference. Each
+    # update is one optimizer step over the whole batch; every micro-batch's loss is divided by
+    # the batch's row (DPO, KTO) or token (SFT) count, so gradient accumulation is exact.
+    def _completion_log_probs(self, model, micro: Batch, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token log-probs of completion field `key` after the prompt, masked: (b, R); and the logits."""
+        mask = micro[MASK_OF[key]]
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            logits = response_logits(model, micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], mask)  # (b, R, V)
+        return log_probs_from_logits(logits, micro[key]) * mask, logits
+
+    @register(Dispatch.DP)
+    def sequence_log_probs(self, batch: Batch, outputs: dict[str, str], reference: bool = True) -> Batch:
+        """For each `completion field -> output field` in `outputs`, adds the output (B,): the
+        completion's log-prob summed over its tokens, under the frozen reference or (with
+        `reference=False`) the current policy in eval mode, without gradients."""
+        model = self.ref if reference else self.model
+        if model is None:
+            raise RuntimeError("no reference policy: it is built only for KL terms and algorithm.name=dpo|kto")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for key, out in outputs.items():
+                    sums = [self._completion_log_probs(model, micro.to(self.device), key)[0].sum(-1).cpu()
+                            for micro in batch.split(self.plan.ref_log_prob_micro_batch)]  # fmt: skip
+                    batch[out] = torch.cat(sums)  # (B,)
+        finally:
+            self.model.train(was_training)
+        return batch
+
+    @register(Dispatch.ALL)
+    def release_reference(self) -> None:
+        """Free the reference model (its log-probs were precomputed)."""
+        self.ref = None
+
+    @register(Dispatch.DP)
+    def update_preference(self, batch: Batch, kl_ref_point: float = 0.0) -> dict[str, float]:
+        """One DPO or KTO optimizer step (by algorithm.name) with TRL's metric names.
+
+        DPO reads PROMPTS, CHOSEN, REJECTED (+ masks), REF_CHOSEN_LOGPS, REF_REJECTED_LOGPS;
+        KTO reads PROMPTS, RESPONSES (+ mask), LABEL, REF_LOGPS and the step's KL reference point.
+        """
+        p, kind = self.cfg.preference, self.cfg.algorithm.name
+        parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for micro in batch.split(self.plan.actor.micro_batch):
+            micro, b = micro.to(self.device), len(micro)
+            if kind == "dpo":
+                # chosen and rejected in one forward pass: (2b, R)
+                pair = Batch({K.PROMPTS: micro[K.PROMPTS].repeat(2, 1), K.PROMPT_MASK: micro[K.PROMPT_MASK].repeat(2, 1),
+                              K.RESPONSES: torch.cat([micro[K.CHOSEN], micro[K.REJECTED]]),
+                              K.RESPONSE_MASK: torch.cat([micro[K.CHOSEN_MASK], micro[K.REJECTED_MASK]])})  # fmt: skip
+                logps = self._completion_log_probs(self.model, pair, K.RESPONSES)[0].sum(-1)  # (2b,)
+                out = dpo_loss(logps[:b], logps[b:], micro[K.REF_CHOSEN_LOGPS], micro[K.REF_REJECTED_LOGPS],
+                               p.beta, p.loss_type, p.label_smoothing)  # fmt: skip
+                out.update(chosen_logps=logps[:b], rejected_logps=logps[b:])
+            else:
+                logps = self._completion_log_probs(self.model, micro, K.RESPONSES)[0].sum(-1)  # (b,)
+                out = kto_loss(logps, micro[K.REF_LOGPS], micro[K.LABEL], kl_ref_point, p.beta,
+                               p.desirable_weight, p.undesirable_weight)  # fmt: skip
+                out.update(logps=logps, labels=micro[K.LABEL])
+            (out["losses"].sum() / len(batch)).backward()
+            for k, v in out.items():
+                parts[k].append(v.detach().cpu())
+        s = {k: torch.cat(v) for k, v in parts.items()}
+        metrics = {"loss": float(s["losses"].mean())}
+        if kind == "dpo":
+            metrics.update({
+                "rewards/chosen": float(s["chosen_rewards"].mean()),
+                "rewards/rejected": float(s["rejected_rewards"].mean()),
+                "rewards/accuracies": float((s["chosen_rewards"] > s["rejected_rewards"]).float().mean()),
+                "rewards/margins": float((s["chosen_rewards"] - s["rejected_rewards"]).mean()),
+                "logps/chosen": float(s["chosen_logps"].mean()),
+                "logps/rejected": float(s["rejected_logps"].mean()),
+            })  # fmt: skip
+        else:
+            good, z0 = s["labels"], max(float(kl_ref_point), 0.0) * p.beta
+            # KTO's "accuracy": the share of examples on the right side of the reference point.
+            right = torch.where(good, s["rewards"] > z0, s["rewards"] < z0)
+            metrics.update({"kl": max(float(kl_ref_point), 0.0), "rewards/accuracies": float(right.float().mean())})
+            for name, sel in (("chosen", good), ("rejected", ~good)):
+                if sel.any():  # a batch may hold only one kind
+                    metrics[f"rewards/{name}"] = float(s["rewards"][sel].mean())
+                    metrics[f"logps/{name}"] = float(s["logps"][sel].mean())
+            if good.any() and (~good).any():
+                metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+        return {**metrics, **self._offline_step()}
+
+    @register(Dispatch.DP)
+    def update_sft(self, batch: Batch) -> dict[str, float]:
+        """One supervised optimizer step: token-mean NLL of RESPONSES (prompt tokens carry no loss)."""
+        tokens = float(batch[K.RESPONSE_MASK].sum())
+        loss_sum, correct = 0.0, 0.0
+        for micro in batch.split(self.plan.actor.micro_batch):
+            micro = micro.to(self.device)
+            log_prob, logits = self._completion_log_probs(self.model, micro, K.RESPONSES)
+            loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=tokens)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            hit = (logits.argmax(-1) == micro[K.RESPONSES]).float() * micro[K.RESPONSE_MASK]
+            correct += float(hit.sum())
+        return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens,
+                **self._offline_step()}  # fmt: skip
+
+    def _offline_step(self) -> dict[str, float]:
+        grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip)
+        self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
+        return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],
+                "actor/nonfinite_skipped": 0.0 if stepped else 1.0, "actor/nonfinite_in_a_row": self.nonfinite_in_a_row}  # fmt: skip

@@ -1,0 +1,210 @@
+"""Preference and supervised datasets: DPO pairs, unpaired KTO examples, SFT rows.
+
+Rows (parquet or JSONL; TRL's column names, `prompt` renamed by `data.prompt_key`):
+
+    DPO  {"prompt": P, "chosen": C, "rejected": C}
+    KTO  {"prompt": P, "completion": C, "label": true | false}
+    SFT  {"messages": [..., {"role": "assistant", "content": ...}]}   or   {"prompt": P, "response": C}
+
+P is a string or a list of chat messages; C is a string or a list of (assistant) messages. A
+string completion gets the tokenizer's EOS appended; a message completion is rendered with the
+chat template (the text the template adds after the prompt's generation prompt), and gets EOS
+only if the template did not emit it. SFT trains on the last assistant message only.
+
+Like the prompt datasets, every row is checked and tokenized up front; a malformed row stops
+the run with its file, its index and what is missing or wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.converters import read_rows
+from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, render_prompt
+
+KINDS = ("dpo", "kto", "sft")
+# The completions a row of each kind carries, as batch fields.
+COMPLETIONS = {"dpo": (K.CHOSEN, K.REJECTED), "kto": (K.RESPONSES, K.KL_RESPONSES), "sft": (K.RESPONSES,)}
+MASK_OF = {K.CHOSEN: K.CHOSEN_MASK, K.REJECTED: K.REJECTED_MASK, K.RESPONSES: K.RESPONSE_MASK,
+           K.KL_RESPONSES: K.KL_RESPONSE_MASK}  # fmt: skip
+REF_OF = {K.CHOSEN: K.REF_CHOSEN_LOGPS, K.REJECTED: K.REF_REJECTED_LOGPS, K.RESPONSES: K.REF_LOGPS,
+          K.KL_RESPONSES: K.REF_KL_LOGPS}  # fmt: skip
+_REQUIRED = {"dpo": ("chosen", "rejected"), "kto": ("completion", "label")}
+
+
+@dataclass
+class Record:
+    """One training row, tokenized: the prompt and its completions by batch field."""
+
+    prompt_ids: list[int]
+    completions: dict[str, list[int]]  # e.g. {K.CHOSEN: [...], K.REJECTED: [...]}
+    label: bool | None = None  # KTO only
+    ref_logps: dict[str, float] = field(default_factory=dict)  # REF_OF[...] -> value, when precomputed
+
+
+@dataclass
+class _Limits:
+    max_prompt_length: int
+    max_response_length: int
+    truncation: str
+
+
+def load_preference_records(
+    files,
+    tokenizer,
+    kind: str,
+    *,
+    prompt_key: str = "prompt",
+    max_prompt_length: int,
+    max_response_length: int,
+    truncation: str = "error",
+    seed: int = 0,
+) -> list[Record]:
+    """Read, check and tokenize every row of `files` (a path or list of paths) as `kind` rows."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if truncation not in TRUNCATION_MODES:
+        raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+    limits = _Limits(max_prompt_length, max_response_length, truncation)
+    files = [files] if isinstance(files, str) else list(files)
+    records = []
+    for path in files:
+        for i, row in enumerate(read_rows(path)):
+            where = f"{path}, row {i}"
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
+            records.append(_parse_row(row, kind, prompt_key, tokenizer, limits, where))
+    if not records:
+        raise DataError(f"no rows in {files}")
+    if kind == "kto":
+        _pair_mismatched(records, seed)
+    return records
+
+
+def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str) -> Record:
+    if kind == "sft" and "messages" in row:
+        messages = _check_prompt(row["messages"], f"{where}: 'messages'")
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            raise DataError(f"{where}: 'messages' must end with an assistant message after at least one other "
+                            f"message (the response to train on); got roles {[m['role'] for m in messages]}")
+        prompt, completions = messages[:-1], {K.RESPONSES: messages[-1:]}
+    else:
+        response_key = next((k for k in ("response", "completion") if k in row), "response")
+        needed = _REQUIRED.get(kind, (response_key,))
+        missing = [k for k in (prompt_key, *needed) if row.get(k) is None]
+        if missing:
+            hint = {"dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
+                    "kto": f"KTO rows need {prompt_key!r}, 'completion' and 'label'",
+                    "sft": f"SFT rows need 'messages', or {prompt_key!r} and 'response'"}[kind]  # fmt: skip
+            raise DataError(f"{where}: missing {', '.join(map(repr, missing))} ({hint}); row has {sorted(row)}")
+        prompt = _check_prompt(row[prompt_key], f"{where}: {prompt_key!r}")
+        fields = {"dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"}, "kto": {K.RESPONSES: "completion"},
+                  "sft": {K.RESPONSES: response_key}}[kind]  # fmt: skip
+        completions = {key: row[col] for key, col in fields.items()}
+    prompt_text = render_prompt(tok, prompt)
+    prompt_ids = _fit(tok(prompt_text, add_special_tokens=False)["input_ids"], limits.max_prompt_length,
+                      limits.truncation, f"{where}: the prompt", "data.max_prompt_length", keep_end=True)  # fmt: skip
+    ids = {}
+    for key, value in completions.items():
+        name = {K.CHOSEN: "'chosen'", K.REJECTED: "'rejected'"}.get(key, "the response")
+        text = _completion_text(tok, prompt, prompt_text, value, f"{where}: {name}")
+        tokens = tok(text, add_special_tokens=False)["input_ids"]
+        if tok.eos_token_id not in tokens:
+            tokens.append(tok.eos_token_id)
+        ids[key] = _fit(tokens, limits.max_response_length, limits.truncation, f"{where}: {name}",
+                        "data.max_response_length", keep_end=False)  # fmt: skip
+    label = None
+    if kind == "kto":
+        label = row["label"]
+        if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and label in (0, 1):
+            label = bool(label)
+        if not isinstance(label, (bool, np.bool_)):
+            raise DataError(f"{where}: 'label' must be true (desirable) or false (undesirable), got {label!r:.60}")
+    return Record(prompt_ids, ids, None if label is None else bool(label))
+
+
+def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
+    if isinstance(value, str):
+        if not value:
+            raise DataError(f"{where} is an empty string")
+        return value
+    if not isinstance(value, (list, np.ndarray)) or len(value) == 0:
+        raise DataError(f"{where} must be a string or a non-empty list of chat messages, got {value!r:.120}")
+    messages = _check_prompt(value, where)
+    if isinstance(prompt, str):
+        raise DataError(f"{where} is a list of chat messages but the prompt is plain text; use one format for both")
+    if getattr(tok, "chat_template", None) is None:
+        return "\n".join(m["content"] for m in messages)
+    full = tok.apply_chat_template(prompt + messages, tokenize=False)
+    if not full.startswith(prompt_text):
+        raise DataError(f"{where}: the chat template renders prompt + completion with a different prefix than the "
+                        "prompt alone; pass the completion as a plain string instead")
+    return full[len(prompt_text) :]
+
+
+def _fit(ids: list[int], limit: int, truncation: str, what: str, key: str, keep_end: bool) -> list[int]:
+    if len(ids) <= limit:
+        return ids
+    if truncation == "error":
+        raise DataError(f"{what} has {len(ids)} tokens > {key}={limit}; raise it or set data.truncation=left|right")
+    if not keep_end:  # a completion keeps its beginning whatever the mode
+        return ids[:limit]
+    return ids[-limit:] if truncation == "left" else ids[:limit]
+
+
+def _pair_mismatched(records: list[Record], seed: int) -> None:
+    """KTO's KL estimate pairs each prompt with another row's completion; the pairing is a fixed
+    cycle over a seeded permutation of the dataset, so it can be precomputed and resumed."""
+    order = np.random.default_rng(seed).permutation(len(records))
+    for j, i in enumerate(order):
+        records[i].completions[K.KL_RESPONSES] = records[order[(j + 1) % len(records)]].completions[K.RESPONSES]
+
+
+def collate_records(records: list[Record], pad_token_id: int) -> Batch:
+    """Left-padded PROMPTS and right-padded completions (all to one width R), with their masks,
+    LABEL for KTO, and the REF_* log-probs when they were precomputed."""
+    n = len(records)
+    P = max(len(r.prompt_ids) for r in records)
+    R = max(len(ids) for r in records for ids in r.completions.values())
+    prompts = torch.full((n, P), pad_token_id, dtype=torch.long)  # (B, P)
+    prompt_mask = torch.zeros((n, P), dtype=torch.long)
+    tensors = {K.PROMPTS: prompts, K.PROMPT_MASK: prompt_mask}
+    for key in records[0].completions:
+        tensors[key] = torch.full((n, R), pad_token_id, dtype=torch.long)  # (B, R)
+        tensors[MASK_OF[key]] = torch.zeros((n, R), dtype=torch.float32)
+    for i, r in enumerate(records):
+        prompts[i, P - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        prompt_mask[i, P - len(r.prompt_ids) :] = 1
+        for key, ids in r.completions.items():
+            tensors[key][i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            tensors[MASK_OF[key]][i, : len(ids)] = 1
+    if records[0].label is not None:
+        tensors[K.LABEL] = torch.tensor([r.label for r in records], dtype=torch.bool)  # (B,)
+    for key in records[0].ref_logps:
+        tensors[key] = torch.tensor([r.ref_logps[key] for r in records], dtype=torch.float32)  # (B,)
+    return Batch(tensors)
+
+
+class RecordLoader(PromptLoader):
+    """`PromptLoader`'s resumable shuffled epochs over preference / SFT records."""
+
+    def __init__(self, records: list[Record], batch_size: int, pad_token_id: int, *, shuffle=True, seed=0):
+        if batch_size > len(records):
+            raise DataError(
+                f"data.train_batch_size={batch_size} is larger than the training set ({len(records)} rows); "
+                f"use at most {len(records)}"
+            )
+        super().__init__(records, batch_size, pad_token_id, shuffle=shuffle, seed=seed)
+
+    def next_batch(self) -> Batch:
+        if self.position >= len(self):
+            self.epoch, self.position = self.epoch + 1, 0
+        start = self.position * self.batch_size
+        idx = self._order(self.epoch)[start : start + self.batch_size]
+        self.position += 1
+        return collate_records([self.records[i] for i in idx], self.pad_token_id)

@@ -129,3 +129,19 @@ def test_malformed_preference_row_stops_with_its_index(tiny_model_dir, pref_data
     broken.write_text(Path(pref_data["pairs"]).read_text() + json.dumps({"prompt": "1+1=", "chosen": "2"}) + "\n")
     proc = train(tmp_path, tiny_model_dir, broken, tmp_path / "r", "dpo", 1, check=False)
     assert proc.returncode == 2 and f"{broken}, row 32: missing 'rejected'" in proc.stderr
+
+
+@pytest.mark.parametrize("config", ["dpo", "kto"])
+def test_shipped_preference_config_learns(config, tmp_path):
+    """configs/{dpo,kto}.yaml as shipped: accuracy over the last 10 steps > 0.9, the loss falls."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridrl", "train", f"configs/{config}.yaml", f"trainer.default_local_dir={tmp_path}",
+         "trainer.logger=[jsonl]", "trainer.save_freq=-1"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in metrics(tmp_path) if "rewards/accuracies" in r]
+    acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
+    assert sum(acc[-10:]) / 10 > 0.9, acc[-10:]
+    assert sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.15, (loss[:10], loss[-10:])

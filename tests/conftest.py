@@ -5,6 +5,9 @@ Nothing is downloaded: the model is built from a config with random weights.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,3 +37,8 @@ def tiny_model_with_weights(tiny_model_dir, tmp_path_factory):
 def arith_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("arith")
     return make_arith(str(out), n_train=64, n_test=16, n_sft=64, max_operand=20, seed=0)
+
+
+# The end-to-end tests share `tests/e2e/cli_helpers.py`; pytest's importlib mode does not put
+# test folders on sys.path, so add that one.
+sys.path.insert(0, str(Path(__file__).parent / "e2e"))

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 
-import numpy as np
 import torch
 
 from hybridrl.algorithms import apply_kl_penalty, get_adv_estimator, make_kl_controller

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.dataset import DataError, PromptLoader, load_prompt_records

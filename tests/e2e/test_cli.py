@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from cli_helpers import assert_all_finite, cli, metrics, weights, without_volatile
+
 pytestmark = pytest.mark.slow
-
-VOLATILE = ("timing_s/", "perf/throughput")  # wall-clock numbers differ between runs
-
-
-def cli(*args, env=None, check=True):
-    proc = subprocess.run(
-        [sys.executable, "-m", "hybridrl", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
-    )  # fmt: skip
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
 
 
 def base_overrides(model_dir, data, out, **extra):
@@ -50,20 +36,6 @@ def base_overrides(model_dir, data, out, **extra):
     }
     o.update(extra)
     return [f"{k}={v}" for k, v in o.items()]
-
-
-def metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(path) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(path) / "model.safetensors"))
-
-
-def assert_all_finite(rows):
-    for row in rows:
-        for k, v in row.items():
-            assert isinstance(v, (int, float)) and math.isfinite(v), (row["step"], k, v)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
@@ -137,8 +109,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_model_dir, arith_
     ra, rb = metrics(a), metrics(b)
     assert [r["step"] for r in rb] == [r["step"] for r in ra] == [0, 1, 2, 3, 4]
     for x, y in zip(ra, rb):
-        strip = lambda r: {k: v for k, v in r.items() if not k.startswith(VOLATILE)}  # noqa: E731
-        assert strip(x) == strip(y), f"step {x['step']} differs"
+        assert without_volatile(x) == without_volatile(y), f"step {x['step']} differs"
     wa, wb = weights(a / "checkpoints" / "step_4" / "actor"), weights(b / "checkpoints" / "step_4" / "actor")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

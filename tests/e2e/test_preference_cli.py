@@ -4,42 +4,18 @@ set it can learn (each problem's correct sum preferred over a wrong one)."""
 from __future__ import annotations
 
 import json
-import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from hybridrl.data.converters import make_arith_preferences
 
+from cli_helpers import assert_all_finite, cli, metrics, weights, without_volatile
+
 pytestmark = pytest.mark.slow
-
-VOLATILE = ("timing_s/", "perf/")  # wall-clock numbers differ between runs
-
-
-def cli(*args, env=None, check=True):
-    proc = subprocess.run([sys.executable, "-m", "hybridrl", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)  # fmt: skip
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-def weights(path) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(path) / "model.safetensors"))
-
-
-def assert_all_finite(rows):
-    for row in rows:
-        assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in row.values()), row
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +70,7 @@ def test_dpo_learns_the_preferences_and_resumes_exactly(tiny_model_dir, pref_dat
     assert killed.returncode == -9, killed.stderr
     resumed = train(tmp_path, tiny_model_dir, pref_data["pairs"], b, **common, **{"trainer.resume_mode": "auto"})
     assert "at step 15/30" in resumed.stdout
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith(VOLATILE)}  # noqa: E731
-    assert [strip(r) for r in metrics(b)] == [strip(r) for r in rows]
+    assert [without_volatile(r) for r in metrics(b)] == [without_volatile(r) for r in rows]
     wa, wb = weights(a / "checkpoints" / "step_30" / "actor"), weights(b / "checkpoints" / "step_30" / "actor")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -1,0 +1,43 @@
+"""Helpers shared by the end-to-end CLI tests: run `python -m hybridrl`, read what a run wrote."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+VOLATILE = ("timing_s/", "perf/throughput", "perf/samples_per_s")  # wall-clock numbers differ between runs
+
+
+def cli(*args, env=None, check=True, cwd=None):
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridrl", *map(str, args)],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900, cwd=cwd,
+    )  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def assert_all_finite(rows) -> None:
+    for row in rows:
+        for k, v in row.items():
+            assert isinstance(v, (int, float)) and math.isfinite(v), (row.get("step"), k, v)
+
+
+def without_volatile(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}

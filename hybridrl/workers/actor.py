@@ -198,20 +198,26 @@ class ActorRolloutRefWorker:
         """
         if getattr(self, "_sft_optimizer", None) is None:
             self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
-        optimizer = self._sft_optimizer
-        batch = batch.to(self.device)
-        mask = batch[K.RESPONSE_MASK]
-        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-            logits = response_logits(self.model, *(batch[k] for k in SEQ_KEYS))
-        log_prob = log_probs_from_logits(logits, batch[K.RESPONSES])
-        loss = -agg_loss(log_prob, mask, "token-mean")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, correct, tokens = self._sft_backward(batch)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        correct = (logits.argmax(-1) == batch[K.RESPONSES]).float()
-        return {"warmup/loss": float(loss.detach()), "warmup/token_acc": float((correct * mask).sum() / mask.sum())}
+        self._sft_optimizer.step()
+        self._sft_optimizer.zero_grad(set_to_none=True)
+        return {"warmup/loss": loss, "warmup/token_acc": correct / max(tokens, 1.0)}
+
+    def _sft_backward(self, batch: Batch) -> tuple[float, float, float]:
+        """Backward of the token-mean NLL of RESPONSES over the whole batch, micro-batch by
+        micro-batch; returns (loss, correctly predicted tokens, response tokens)."""
+        tokens = float(batch[K.RESPONSE_MASK].sum())
+        loss_sum, correct = 0.0, 0.0
+        for micro in batch.split(self.plan.actor.micro_batch):
+            micro = micro.to(self.device)
+            log_prob, logits = self._completion_log_probs(self.model, micro, K.RESPONSES)
+            loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=tokens)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            hit = (logits.argmax(-1) == micro[K.RESPONSES]).float() * micro[K.RESPONSE_MASK]
+            correct += float(hit.sum())
+        return loss_sum, correct, tokens
 
     # -- checkpoints ---------------------------------------------------------------------------
     @register(Dispatch.RANK0)
@@ -326,16 +332,7 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step: token-mean NLL of RESPONSES (prompt tokens carry no loss)."""
-        tokens = float(batch[K.RESPONSE_MASK].sum())
-        loss_sum, correct = 0.0, 0.0
-        for micro in batch.split(self.plan.actor.micro_batch):
-            micro = micro.to(self.device)
-            log_prob, logits = self._completion_log_probs(self.model, micro, K.RESPONSES)
-            loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=tokens)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            hit = (logits.argmax(-1) == micro[K.RESPONSES]).float() * micro[K.RESPONSE_MASK]
-            correct += float(hit.sum())
+        loss_sum, correct, tokens = self._sft_backward(batch)
         return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens,
                 **self._offline_step()}  # fmt: skip
 

@@ -108,7 +108,7 @@ def test_malformed_preference_row_stops_with_its_index(tiny_model_dir, pref_data
 
 @pytest.mark.parametrize("config", ["dpo", "kto"])
 def test_shipped_preference_config_learns(config, tmp_path):
-    """configs/{dpo,kto}.yaml as shipped: accuracy over the last 10 steps > 0.9, the loss falls."""
+    """configs/{dpo,kto}.yaml as shipped: accuracy over the last 20 steps > 0.9, the loss falls."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "hybridrl", "train", f"configs/{config}.yaml", f"trainer.default_local_dir={tmp_path}",
@@ -118,5 +118,5 @@ def test_shipped_preference_config_learns(config, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in metrics(tmp_path) if "rewards/accuracies" in r]
     acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
-    assert sum(acc[-10:]) / 10 > 0.9, acc[-10:]
+    assert sum(acc[-20:]) / 20 > 0.9, acc[-20:]
     assert sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.15, (loss[:10], loss[-10:])

@@ -25,6 +25,9 @@ def cmd_train(args) -> int:
         Trainer = PPOTrainer
     try:
         Trainer(cfg).fit()
+    except ConfigError as e:  # found once the data is loaded (e.g. reward_kwargs vs the data's scorers)
+        print(e, file=sys.stderr)
+        return 2
     except NonFiniteError as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1

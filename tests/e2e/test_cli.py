@@ -155,3 +155,18 @@ def test_bad_data_and_raising_reward_function(tiny_model_with_weights, arith_dat
     rows = metrics(out)[1:]
     assert sum(r["reward/errors"] for r in rows) > 0
     assert "boom" in proc.stderr and proc.stderr.count("boom") <= 2  # the first traceback, once
+
+
+def test_reward_kwargs_reach_the_scorer_and_mismatches_fail_early(tiny_model_with_weights, arith_data, tmp_path):
+    cfg = _write_empty_yaml(tmp_path)
+    # The built-in arith scorer takes no options: a typo'd or foreign kwarg stops the run up front.
+    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
+               "custom_reward_function.reward_kwargs={format_score: 0.1}", check=False)  # fmt: skip
+    assert proc.returncode == 2 and "reward_kwargs" in proc.stderr and "'arith'" in proc.stderr
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus=0.0):\n"
+                      "    return bonus\n")  # fmt: skip
+    out = tmp_path / "r2"
+    cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1}),
+        f"custom_reward_function.path={reward}", "custom_reward_function.reward_kwargs={bonus: 0.375}")  # fmt: skip
+    assert metrics(out)[1]["critic/score/mean"] == 0.375

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def cmd_train(args) -> int:
@@ -87,15 +88,39 @@ def cmd_eval(args) -> int:
     engine = HFRolloutEngine(model, tokenizer, max_num_seqs=args.batch_size, autocast_dtype=autocast_dtype(device))
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
     rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
     if args.output:
         with open(args.output, "w") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
-    for source in sorted({r["data_source"] for r in rows}):
-        scores = [r["score"] for r in rows if r["data_source"] == source]
-        correct = sum(s == 1.0 for s in scores)
-        print(f"{source}: accuracy {sum(scores) / len(scores):.4f} ({correct}/{len(scores)} exactly right, greedy)")
+    for source, m in summary.items():
+        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, greedy)"
+        if "flexible_accuracy" in m:
+            line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
+        print(line)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def _eval_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per data source: mean score, exact count; for GSM8K also the flexible (last-number) accuracy.
+
+    The flexible score is added to each row (`score_flexible`) so the JSONL shows both.
+    """
+    from hybridrl.rewards import gsm8k
+
+    out = {}
+    for source in sorted({r["data_source"] for r in rows}):
+        mine = [r for r in rows if r["data_source"] == source]
+        scores = [r["score"] for r in mine]
+        m = {"n": len(mine), "accuracy": sum(scores) / len(mine), "correct": sum(s == 1.0 for s in scores)}
+        if source in ("gsm8k", "openai/gsm8k"):
+            for r in mine:
+                r["score_flexible"] = gsm8k.compute_score(r["response"], r["ground_truth"], method="flexible")
+            m["flexible_accuracy"] = sum(r["score_flexible"] for r in mine) / len(mine)
+        out[source] = m
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True, help="local HF model directory (e.g. a checkpoint's actor/)")
     s.add_argument("--data", required=True, help="parquet or JSONL in verl's row format")
     s.add_argument("--output", help="write per-sample results to this JSONL")
+    s.add_argument("--summary", help="write the per-data-source accuracies to this JSON file")
     s.add_argument("--batch-size", type=int, default=64)
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)

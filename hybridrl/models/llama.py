@@ -1,0 +1,214 @@
+"""A compact decoder for the Llama / Qwen2 / Qwen2.5 / Qwen3 family, for the native rollout engine.
+
+The parameter names are those of the Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`,
+`lm_head.weight`, ...), so the trainer's state dict loads into it by name. The model is pure math:
+attention over past tokens is a callable the caller passes in (`attend`), so the paged KV cache,
+CUDA graphs and any sharding live outside this file.
+
+Differences inside the family, all read from the HF config:
+- Qwen2/2.5: bias on q/k/v (not o); Llama and Qwen3: `attention_bias` on q/k/v/o, Llama `mlp_bias`;
+- Qwen3: RMSNorm over each head's q and k before the rotary embedding ("QK-norm");
+- `head_dim` may differ from hidden / heads (Qwen3); tied or untied input/output embeddings;
+- rotary embeddings with the configured theta and the `default`, `linear`, `llama3` or `yarn`
+  scaling (inverse frequencies from transformers' own rope functions); others are unsupported.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+# attend(layer_index, q (B, T, H, D), k (B, T, Hkv, D), v (B, T, Hkv, D)) -> (B, T, H, D)
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def unsupported_reason(config) -> str | None:
+    """Why the native model cannot run this HF config, or None when it can."""
+    arch = (getattr(config, "architectures", None) or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        return f"architecture {arch} is not one of {', '.join(ARCHITECTURES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act={config.hidden_act} (only silu)"
+    rope = _rope_parameters(config)
+    if rope.get("rope_type", "default") not in ROPE_TYPES:
+        return f"rope_type={rope.get('rope_type')} (supported: {', '.join(ROPE_TYPES)})"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    return None
+
+
+def _rope_parameters(config) -> dict:
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope = dict(rope)
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    rope.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return rope
+
+
+def rope_tables(config, head_dim: int, max_positions: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin for every position: (max_positions, head_dim) float32 each."""
+    rope = _rope_parameters(config)
+    if rope["rope_type"] == "default":
+        inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        scale = 1.0
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
+        inv_freq = inv_freq.double()
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)  # (P, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (P, D): HF's rotate-half layout
+    return (angles.cos() * scale).float().to(device), (angles.sin() * scale).float().to(device)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, D); cos/sin (B, T, 1, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 and cast back before the weight, as the HF implementations do.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, family: str):
+        super().__init__()
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        qkv_bias = True if family == "qwen2" else getattr(config, "attention_bias", False)
+        o_bias = False if family == "qwen2" else getattr(config, "attention_bias", False)
+        h, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.n_kv * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.n_kv * d, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=o_bias)
+        self.qk_norm = family == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, layer: int, attend: Attend):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)  # (B, T, Hkv, D)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        out = attend(layer, q, k, v)  # (B, T, H, D)
+        return self.o_proj(out.reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, family: str):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, family)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, layer: int, attend: Attend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config, family: str):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, family) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """Embeddings -> decoder layers -> final norm -> LM head, with HF parameter names."""
+
+    def __init__(self, config, max_positions: int | None = None):
+        super().__init__()
+        reason = unsupported_reason(config)
+        if reason:
+            raise ValueError(f"the native model does not support this config: {reason}")
+        self.config = config
+        family = ARCHITECTURES[config.architectures[0]]
+        self.model = Backbone(config, family)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tied:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = self.model.layers[0].self_attn.head_dim
+        self.max_positions = max_positions or config.max_position_embeddings
+        with torch.device("cpu"):  # real tables even when the module is built on the meta device
+            cos, sin = rope_tables(config, self.head_dim, self.max_positions)
+        # Buffers, not parameters: they never appear in a state dict the trainer streams in.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """input_ids, positions (B, T) -> final-normed hidden states (B, T, hidden)."""
+        x = self.model.embed_tokens(input_ids)
+        cos = self.rope_cos[positions].unsqueeze(2)  # (B, T, 1, D)
+        sin = self.rope_sin[positions].unsqueeze(2)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, i, attend)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., hidden) -> (..., V) in the model's dtype."""
+        return F.linear(hidden, self.lm_head_weight)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Plain causal forward over full sequences without padding: (B, T) -> logits (B, T, V)."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.logits(self.hidden_states(input_ids, positions, causal_attend))
+
+
+def causal_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of T new tokens over themselves only (no cache); GQA by head groups."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
+    )  # (B, H, T, D)
+    return out.transpose(1, 2)
+
+
+def build_from_hf_config(config, dtype: torch.dtype, device, max_positions: int | None = None) -> DecoderLM:
+    """An uninitialized-weights DecoderLM in `dtype` on `device` (weights come from load_weights)."""
+    with torch.device("meta"):
+        model = DecoderLM(config, max_positions)
+    model = model.to_empty(device=device).to(dtype)
+    cos, sin = rope_tables(config, model.head_dim, model.max_positions, device)
+    model.rope_cos, model.rope_sin = cos, sin  # to_empty left the buffers uninitialized
+    return model.eval().requires_grad_(False)

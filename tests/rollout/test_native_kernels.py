@@ -95,7 +95,7 @@ def kernels():
 def test_kernels_under_the_triton_interpreter():
     pytest.importorskip("triton")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
+        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.count("PASSED") == 5, proc.stdout[-3000:]

@@ -1,0 +1,411 @@
+"""The native rollout engine: paged KV cache, continuous batching, CUDA-graph decode.
+
+One `generate` call:
+1. every prompt (left padding stripped) becomes a group of `n` samples waiting for admission;
+2. each iteration admits the groups that fit (rows, KV blocks, prefill token budget), prefills
+   them right-padded in one forward pass (their K/V go straight into the paged cache), samples
+   each sample's first token, and forks the samples onto the prompt's shared blocks;
+3. one decode step then runs every running sequence: a single token each, attending over its
+   blocks; finished sequences leave and the remaining rows are compacted, so the batch is never
+   re-padded and waiting prompts join as soon as blocks free up.
+
+The running rows live in preallocated device buffers (token, position, seed, block-table row);
+per step the host only appends the new block ids that sequences crossed into and compacts rows
+when some finish. On CUDA the decode step (model forward, paged attention in Triton, fused
+sampling) is captured as a CUDA graph per batch size of a ladder (1, 2, 4, ..., max_num_seqs)
+and replayed; a batch is padded up to the next size with harmless rows that point at scratch
+block 0. On CPU (and with enforce_eager) the same code runs eagerly with the torch references.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable, Sequence as Seq
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.models.llama import build_from_hf_config
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.native import triton_kernels
+from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention, paged_decode_reference
+from hybridrl.rollout.native.cache import KVCache, blocks_for
+from hybridrl.rollout.native.sampling import row_keys, sample
+from hybridrl.rollout.native.scheduler import Group, Scheduler, Sequence
+
+BLOCK_SIZE = 16
+CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
+# Memory kept free for activations beside the cache, per unit: logits of a decode batch
+# (bf16 logits + float32 temporaries) and prefill activations per token (hidden and MLP widths).
+WORKSPACE_SLACK = 512 << 20
+
+
+def eos_ids(model_config, tokenizer) -> list[int]:
+    """The tokenizer's EOS and the generation config's EOS ids (as the HF engine uses)."""
+    gen = getattr(model_config, "eos_token_id", None)
+    ids = {tokenizer.eos_token_id} | (set(gen) if isinstance(gen, (list, tuple)) else {gen})
+    return sorted(i for i in ids if i is not None)
+
+
+def canonical_name(name: str) -> str | None:
+    """Map a trainer parameter name (plain HF, torch.compile'd, DDP or peft-wrapped) to the HF name.
+
+    Unmerged LoRA factors cannot be applied by a copy: they raise instead of being dropped
+    silently (the engine would sample from the base model).
+    """
+    for prefix in ("_orig_mod.", "module.", "base_model.model."):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    if ".lora_" in name or "lora_embedding" in name:
+        raise ValueError(
+            f"weight {name!r} is an unmerged LoRA factor; merge the adapters into the base weights "
+            f"before syncing them to the native engine (or use rollout.name=hf)"
+        )
+    return name.replace(".base_layer.", ".")
+
+
+class NativeRolloutEngine:
+    def __init__(
+        self,
+        hf_config,
+        tokenizer,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_model_len: int = 2048,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = False,
+        block_size: int = BLOCK_SIZE,
+        num_blocks: int | None = None,
+        ignore_eos: bool = False,
+    ):
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.tokenizer, self.hf_config = tokenizer, hf_config
+        self.eos_token_ids = eos_ids(hf_config, tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
+        self.max_num_batched_tokens, self.gpu_memory_utilization = max_num_batched_tokens, gpu_memory_utilization
+        self.block_size, self.fixed_num_blocks, self.ignore_eos = block_size, num_blocks, ignore_eos
+        self.model = build_from_hf_config(
+            hf_config, self.dtype, self.device, max_positions=max(max_model_len, hf_config.max_position_embeddings)
+        )
+        fast = triton_kernels.available(self.device)
+        self.use_graphs = self.device.type == "cuda" and fast and not enforce_eager
+        self.fused_sampling = fast and self.device.type == "cuda"
+        kernel = triton_kernels.paged_decode if fast and self.device.type == "cuda" else paged_decode_reference
+        self.attn = DecodeAttention(None, kernel)
+        self.cache: KVCache | None = None
+        self._cache_ptr: int | None = None
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
+        self._alloc_row_buffers()
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_pool = None
+        self._inv_t: dict[tuple, torch.Tensor] = {}
+        self.ladder = _ladder(max_num_seqs)
+        self.last_metrics: dict[str, float] = {}
+
+    @classmethod
+    def from_hf_model(cls, model, tokenizer, *, share_weights: bool = True, **kwargs) -> "NativeRolloutEngine":
+        """An engine with `model`'s weights: aliased (zero copy) when device and dtype are the same
+        and `share_weights`, copied otherwise."""
+        engine = cls(model.config, tokenizer, **kwargs)
+        first = next(model.parameters())
+        if share_weights and first.device == engine.device and first.dtype == engine.dtype:
+            engine.alias_weights(model)
+        else:
+            engine.load_weights(model.named_parameters())
+        return engine
+
+    # -- weights -------------------------------------------------------------------------------
+    def alias_weights(self, model) -> None:
+        """Make the engine's parameters the trainer's tensors (same storage): in-place optimizer
+        steps are then visible to the engine with no sync at all."""
+        own = self.model.state_dict()
+        shared = {}
+        for name, t in model.state_dict().items():
+            name = canonical_name(name)
+            if name in own:
+                shared[name] = t.detach()
+        missing = set(own) - set(shared)
+        if missing:
+            raise ValueError(f"the trainer model has no weights for {sorted(missing)[:5]}")
+        self.model.load_state_dict(shared, assign=True)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights in one tensor at a time (converting dtype/device on the way); tensors the
+        engine already aliases are skipped. Names the engine does not have raise."""
+        params = dict(self.model.named_parameters())
+        for name, t in named_tensors:
+            name = canonical_name(name)
+            if name == "lm_head.weight" and self.model.tied:
+                continue  # tied: the embedding is the head
+            p = params.get(name)
+            if p is None:
+                raise KeyError(f"load_weights: the native model has no parameter {name!r}")
+            if p.data_ptr() != t.data_ptr():
+                p.copy_(t.detach(), non_blocking=True)
+
+    # -- memory --------------------------------------------------------------------------------
+    def _alloc_row_buffers(self) -> None:
+        S, M, dev = self.max_num_seqs, self.max_blocks_per_seq, self.device
+        self.buf_ids = torch.zeros(S, dtype=torch.long, device=dev)
+        self.buf_pos = torch.zeros(S, dtype=torch.long, device=dev)  # position of the input token
+        self.buf_seeds = torch.zeros(S, dtype=torch.long, device=dev)
+        self.buf_tables = torch.zeros(S, M, dtype=torch.int32, device=dev)  # row 0-filled = scratch block
+        self.out_tok = torch.zeros(S, dtype=torch.long, device=dev)
+        self.out_lp = torch.zeros(S, dtype=torch.float32, device=dev)
+
+    def _num_blocks(self) -> int:
+        cfg, m = self.hf_config, self.model
+        per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, self.block_size, m.n_kv_heads, m.head_dim, self.dtype)
+        useful = self.max_num_seqs * self.max_blocks_per_seq + 1
+        if self.fixed_num_blocks is not None:
+            return self.fixed_num_blocks
+        if self.device.type != "cuda":
+            return min(useful, CPU_KV_TOKENS // self.block_size + 1)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
+        if budget < 2 * per_block * self.max_blocks_per_seq:
+            raise RuntimeError(
+                f"native rollout: {free / 2**30:.1f} GiB free x gpu_memory_utilization={self.gpu_memory_utilization} "
+                f"leaves no room for a KV cache after {self._workspace_bytes() / 2**30:.1f} GiB of workspace; "
+                f"raise actor_rollout_ref.rollout.gpu_memory_utilization or lower max_num_seqs"
+            )
+        return min(useful, budget // per_block)
+
+    def _workspace_bytes(self) -> int:
+        """Activations beside the cache: decode logits (bf16 + fp32 temporaries) and prefill."""
+        cfg = self.hf_config
+        decode = self.max_num_seqs * cfg.vocab_size * 16
+        prefill = self.max_num_batched_tokens * (12 * cfg.hidden_size + 6 * cfg.intermediate_size)
+        return decode + prefill + WORKSPACE_SLACK
+
+    def wake(self) -> None:
+        """Allocate the KV cache. CUDA graphs bake its address in: they are kept when the new cache
+        lands at the same address (the usual case when nothing else moved), re-captured otherwise."""
+        if self.cache is not None:
+            return
+        m = self.model
+        self.cache = KVCache(self.hf_config.num_hidden_layers, self._num_blocks(), self.block_size, m.n_kv_heads,
+                             m.head_dim, self.dtype, self.device)  # fmt: skip
+        self.attn.cache = self.cache
+        ptr = self.cache.data.data_ptr()
+        if ptr != self._cache_ptr:
+            self.graphs.clear()
+        self._cache_ptr = ptr
+
+    def sleep(self) -> None:
+        """Free the KV cache (the trainer gets the memory); weights and row buffers stay."""
+        self.cache = None
+        self.attn.cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- generation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None) -> Batch:
+        """PROMPTS/PROMPT_MASK (left-padded) -> the batch x n with RESPONSES, RESPONSE_MASK,
+        ROLLOUT_LOG_PROBS, RESPONSE_TEXT. `seeds` gives each output sequence its seed; by default
+        they are drawn from torch's global generator (so torch.manual_seed reproduces a call)."""
+        n, max_new = sampling.n, sampling.max_new_tokens
+        ids, mask = prompts[K.PROMPTS], prompts[K.PROMPT_MASK].bool()
+        total = len(prompts) * n
+        if n > self.max_num_seqs:
+            raise ValueError(f"rollout.n={n} exceeds rollout.max_num_seqs={self.max_num_seqs}: the samples of a prompt run together")
+        longest = int(mask.sum(1).max()) + max_new if len(prompts) else 0
+        if longest > self.max_model_len:
+            raise ValueError(f"a prompt plus {max_new} new tokens is {longest} tokens, over the engine's max_model_len={self.max_model_len}")
+        if seeds is None:
+            seeds = (torch.randint(0, 2**31 - 1, (1,)).item() + torch.arange(total) * 7919).tolist()
+        if len(seeds) != total:
+            raise ValueError(f"seeds: need one per output sequence ({total}), got {len(seeds)}")
+        self.wake()
+        mode = (0.0 if sampling.greedy else float(sampling.temperature), sampling.top_k, sampling.top_p)
+        sched = Scheduler(self.cache.allocator, self.block_size, self.max_num_seqs, self.max_num_batched_tokens)
+        for i in range(len(prompts)):
+            rows = list(range(i * n, (i + 1) * n))
+            sched.waiting.append(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
+        done: list[Sequence | None] = [None] * total
+        stats = dict(steps=0, decode_s=0.0, peak_usage=0.0)
+        t0 = time.perf_counter()
+        while sched.waiting or sched.running:
+            new = sched.admit(max_new)
+            if new:
+                self._prefill(sched, new, mode, max_new, done)
+            if sched.running:
+                t = time.perf_counter()
+                stats["peak_usage"] = max(stats["peak_usage"], self.cache.usage)
+                self._decode_step(sched, mode, max_new, done)
+                stats["decode_s"] += time.perf_counter() - t
+                stats["steps"] += 1
+        elapsed = time.perf_counter() - t0
+        out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts, done)
+        new_tokens = float(out[K.RESPONSE_MASK].sum())
+        self.last_metrics = {
+            "rollout/kv_cache_usage": stats["peak_usage"],
+            "perf/rollout_tokens_per_s": new_tokens / max(elapsed, 1e-9),
+            "rollout/decode_steps": stats["steps"],
+            "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
+        }
+        return out
+
+    def _finished(self, seq: Sequence, max_new: int) -> bool:
+        if len(seq.tokens) >= max_new:
+            return True
+        return not self.ignore_eos and seq.tokens[-1] in self.eos_token_ids
+
+    def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int, done) -> None:
+        """Prompt forward pass of the admitted groups, their first tokens, and their new rows."""
+        dev, bs = self.device, self.block_size
+        lens = [len(g.prompt) for g in groups]
+        G, T = len(groups), max(lens)
+        ids = torch.zeros(G, T, dtype=torch.long)
+        slots, valid, seqs, copies = [], [], [], []
+        for i, g in enumerate(groups):
+            ids[i, : lens[i]] = torch.tensor(g.prompt)
+            group_seqs, group_copies = sched.start_group(g, max_new)
+            blocks = group_seqs[0].blocks
+            slots += [blocks[t // bs] * bs + t % bs for t in range(lens[i])]
+            valid += range(i * T, i * T + lens[i])
+            seqs += group_seqs
+            copies += group_copies
+        attn = PrefillAttention(self.cache, torch.tensor(slots, device=dev), torch.tensor(valid, device=dev))
+        positions = torch.arange(T, device=dev).expand(G, T)
+        hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
+        logits = self.model.logits(last).repeat_interleave(
+            torch.tensor([len(g.out_rows) for g in groups], device=dev), dim=0
+        )  # (sequences, V)
+        self.cache.copy_blocks([s for s, _ in copies], [d for _, d in copies])
+        k = len(seqs)
+        seed_t = torch.tensor([s.seed for s in seqs], device=dev)
+        pos_t = torch.tensor([s.prompt_len for s in seqs], device=dev)  # the first token's position
+        tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
+        self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
+        tok_l, lp_l = tok.tolist(), lp.tolist()
+        start = len(sched.running)
+        rows_new = []
+        for s, t, l in zip(seqs, tok_l, lp_l):
+            s.tokens.append(t)
+            s.log_probs.append(l)
+            if self._finished(s, max_new):
+                sched.finish(s)
+                done[s.out_row] = s
+            else:
+                rows_new.append(s)
+        sched.running += rows_new
+        if rows_new:
+            r = slice(start, start + len(rows_new))
+            self.buf_ids[r] = torch.tensor([s.tokens[-1] for s in rows_new], device=dev)
+            self.buf_pos[r] = torch.tensor([s.prompt_len for s in rows_new], device=dev)
+            self.buf_seeds[r] = torch.tensor([s.seed for s in rows_new], device=dev)
+            table = torch.zeros(len(rows_new), self.max_blocks_per_seq, dtype=torch.int32)
+            for j, s in enumerate(rows_new):
+                table[j, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
+            self.buf_tables[r] = table.to(dev)
+
+    def _decode_step(self, sched: Scheduler, mode, max_new: int, done) -> None:
+        running, B = sched.running, len(sched.running)
+        grown = [(row, len(s.blocks) - 1, b) for row, s in enumerate(running) if (b := sched.grow(s)) is not None]
+        if grown:  # sequences crossing into a new block: append its id to their table rows
+            r, c, b = (torch.tensor(x, device=self.device) for x in zip(*grown))
+            self.buf_tables[r, c] = b.to(torch.int32)
+        Bp = next(s for s in self.ladder if s >= B)
+        if self.use_graphs:
+            self._graph(Bp, mode).replay()
+        else:
+            self._decode_forward(Bp, mode)
+        out = torch.stack([self.out_tok[:B].double(), self.out_lp[:B].double()]).cpu()  # one sync per step
+        self.buf_ids[:B] = self.out_tok[:B]
+        self.buf_pos[:B] += 1
+        keep = []
+        for row, (s, t, l) in enumerate(zip(running, out[0].long().tolist(), out[1].tolist())):
+            s.tokens.append(t)
+            s.log_probs.append(l)
+            if self._finished(s, max_new):
+                sched.finish(s)
+                done[s.out_row] = s
+            else:
+                keep.append(row)
+        if len(keep) < B:
+            self._compact(keep, B)
+            sched.running = [running[r] for r in keep]
+
+    def _compact(self, keep: list[int], B: int) -> None:
+        """Move the rows that keep running to the front, in order; reset the vacated rows."""
+        n = len(keep)
+        if n:
+            idx = torch.tensor(keep, device=self.device)
+            for buf in (self.buf_ids, self.buf_pos, self.buf_seeds, self.buf_tables):
+                buf[:n] = buf[idx]
+        self.buf_pos[n:B] = 0
+        self.buf_tables[n:B] = 0
+
+    def _decode_forward(self, Bp: int, mode) -> None:
+        """One token for rows [0, Bp): reads the row buffers, writes out_tok / out_lp."""
+        ids, pos, tables = self.buf_ids[:Bp], self.buf_pos[:Bp], self.buf_tables[:Bp]
+        blk = tables.gather(1, (pos // self.block_size)[:, None])[:, 0]  # (Bp,) block of the new token
+        self.attn.slots = blk.long() * self.block_size + pos % self.block_size
+        self.attn.block_tables = tables
+        self.attn.context_lens = (pos + 1).to(torch.int32)
+        hidden = self.model.hidden_states(ids[:, None], pos[:, None], self.attn)[:, 0]  # (Bp, hidden)
+        logits = self.model.logits(hidden)  # (Bp, V)
+        self._sample_into(logits, self.buf_seeds[:Bp], pos + 1, mode, self.out_tok[:Bp], self.out_lp[:Bp])
+
+    def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out) -> None:
+        temperature, top_k, top_p = mode
+        if self.fused_sampling and top_k <= 0 and top_p >= 1.0:
+            if mode not in self._inv_t:
+                self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
+            triton_kernels.fused_sample(logits, row_keys(seeds, positions), self._inv_t[mode], tok_out, lp_out, temperature == 0)
+        else:
+            tok, lp = sample(logits, seeds, positions, temperature, top_k, top_p)
+            tok_out.copy_(tok)
+            lp_out.copy_(lp)
+
+    def _graph(self, Bp: int, mode) -> torch.cuda.CUDAGraph:
+        key = (Bp, mode)
+        if key not in self.graphs:
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture.
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._decode_forward(Bp, mode)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._decode_forward(Bp, mode)
+            self.graphs[key] = graph
+        return self.graphs[key]
+
+    def _assemble(self, batch: Batch, done: list[Sequence]) -> Batch:
+        width = max(len(s.tokens) for s in done)
+        responses = torch.full((len(done), width), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(len(done), width)
+        for i, s in enumerate(done):
+            responses[i, : len(s.tokens)] = torch.tensor(s.tokens)
+            log_probs[i, : len(s.tokens)] = torch.tensor(s.log_probs)
+        lengths = torch.tensor([len(s.tokens) for s in done])
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()  # through the first EOS
+        batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
+        batch[K.RESPONSES] = responses
+        batch[K.RESPONSE_MASK] = mask
+        batch[K.ROLLOUT_LOG_PROBS] = log_probs * mask
+        batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
+            [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True
+        )
+        return batch
+
+
+def _ladder(max_num_seqs: int) -> list[int]:
+    """Captured batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
+    sizes = [2**i for i in range(int(math.log2(max_num_seqs)) + 1) if 2**i < max_num_seqs]
+    return sizes + [max_num_seqs]

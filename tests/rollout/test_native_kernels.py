@@ -81,6 +81,10 @@ def test_gumbel_sampling_follows_the_distribution():
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# The kernels run on CUDA tensors on a GPU machine, on CPU tensors under the interpreter.
+KDEV = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+
+
 @pytest.fixture
 def kernels():
     pytest.importorskip("triton")
@@ -104,8 +108,11 @@ def test_kernels_under_the_triton_interpreter():
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 16, 8)])
 def test_triton_paged_decode_matches_reference(kernels, H, n_kv, D, bs):
     paged_decode = kernels.paged_decode
-    args = paged_setup(H=H, n_kv=n_kv, D=D, bs=bs, lens=(5, 70, 1, 33), B=4)
+    args = [a.to(KDEV) for a in paged_setup(H=H, n_kv=n_kv, D=D, bs=bs, lens=(5, 70, 1, 33), B=4)]
     torch.testing.assert_close(paged_decode(*args), paged_decode_reference(*args), atol=1e-4, rtol=0)
+    if KDEV == "cuda":  # bf16, as the engine runs it
+        bf = [a.bfloat16() if a.is_floating_point() else a for a in args]
+        torch.testing.assert_close(paged_decode(*bf).float(), paged_decode_reference(*bf).float(), atol=2e-2, rtol=0)
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -113,12 +120,12 @@ def test_triton_sampler_matches_torch(kernels, greedy):
     fused_sample = kernels.fused_sample
     torch.manual_seed(0)
     B, V = 6, 2500  # several vocabulary tiles
-    logits = torch.randn(B, V) * 3
-    seeds, pos = torch.arange(B) * 1000 + 7, torch.arange(B) + 3
+    logits = (torch.randn(B, V) * 3).to(KDEV)
+    seeds, pos = (torch.arange(B) * 1000 + 7).to(KDEV), (torch.arange(B) + 3).to(KDEV)
     temp = 0.0 if greedy else 0.8
     want_t, want_lp = sample(logits, seeds, pos, temp)
-    toks, lps = torch.empty(B, dtype=torch.long), torch.empty(B)
-    inv_t = torch.tensor(1.0 if greedy else 1 / temp)
+    toks, lps = torch.empty(B, dtype=torch.long, device=KDEV), torch.empty(B, device=KDEV)
+    inv_t = torch.tensor(1.0 if greedy else 1 / temp, device=KDEV)
     fused_sample(logits, row_keys(seeds, pos), inv_t, toks, lps, greedy)
     assert toks.tolist() == want_t.tolist()
     torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=0)

@@ -102,7 +102,7 @@ def test_kernels_under_the_triton_interpreter():
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 5, proc.stdout[-3000:]
+    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 8, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 16, 8)])
@@ -129,3 +129,41 @@ def test_triton_sampler_matches_torch(kernels, greedy):
     fused_sample(logits, row_keys(seeds, pos), inv_t, toks, lps, greedy)
     assert toks.tolist() == want_t.tolist()
     torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=0)
+
+
+def test_triton_rope_and_store_matches_torch(kernels):
+    from hybridrl.models.llama import rotary, rope_tables
+    from hybridrl.rollout.native.cache import write_kv
+    from transformers import Qwen2Config
+
+    torch.manual_seed(0)
+    N, H, n_kv, D, bs, nb = 5, 6, 2, 16, 4, 6
+    cos, sin = (t.to(KDEV) for t in rope_tables(Qwen2Config(rope_theta=10000.0), D, 64))
+    q, k, v = (torch.randn(N, h, D, device=KDEV) for h in (H, n_kv, n_kv))
+    pos = torch.tensor([0, 3, 17, 40, 63], device=KDEV)
+    slots = torch.tensor([4, 9, 10, 23, 5], device=KDEV)
+    ck, cv = torch.zeros(nb, bs, n_kv, D, device=KDEV), torch.zeros(nb, bs, n_kv, D, device=KDEV)
+    q_out = kernels.rope_and_store(q, k, v, cos, sin, pos, slots, ck, cv)
+    c, s_ = cos[pos][:, None, None], sin[pos][:, None, None]  # (N, 1, 1, D)
+    want_q, want_k = rotary(q[:, None], c, s_)[:, 0], rotary(k[:, None], c, s_)[:, 0]
+    rk, rv = torch.zeros_like(ck), torch.zeros_like(cv)
+    write_kv(rk, rv, want_k, v, slots)
+    torch.testing.assert_close(q_out, want_q, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ck, rk, atol=1e-5, rtol=0)
+    assert torch.equal(cv, rv)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_triton_add_rms_norm_matches_torch(kernels, with_residual):
+    from hybridrl.models.llama import RMSNorm
+    from hybridrl.models.triton_norm import fused_add_rms_norm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(48, 1e-6).to(KDEV)
+    with torch.no_grad():
+        norm.weight.normal_()
+    res, delta = torch.randn(3, 5, 48, device=KDEV), torch.randn(3, 5, 48, device=KDEV)
+    got_res, got = fused_add_rms_norm(res if with_residual else None, delta, norm.weight, 1e-6)
+    want_res = res + delta if with_residual else delta
+    torch.testing.assert_close(got_res, want_res)
+    torch.testing.assert_close(got, norm(want_res), atol=1e-5, rtol=1e-5)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hybridrl.models.llama import rotary
 from hybridrl.rollout.native.cache import KVCache, write_kv
 
 
@@ -40,8 +41,9 @@ class PrefillAttention:
     def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor):
         self.cache, self.slots, self.valid = cache, slots, valid  # slots (N,), valid (B*T,) flat indices
 
-    def __call__(self, layer: int, q, k, v):
+    def __call__(self, layer: int, q, k, v, cos, sin):
         B, T = q.shape[:2]
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
         write_kv(self.cache.k(layer), self.cache.v(layer), flat(k), flat(v), self.slots)
         out = F.scaled_dot_product_attention(
@@ -51,15 +53,25 @@ class PrefillAttention:
 
 
 class DecodeAttention:
-    """attend() for one new token per row: write its K/V at `slots`, attend over `context_lens`."""
+    """attend() for one new token per row: write its K/V at `slots`, attend over `context_lens`.
 
-    def __init__(self, cache: KVCache, kernel):
-        self.cache, self.kernel = cache, kernel
-        self.slots = self.block_tables = self.context_lens = None  # set per step (tensors)
+    With `kernels` (the Triton module, CUDA) the rotary embedding and the K/V store are one kernel
+    and the attention another; otherwise the torch code and the gather reference run.
+    """
 
-    def __call__(self, layer: int, q, k, v):
-        B = q.shape[0]  # q (B, 1, H, D), k/v (B, 1, Hkv, D)
+    def __init__(self, cache: KVCache | None, kernels=None):
+        self.cache, self.kernels = cache, kernels
+        self.slots = self.block_tables = self.context_lens = self.positions = None  # set per step (tensors)
+        self.rope_tables = None  # (cos, sin) (P, D) float32, for the fused kernel
+
+    def __call__(self, layer: int, q, k, v, cos, sin):
+        B = q.shape[0]  # q (B, 1, H, D), k/v (B, 1, Hkv, D), cos/sin (B, 1, 1, D)
         ck, cv = self.cache.k(layer), self.cache.v(layer)
-        write_kv(ck, cv, k[:, 0], v[:, 0], self.slots)
-        out = self.kernel(q[:, 0], ck, cv, self.block_tables, self.context_lens)  # (B, H, D)
+        if self.kernels is not None:
+            q1 = self.kernels.rope_and_store(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots, ck, cv)
+            out = self.kernels.paged_decode(q1, ck, cv, self.block_tables, self.context_lens)  # (B, H, D)
+        else:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            write_kv(ck, cv, k[:, 0], v[:, 0], self.slots)
+            out = paged_decode_reference(q[:, 0], ck, cv, self.block_tables, self.context_lens)
         return out.view(B, 1, *out.shape[1:])

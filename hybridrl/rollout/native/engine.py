@@ -23,6 +23,7 @@ import math
 import time
 from typing import Iterable, Sequence as Seq
 
+import numpy as np
 import torch
 
 from hybridrl.data import keys as K
@@ -30,10 +31,10 @@ from hybridrl.data.batch import Batch
 from hybridrl.models.llama import build_from_hf_config
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.native import triton_kernels
-from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention, paged_decode_reference
+from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
 from hybridrl.rollout.native.sampling import row_keys, sample
-from hybridrl.rollout.native.scheduler import Group, Scheduler, Sequence
+from hybridrl.rollout.native.scheduler import Group, Scheduler
 
 BLOCK_SIZE = 16
 CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
@@ -96,9 +97,9 @@ class NativeRolloutEngine:
         )
         fast = triton_kernels.available(self.device)
         self.use_graphs = self.device.type == "cuda" and fast and not enforce_eager
-        self.fused_sampling = fast and self.device.type == "cuda"
-        kernel = triton_kernels.paged_decode if fast and self.device.type == "cuda" else paged_decode_reference
-        self.attn = DecodeAttention(None, kernel)
+        self.use_triton = fast and self.device.type == "cuda"
+        self.attn = DecodeAttention(None, triton_kernels if self.use_triton else None)
+        self.attn.rope_tables = (self.model.rope_cos, self.model.rope_sin)
         self.cache: KVCache | None = None
         self._cache_ptr: int | None = None
         self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
@@ -231,21 +232,21 @@ class NativeRolloutEngine:
         for i in range(len(prompts)):
             rows = list(range(i * n, (i + 1) * n))
             sched.waiting.append(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
-        done: list[Sequence | None] = [None] * total
+        self._start_run(total, max_new)
         stats = dict(steps=0, decode_s=0.0, peak_usage=0.0)
         t0 = time.perf_counter()
         while sched.waiting or sched.running:
             new = sched.admit(max_new)
             if new:
-                self._prefill(sched, new, mode, max_new, done)
+                self._prefill(sched, new, mode, max_new)
             if sched.running:
                 t = time.perf_counter()
                 stats["peak_usage"] = max(stats["peak_usage"], self.cache.usage)
-                self._decode_step(sched, mode, max_new, done)
+                self._decode_step(sched, mode, max_new)
                 stats["decode_s"] += time.perf_counter() - t
                 stats["steps"] += 1
         elapsed = time.perf_counter() - t0
-        out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts, done)
+        out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts)
         new_tokens = float(out[K.RESPONSE_MASK].sum())
         self.last_metrics = {
             "rollout/kv_cache_usage": stats["peak_usage"],
@@ -255,12 +256,25 @@ class NativeRolloutEngine:
         }
         return out
 
-    def _finished(self, seq: Sequence, max_new: int) -> bool:
-        if len(seq.tokens) >= max_new:
-            return True
-        return not self.ignore_eos and seq.tokens[-1] in self.eos_token_ids
+    # Host state of one generate call, as numpy arrays so a step's bookkeeping is a few vector
+    # operations rather than a Python loop over the batch: every output row's tokens and
+    # log-probs so far, and per running row its output row, tokens generated and tokens cached.
+    def _start_run(self, total: int, max_new: int) -> None:
+        self.tok_hist = np.full((total, max_new), self.pad_token_id, dtype=np.int64)
+        self.lp_hist = np.zeros((total, max_new), dtype=np.float32)
+        self.lengths = np.zeros(total, dtype=np.int64)
+        S = self.max_num_seqs
+        self.run_out_row, self.run_gen, self.run_cached = (np.zeros(S, dtype=np.int64) for _ in range(3))
+        self.eos_np = np.array(self.eos_token_ids if not self.ignore_eos else [], dtype=np.int64)
 
-    def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int, done) -> None:
+    def _record(self, out_rows: np.ndarray, gen: np.ndarray, toks: np.ndarray, lps: np.ndarray, max_new: int) -> np.ndarray:
+        """Store each row's new token; returns the mask of rows that are now finished."""
+        self.tok_hist[out_rows, gen] = toks
+        self.lp_hist[out_rows, gen] = lps
+        self.lengths[out_rows] = gen + 1
+        return (gen + 1 >= max_new) | np.isin(toks, self.eos_np)
+
+    def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int) -> None:
         """Prompt forward pass of the admitted groups, their first tokens, and their new rows."""
         dev, bs = self.device, self.block_size
         lens = [len(g.prompt) for g in groups]
@@ -288,62 +302,67 @@ class NativeRolloutEngine:
         pos_t = torch.tensor([s.prompt_len for s in seqs], device=dev)  # the first token's position
         tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
         self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
-        tok_l, lp_l = tok.tolist(), lp.tolist()
-        start = len(sched.running)
-        rows_new = []
-        for s, t, l in zip(seqs, tok_l, lp_l):
-            s.tokens.append(t)
-            s.log_probs.append(l)
-            if self._finished(s, max_new):
+        toks, lps = tok.cpu().numpy(), lp.cpu().numpy()
+        out_rows = np.array([s.out_row for s in seqs])
+        finished = self._record(out_rows, np.zeros(k, dtype=np.int64), toks, lps, max_new)
+        for s, f in zip(seqs, finished):
+            s.generated = 1
+            if f:
                 sched.finish(s)
-                done[s.out_row] = s
-            else:
-                rows_new.append(s)
+        keep = np.nonzero(~finished)[0]
+        if len(keep) == 0:
+            return
+        start, rows_new = len(sched.running), [seqs[j] for j in keep]
         sched.running += rows_new
-        if rows_new:
-            r = slice(start, start + len(rows_new))
-            self.buf_ids[r] = torch.tensor([s.tokens[-1] for s in rows_new], device=dev)
-            self.buf_pos[r] = torch.tensor([s.prompt_len for s in rows_new], device=dev)
-            self.buf_seeds[r] = torch.tensor([s.seed for s in rows_new], device=dev)
-            table = torch.zeros(len(rows_new), self.max_blocks_per_seq, dtype=torch.int32)
-            for j, s in enumerate(rows_new):
-                table[j, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
-            self.buf_tables[r] = table.to(dev)
+        r = slice(start, start + len(keep))
+        self.run_out_row[r], self.run_gen[r] = out_rows[keep], 1
+        self.run_cached[r] = [s.prompt_len for s in rows_new]
+        self.buf_ids[r] = tok[torch.from_numpy(keep).to(dev)]
+        self.buf_pos[r] = torch.tensor(self.run_cached[r], device=dev)
+        self.buf_seeds[r] = torch.tensor([s.seed for s in rows_new], device=dev)
+        table = torch.zeros(len(rows_new), self.max_blocks_per_seq, dtype=torch.int32)
+        for j, s in enumerate(rows_new):
+            table[j, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
+        self.buf_tables[r] = table.to(dev)
 
-    def _decode_step(self, sched: Scheduler, mode, max_new: int, done) -> None:
+    def _decode_step(self, sched: Scheduler, mode, max_new: int) -> None:
         running, B = sched.running, len(sched.running)
-        grown = [(row, len(s.blocks) - 1, b) for row, s in enumerate(running) if (b := sched.grow(s)) is not None]
-        if grown:  # sequences crossing into a new block: append its id to their table rows
-            r, c, b = (torch.tensor(x, device=self.device) for x in zip(*grown))
-            self.buf_tables[r, c] = b.to(torch.int32)
+        cached = self.run_cached[:B]
+        need = np.nonzero(cached % self.block_size == 0)[0]  # rows whose next cached token opens a block
+        if len(need):
+            blocks = [sched.grow(running[r]) for r in need]
+            cols = cached[need] // self.block_size
+            idx = torch.from_numpy(np.stack([need, cols])).to(self.device)
+            self.buf_tables[idx[0], idx[1]] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
         Bp = next(s for s in self.ladder if s >= B)
         if self.use_graphs:
             self._graph(Bp, mode).replay()
         else:
             self._decode_forward(Bp, mode)
-        out = torch.stack([self.out_tok[:B].double(), self.out_lp[:B].double()]).cpu()  # one sync per step
+        out = torch.stack([self.out_tok[:B].double(), self.out_lp[:B].double()]).cpu().numpy()  # one sync per step
         self.buf_ids[:B] = self.out_tok[:B]
         self.buf_pos[:B] += 1
-        keep = []
-        for row, (s, t, l) in enumerate(zip(running, out[0].long().tolist(), out[1].tolist())):
-            s.tokens.append(t)
-            s.log_probs.append(l)
-            if self._finished(s, max_new):
-                sched.finish(s)
-                done[s.out_row] = s
-            else:
-                keep.append(row)
-        if len(keep) < B:
+        gen = self.run_gen[:B]
+        finished = self._record(self.run_out_row[:B], gen, out[0].astype(np.int64), out[1], max_new)
+        gen += 1
+        cached += 1
+        if finished.any():
+            for r in np.nonzero(finished)[0]:
+                running[r].generated = int(gen[r])
+                sched.finish(running[r])
+            keep = np.nonzero(~finished)[0]
             self._compact(keep, B)
             sched.running = [running[r] for r in keep]
 
-    def _compact(self, keep: list[int], B: int) -> None:
+    def _compact(self, keep: np.ndarray, B: int) -> None:
         """Move the rows that keep running to the front, in order; reset the vacated rows."""
         n = len(keep)
         if n:
-            idx = torch.tensor(keep, device=self.device)
+            idx = torch.from_numpy(keep).to(self.device)
             for buf in (self.buf_ids, self.buf_pos, self.buf_seeds, self.buf_tables):
                 buf[:n] = buf[idx]
+            for arr in (self.run_out_row, self.run_gen, self.run_cached):
+                arr[:n] = arr[keep]
         self.buf_pos[n:B] = 0
         self.buf_tables[n:B] = 0
 
@@ -354,13 +373,14 @@ class NativeRolloutEngine:
         self.attn.slots = blk.long() * self.block_size + pos % self.block_size
         self.attn.block_tables = tables
         self.attn.context_lens = (pos + 1).to(torch.int32)
+        self.attn.positions = pos
         hidden = self.model.hidden_states(ids[:, None], pos[:, None], self.attn)[:, 0]  # (Bp, hidden)
         logits = self.model.logits(hidden)  # (Bp, V)
         self._sample_into(logits, self.buf_seeds[:Bp], pos + 1, mode, self.out_tok[:Bp], self.out_lp[:Bp])
 
     def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out) -> None:
         temperature, top_k, top_p = mode
-        if self.fused_sampling and top_k <= 0 and top_p >= 1.0:
+        if self.use_triton and top_k <= 0 and top_p >= 1.0:
             if mode not in self._inv_t:
                 self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
             triton_kernels.fused_sample(logits, row_keys(seeds, positions), self._inv_t[mode], tok_out, lp_out, temperature == 0)
@@ -386,19 +406,15 @@ class NativeRolloutEngine:
             self.graphs[key] = graph
         return self.graphs[key]
 
-    def _assemble(self, batch: Batch, done: list[Sequence]) -> Batch:
-        width = max(len(s.tokens) for s in done)
-        responses = torch.full((len(done), width), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros(len(done), width)
-        for i, s in enumerate(done):
-            responses[i, : len(s.tokens)] = torch.tensor(s.tokens)
-            log_probs[i, : len(s.tokens)] = torch.tensor(s.log_probs)
-        lengths = torch.tensor([len(s.tokens) for s in done])
+    def _assemble(self, batch: Batch) -> Batch:
+        width = int(self.lengths.max())
+        responses = torch.from_numpy(self.tok_hist[:, :width].copy())
+        lengths = torch.from_numpy(self.lengths)
         mask = (torch.arange(width)[None, :] < lengths[:, None]).float()  # through the first EOS
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
         batch[K.RESPONSES] = responses
         batch[K.RESPONSE_MASK] = mask
-        batch[K.ROLLOUT_LOG_PROBS] = log_probs * mask
+        batch[K.ROLLOUT_LOG_PROBS] = torch.from_numpy(self.lp_hist[:, :width].copy()) * mask
         batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
             [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True
         )

@@ -13,7 +13,7 @@ price of admitting fewer sequences than an optimistic scheduler when responses e
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hybridrl.rollout.native.cache import BlockAllocator, CacheFullError, blocks_for
 
@@ -34,13 +34,7 @@ class Sequence:
     seed: int
     blocks: list[int]
     reserved: int  # blocks it may still allocate (worst case)
-    tokens: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-
-    @property
-    def cached(self) -> int:
-        """Tokens whose K/V are in the cache: the prompt and all generated tokens but the last."""
-        return self.prompt_len + max(len(self.tokens) - 1, 0)
+    generated: int = 0  # tokens sampled so far (kept up to date by the engine when it finishes)
 
 
 class Scheduler:
@@ -107,10 +101,11 @@ class Scheduler:
         self.committed += sum(s.reserved for s in seqs)
         return seqs, copies
 
-    def grow(self, seq: Sequence) -> int | None:
-        """Allocate the block for the next cached token if it starts a new block; its id or None."""
-        if seq.cached // self.block_size < len(seq.blocks):
-            return None
+    def grow(self, seq: Sequence) -> int:
+        """Allocate one more block for `seq` (its next cached token starts a new block); its id.
+
+        A sequence holds ceil(cached / block_size) blocks, so it needs a new one exactly when the
+        position it is about to cache is a multiple of block_size."""
         b = self.allocator.allocate()
         seq.blocks.append(b)
         seq.reserved -= 1

@@ -31,6 +31,7 @@ if triton is not None:
         stride_qb, stride_qh, stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh,
         scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):  # fmt: skip
         # One program = one sequence x one KV head, with the GROUP query heads that share it.
         b = tl.program_id(0)
@@ -49,17 +50,49 @@ if triton is not None:
             blk = tl.load(TABLES + b * stride_tb + t // BLOCK_SIZE, mask=ok, other=0)
             off = blk.to(tl.int64) * stride_kblk + (t % BLOCK_SIZE) * stride_ktok + kvh * stride_kh
             k = tl.load(K + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # (BLOCK_N, D)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (GROUP_PAD, BLOCK_N)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # (GROUP_PAD, BLOCK_N)
             s = tl.where(ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
             v = tl.load(V + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             m = m_new
         out = acc / l[:, None]
         tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None])
+
+    @triton.jit
+    def _rope_store_kernel(
+        Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, CK, CV,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
+        H: tl.constexpr, HKV: tl.constexpr, H_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D: tl.constexpr,
+    ):  # fmt: skip
+        # One program = one token: rotate its q and k heads (HF rotate-half layout, float32 math),
+        # write rotated q out, and store rotated k and plain v at the token's cache slot.
+        t = tl.program_id(0).to(tl.int64)
+        d = tl.arange(0, D)
+        half: tl.constexpr = D // 2
+        partner = (d + half) % D
+        sign = tl.where(d < half, -1.0, 1.0)
+        pos = tl.load(POS + t)
+        cos = tl.load(COS + pos * D + d)[None, :]
+        sin = tl.load(SIN + pos * D + d)[None, :]
+        slot = tl.load(SLOTS + t)
+        h = tl.arange(0, H_PAD)[:, None]
+        hm = h < H
+        q = tl.load(Q + t * stride_qt + h * stride_qh + d[None, :], mask=hm, other=0.0)
+        qp = tl.load(Q + t * stride_qt + h * stride_qh + partner[None, :], mask=hm, other=0.0)
+        qr = q.to(tl.float32) * cos + sign[None, :] * qp.to(tl.float32) * sin
+        tl.store(Q_OUT + t * H * D + h * D + d[None, :], qr.to(Q_OUT.dtype.element_ty), mask=hm)
+        g = tl.arange(0, HKV_PAD)[:, None]
+        gm = g < HKV
+        k = tl.load(K + t * stride_kt + g * stride_kh + d[None, :], mask=gm, other=0.0)
+        kp = tl.load(K + t * stride_kt + g * stride_kh + partner[None, :], mask=gm, other=0.0)
+        kr = k.to(tl.float32) * cos + sign[None, :] * kp.to(tl.float32) * sin
+        tl.store(CK + slot * stride_ct + g * stride_ch + d[None, :], kr.to(CK.dtype.element_ty), mask=gm)
+        v = tl.load(V + t * stride_vt + g * stride_vh + d[None, :], mask=gm, other=0.0)
+        tl.store(CV + slot * stride_ct + g * stride_ch + d[None, :], v, mask=gm)
 
     @triton.jit
     def _mix32(x):
@@ -107,6 +140,21 @@ if triton is not None:
         tl.store(LOGPROBS + row, best_x - (m + tl.log(s)))
 
 
+def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v) -> torch.Tensor:
+    """q (N, H, D), k/v (N, Hkv, D), positions/slots (N,), tables (P, D) float32, cache
+    (blocks, block_size, Hkv, D) -> rotated q (N, H, D); rotated k and v go to the cache slots."""
+    N, H, D = q.shape
+    n_kv = k.shape[1]
+    q_out = torch.empty(N, H, D, dtype=q.dtype, device=q.device)
+    ck, cv = cache_k.view(-1, n_kv, D), cache_v.view(-1, n_kv, D)
+    _rope_store_kernel[(N,)](
+        q, k, v, cos_table, sin_table, positions, slots, q_out, ck, cv,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ck.stride(0), ck.stride(1),
+        H=H, HKV=n_kv, H_PAD=triton.next_power_of_2(H), HKV_PAD=triton.next_power_of_2(n_kv), D=D,
+    )  # fmt: skip
+    return q_out
+
+
 def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tensor:
     """Same contract as attention.paged_decode_reference: q (B, H, D) -> (B, H, D)."""
     B, H, D = q.shape
@@ -118,6 +166,7 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
         q.stride(0), q.stride(1), block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         out.stride(0), out.stride(1), D ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1], BLOCK_N=64,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
     )  # fmt: skip
     return out
 

@@ -95,6 +95,7 @@ class NativeRolloutEngine:
         self.model = build_from_hf_config(
             hf_config, self.dtype, self.device, max_positions=max(max_model_len, hf_config.max_position_embeddings)
         )
+        self.model.fuse_projections()
         fast = triton_kernels.available(self.device)
         self.use_graphs = self.device.type == "cuda" and fast and not enforce_eager
         self.use_triton = fast and self.device.type == "cuda"
@@ -135,6 +136,7 @@ class NativeRolloutEngine:
         missing = set(own) - set(shared)
         if missing:
             raise ValueError(f"the trainer model has no weights for {sorted(missing)[:5]}")
+        self.model.fuse_projections(False)  # fused copies would not see the trainer's updates
         self.model.load_state_dict(shared, assign=True)
 
     @torch.no_grad()

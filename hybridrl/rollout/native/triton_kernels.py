@@ -30,37 +30,38 @@ if triton is not None:
         Q, K, V, O, TABLES, LENS,
         stride_qb, stride_qh, stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh,
         scale,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-        PRECISION: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
         # One program = one sequence x one KV head, with the GROUP query heads that share it.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, D)
+        d = tl.arange(0, D_PAD)  # head_dim padded to a power of two >= 16 (tl.dot's minimum)
         g_ok = g < GROUP
-        q = tl.load(Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :], mask=g_ok[:, None], other=0.0)
+        d_ok = d < D
+        q = tl.load(Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
         ctx = tl.load(LENS + b)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
         for start in range(0, ctx, BLOCK_N):
             t = start + tl.arange(0, BLOCK_N)  # token positions of this tile
             ok = t < ctx
             blk = tl.load(TABLES + b * stride_tb + t // BLOCK_SIZE, mask=ok, other=0)
             off = blk.to(tl.int64) * stride_kblk + (t % BLOCK_SIZE) * stride_ktok + kvh * stride_kh
-            k = tl.load(K + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # (BLOCK_N, D)
+            k = tl.load(K + off[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, D_PAD)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # (GROUP_PAD, BLOCK_N)
             s = tl.where(ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(V + off[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             m = m_new
         out = acc / l[:, None]
-        tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None])
+        tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
     @triton.jit
     def _rope_store_kernel(
@@ -101,43 +102,49 @@ if triton is not None:
         return (x >> 16) ^ x
 
     @triton.jit
-    def _sample_kernel(
-        LOGITS, KEYS, INV_T, TOKENS, LOGPROBS, stride_l, V,
-        GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
+    def _sample_partial_kernel(
+        LOGITS, KEYS, INV_T, PM, PS, PZ, PI, PX, stride_l, V, n_chunks,
+        GREEDY: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
-        # One program = one row: a single pass over the vocabulary keeps the running
-        # log-sum-exp of x = logits / T and the running argmax of x + Gumbel noise.
+        # Program (row, chunk): over CHUNK vocabulary entries, the max and sum-exp of x = logits / T
+        # and the argmax of x + Gumbel noise (with its x), for the combine kernel to merge.
         row = tl.program_id(0)
+        c = tl.program_id(1)
         inv_t = tl.load(INV_T)
-        key = tl.load(KEYS + row).to(tl.uint32)
-        m = float("-inf")
-        s = 0.0
-        best_z = float("-inf")
-        best_x = 0.0
-        best_i = 0
-        for start in range(0, V, BLOCK_V):
-            offs = start + tl.arange(0, BLOCK_V)
-            ok = offs < V
-            x = tl.load(LOGITS + row * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-            if GREEDY:
-                z = x
-            else:
-                h = _mix32(key ^ offs.to(tl.uint32))
-                u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-                z = x - tl.log(-tl.log(u))
-                z = tl.where(ok, z, float("-inf"))
-            cz = tl.max(z, 0)
-            ci = tl.argmax(z, 0)
-            cx = tl.sum(tl.where(tl.arange(0, BLOCK_V) == ci, x, 0.0), 0)
-            take = cz > best_z  # strict: the first maximum wins, as torch.argmax
-            best_i = tl.where(take, start + ci, best_i)
-            best_x = tl.where(take, cx, best_x)
-            best_z = tl.where(take, cz, best_z)
-            m_new = tl.maximum(m, tl.max(x, 0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-        tl.store(TOKENS + row, best_i.to(tl.int64))
-        tl.store(LOGPROBS + row, best_x - (m + tl.log(s)))
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        ok = offs < V
+        x = tl.load(LOGITS + row.to(tl.int64) * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+        if GREEDY:
+            z = x
+        else:
+            key = tl.load(KEYS + row).to(tl.uint32)
+            h = _mix32(key ^ offs.to(tl.uint32))
+            u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            z = tl.where(ok, x - tl.log(-tl.log(u)), float("-inf"))
+        m = tl.max(x, 0)
+        i = tl.argmax(z, 0)
+        out = row * n_chunks + c
+        tl.store(PM + out, m)
+        tl.store(PS + out, tl.sum(tl.exp(x - m), 0))
+        tl.store(PZ + out, tl.max(z, 0))
+        tl.store(PI + out, c * CHUNK + i)
+        tl.store(PX + out, tl.sum(tl.where(tl.arange(0, CHUNK) == i, x, 0.0), 0))
+
+    @triton.jit
+    def _sample_combine_kernel(PM, PS, PZ, PI, PX, TOKENS, LOGPROBS, n_chunks, C_PAD: tl.constexpr):
+        row = tl.program_id(0)
+        c = tl.arange(0, C_PAD)
+        ok = c < n_chunks
+        base = row * n_chunks
+        m = tl.load(PM + base + c, mask=ok, other=float("-inf"))
+        s = tl.load(PS + base + c, mask=ok, other=0.0)
+        z = tl.load(PZ + base + c, mask=ok, other=float("-inf"))
+        top = tl.max(m, 0)
+        lse = top + tl.log(tl.sum(s * tl.exp(m - top), 0))
+        best = tl.argmax(z, 0)
+        pick = c == best
+        tl.store(TOKENS + row, tl.sum(tl.where(pick, tl.load(PI + base + c, mask=ok, other=0), 0), 0).to(tl.int64))
+        tl.store(LOGPROBS + row, tl.sum(tl.where(pick, tl.load(PX + base + c, mask=ok, other=0.0), 0.0), 0) - lse)
 
 
 def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v) -> torch.Tensor:
@@ -165,15 +172,25 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
         q, cache_k, cache_v, out, block_tables, context_lens,
         q.stride(0), q.stride(1), block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         out.stride(0), out.stride(1), D ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1], BLOCK_N=64,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
+        BLOCK_SIZE=cache_k.shape[1], BLOCK_N=64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
     )  # fmt: skip
     return out
 
 
-def fused_sample(logits, keys, inv_temperature, tokens_out, log_probs_out, greedy: bool) -> None:
+def fused_sample(logits, keys, inv_temperature, tokens_out, log_probs_out, greedy: bool, chunk: int = 4096) -> None:
     """logits (B, V) any float dtype; keys (B,) int64 from sampling.row_keys; inv_temperature a
-    0-d float32 tensor (a device buffer, so a captured graph reads the current value)."""
+    0-d float32 tensor (a device buffer, so a captured graph reads the current value).
+
+    Split over (row, vocabulary chunk) programs, then merged per row: one program per row
+    walking 150k entries alone left most of the GPU idle (~250 us for 256 rows)."""
     B, V = logits.shape
-    _sample_kernel[(B,)](logits, keys, inv_temperature, tokens_out, log_probs_out, logits.stride(0), V,
-                         GREEDY=greedy, BLOCK_V=1024)  # fmt: skip
+    n_chunks = triton.cdiv(V, chunk)
+    parts = torch.empty(3, B, n_chunks, dtype=torch.float32, device=logits.device)
+    px = torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
+    pi = torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
+    _sample_partial_kernel[(B, n_chunks)](logits, keys, inv_temperature, parts[0], parts[1], parts[2], pi, px,
+                                          logits.stride(0), V, n_chunks, GREEDY=greedy, CHUNK=chunk)  # fmt: skip
+    _sample_combine_kernel[(B,)](parts[0], parts[1], parts[2], pi, px, tokens_out, log_probs_out, n_chunks,
+                                 C_PAD=max(2, triton.next_power_of_2(n_chunks)))  # fmt: skip

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:  # a fused residual-add + RMSNorm kernel for CUDA; the torch code runs everywhere else
-    from hybridrl.models.triton_norm import fused_add_rms_norm
+try:  # fused kernels for CUDA; the torch code runs everywhere else
+    from hybridrl.models.triton_ops import fused_add_rms_norm, silu_mul
 except ImportError:  # no triton
-    fused_add_rms_norm = None
+    fused_add_rms_norm = silu_mul = None
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -147,7 +147,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up is not None:
-            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+            gate_up = F.linear(x, *self.gate_up)  # (..., 2I)
+            if gate_up.is_cuda and silu_mul is not None:
+                return self.down_proj(silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)

@@ -102,7 +102,7 @@ def test_kernels_under_the_triton_interpreter():
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 8, proc.stdout[-3000:]
+    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 9, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])
@@ -156,7 +156,7 @@ def test_triton_rope_and_store_matches_torch(kernels):
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_triton_add_rms_norm_matches_torch(kernels, with_residual):
     from hybridrl.models.llama import RMSNorm
-    from hybridrl.models.triton_norm import fused_add_rms_norm
+    from hybridrl.models.triton_ops import fused_add_rms_norm
 
     torch.manual_seed(0)
     norm = RMSNorm(48, 1e-6).to(KDEV)
@@ -167,3 +167,11 @@ def test_triton_add_rms_norm_matches_torch(kernels, with_residual):
     want_res = res + delta if with_residual else delta
     torch.testing.assert_close(got_res, want_res)
     torch.testing.assert_close(got, norm(want_res), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_silu_mul_matches_torch(kernels):
+    from hybridrl.models.triton_ops import silu_mul
+
+    gate_up = torch.randn(3, 2, 2 * 1500, device=KDEV)  # two column tiles
+    g, u = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(gate_up), torch.nn.functional.silu(g) * u, atol=1e-5, rtol=1e-5)

@@ -237,16 +237,25 @@ class NativeRolloutEngine:
         self._start_run(total, max_new)
         stats = dict(steps=0, decode_s=0.0, peak_usage=0.0)
         t0 = time.perf_counter()
-        while sched.waiting or sched.running:
-            new = sched.admit(max_new)
+        # Decode runs one step ahead of the host: step k is launched before the results of step
+        # k-1 are read, so the host's bookkeeping overlaps the GPU's work. A sequence that ended
+        # on EOS at step k-1 therefore runs one wasted step k (its token is dropped).
+        pending = None
+        while True:
+            new = sched.admit(max_new) if sched.waiting else []
             if new:
                 self._prefill(sched, new, mode, max_new)
-            if sched.running:
-                t = time.perf_counter()
-                stats["peak_usage"] = max(stats["peak_usage"], self.cache.usage)
-                self._decode_step(sched, mode, max_new)
+            t = time.perf_counter()
+            stats["peak_usage"] = max(stats["peak_usage"], self.cache.usage)
+            launched = self._launch_step(sched, mode, max_new)
+            if pending is not None:
+                self._collect(pending, sched, max_new)
+            if launched is not None:
                 stats["decode_s"] += time.perf_counter() - t
                 stats["steps"] += 1
+            pending = launched
+            if pending is None and not sched.waiting and not sched.running:
+                break
         elapsed = time.perf_counter() - t0
         out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts)
         new_tokens = float(out[K.RESPONSE_MASK].sum())
@@ -264,17 +273,26 @@ class NativeRolloutEngine:
     def _start_run(self, total: int, max_new: int) -> None:
         self.tok_hist = np.full((total, max_new), self.pad_token_id, dtype=np.int64)
         self.lp_hist = np.zeros((total, max_new), dtype=np.float32)
-        self.lengths = np.zeros(total, dtype=np.int64)
+        self.lengths = np.zeros(total, dtype=np.int64)  # tokens recorded per output row
+        self.done = np.zeros(total, dtype=bool)  # per output row
         S = self.max_num_seqs
-        self.run_out_row, self.run_gen, self.run_cached = (np.zeros(S, dtype=np.int64) for _ in range(3))
+        # per running row: output row, tokens cached (= position of its next input token), and
+        # tokens it will have once every launched step has returned
+        self.run_out_row, self.run_cached, self.run_launched = (np.zeros(S, dtype=np.int64) for _ in range(3))
         self.eos_np = np.array(self.eos_token_ids if not self.ignore_eos else [], dtype=np.int64)
+        pin = self.device.type == "cuda"
+        self.host_out = [torch.empty(2, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self.step_count = 0
 
-    def _record(self, out_rows: np.ndarray, gen: np.ndarray, toks: np.ndarray, lps: np.ndarray, max_new: int) -> np.ndarray:
-        """Store each row's new token; returns the mask of rows that are now finished."""
+    def _record(self, out_rows: np.ndarray, toks: np.ndarray, lps: np.ndarray, max_new: int) -> np.ndarray:
+        """Store one new token for each of `out_rows`; returns which of them are now finished."""
+        gen = self.lengths[out_rows]
         self.tok_hist[out_rows, gen] = toks
         self.lp_hist[out_rows, gen] = lps
         self.lengths[out_rows] = gen + 1
-        return (gen + 1 >= max_new) | np.isin(toks, self.eos_np)
+        finished = (gen + 1 >= max_new) | np.isin(toks, self.eos_np)
+        self.done[out_rows[finished]] = True
+        return finished
 
     def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int) -> None:
         """Prompt forward pass of the admitted groups, their first tokens, and their new rows."""
@@ -306,7 +324,7 @@ class NativeRolloutEngine:
         self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
         toks, lps = tok.cpu().numpy(), lp.cpu().numpy()
         out_rows = np.array([s.out_row for s in seqs])
-        finished = self._record(out_rows, np.zeros(k, dtype=np.int64), toks, lps, max_new)
+        finished = self._record(out_rows, toks, lps, max_new)
         for s, f in zip(seqs, finished):
             s.generated = 1
             if f:
@@ -317,7 +335,7 @@ class NativeRolloutEngine:
         start, rows_new = len(sched.running), [seqs[j] for j in keep]
         sched.running += rows_new
         r = slice(start, start + len(keep))
-        self.run_out_row[r], self.run_gen[r] = out_rows[keep], 1
+        self.run_out_row[r], self.run_launched[r] = out_rows[keep], 1
         self.run_cached[r] = [s.prompt_len for s in rows_new]
         self.buf_ids[r] = tok[torch.from_numpy(keep).to(dev)]
         self.buf_pos[r] = torch.tensor(self.run_cached[r], device=dev)
@@ -327,34 +345,56 @@ class NativeRolloutEngine:
             table[j, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
         self.buf_tables[r] = table.to(dev)
 
-    def _decode_step(self, sched: Scheduler, mode, max_new: int) -> None:
+    def _launch_step(self, sched: Scheduler, mode, max_new: int):
+        """Queue one decode step on the device (no sync). Rows that finished (known from the last
+        results) or that will have max_new tokens once the steps in flight return leave first.
+        Returns what `_collect` needs to read the step's tokens, or None when no row runs."""
         running, B = sched.running, len(sched.running)
+        leave = self.done[self.run_out_row[:B]] | (self.run_launched[:B] >= max_new)
+        if leave.any():
+            keep = np.nonzero(~leave)[0]
+            self._compact(keep, B)
+            running = sched.running = [running[r] for r in keep]
+            B = len(keep)
+        if B == 0:
+            return None
         cached = self.run_cached[:B]
         need = np.nonzero(cached % self.block_size == 0)[0]  # rows whose next cached token opens a block
         if len(need):
             blocks = [sched.grow(running[r]) for r in need]
-            cols = cached[need] // self.block_size
-            idx = torch.from_numpy(np.stack([need, cols])).to(self.device)
+            idx = torch.from_numpy(np.stack([need, cached[need] // self.block_size])).to(self.device)
             self.buf_tables[idx[0], idx[1]] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
         Bp = next(s for s in self.ladder if s >= B)
         if self.use_graphs:
             self._graph(Bp, mode).replay()
         else:
             self._decode_forward(Bp, mode)
-        out = torch.stack([self.out_tok[:B].double(), self.out_lp[:B].double()]).cpu().numpy()  # one sync per step
-        self.buf_ids[:B] = self.out_tok[:B]
+        host = self.host_out[self.step_count % 2]
+        host[0, :B].copy_(self.out_tok[:B], non_blocking=True)
+        host[1, :B].copy_(self.out_lp[:B], non_blocking=True)
+        event = torch.cuda.Event() if self.device.type == "cuda" else None
+        if event is not None:
+            event.record()
+        self.buf_ids[:B] = self.out_tok[:B]  # the next step's input
         self.buf_pos[:B] += 1
-        gen = self.run_gen[:B]
-        finished = self._record(self.run_out_row[:B], gen, out[0].astype(np.int64), out[1], max_new)
-        gen += 1
-        cached += 1
-        if finished.any():
-            for r in np.nonzero(finished)[0]:
-                running[r].generated = int(gen[r])
-                sched.finish(running[r])
-            keep = np.nonzero(~finished)[0]
-            self._compact(keep, B)
-            sched.running = [running[r] for r in keep]
+        self.run_cached[:B] += 1
+        self.run_launched[:B] += 1
+        self.step_count += 1
+        return list(running), self.run_out_row[:B].copy(), host, event
+
+    def _collect(self, launched, sched: Scheduler, max_new: int) -> None:
+        """Read a launched step's tokens: record them, finish the sequences that ended."""
+        seqs, out_rows, host, event = launched
+        if event is not None:
+            event.synchronize()
+        B = len(seqs)
+        live = np.nonzero(~self.done[out_rows])[0]  # rows that ended earlier ran a wasted step
+        toks = host[0, :B].numpy().astype(np.int64)[live]
+        lps = host[1, :B].numpy()[live]
+        finished = self._record(out_rows[live], toks, lps, max_new)
+        for r in live[finished]:
+            seqs[r].generated = int(self.lengths[out_rows[r]])
+            sched.finish(seqs[r])
 
     def _compact(self, keep: np.ndarray, B: int) -> None:
         """Move the rows that keep running to the front, in order; reset the vacated rows."""
@@ -363,7 +403,7 @@ class NativeRolloutEngine:
             idx = torch.from_numpy(keep).to(self.device)
             for buf in (self.buf_ids, self.buf_pos, self.buf_seeds, self.buf_tables):
                 buf[:n] = buf[idx]
-            for arr in (self.run_out_row, self.run_gen, self.run_cached):
+            for arr in (self.run_out_row, self.run_cached, self.run_launched):
                 arr[:n] = arr[keep]
         self.buf_pos[n:B] = 0
         self.buf_tables[n:B] = 0

@@ -63,6 +63,16 @@ if triton is not None:
         out = acc / l[:, None]
         tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
+    if os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter cannot time configs
+        # Tile length and warps picked by timing on the first decode step (before graph capture).
+        _paged_decode_kernel = triton.autotune(
+            configs=[triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 4), (64, 4), (128, 4), (64, 8), (128, 8))],
+            key=["D_PAD", "GROUP_PAD", "BLOCK_SIZE"],
+        )(_paged_decode_kernel)
+        PAGED_DEFAULTS = {}
+    else:
+        PAGED_DEFAULTS = {"BLOCK_N": 64}
+
     @triton.jit
     def _rope_store_kernel(
         Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, CK, CV,
@@ -173,7 +183,7 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
         q.stride(0), q.stride(1), block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         out.stride(0), out.stride(1), D ** -0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
-        BLOCK_SIZE=cache_k.shape[1], BLOCK_N=64,
+        BLOCK_SIZE=cache_k.shape[1], **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
     )  # fmt: skip
     return out

@@ -200,7 +200,10 @@ class NativeRolloutEngine:
         self.attn.cache = self.cache
         ptr = self.cache.data.data_ptr()
         if ptr != self._cache_ptr:
+            # The graphs' private memory pool goes with them: a pool whose graphs are all gone
+            # cannot take a new capture, so the next capture starts a fresh one.
             self.graphs.clear()
+            self._graph_pool = None
         self._cache_ptr = ptr
 
     def sleep(self) -> None:

@@ -42,9 +42,9 @@ def test_graphs_equal_eager_and_hf_in_float32(setup):
     graphs.wake()
     assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
     # memory taken while asleep moves the cache: the graphs are dropped and captured again
-    old = graphs.cache.data.data_ptr()
+    held = graphs.cache.data  # still alive while asleep: the new cache cannot take its address
+    old = held.data_ptr()
     graphs.sleep()
-    blocker = torch.empty(graphs._num_blocks() * 4, 1 << 12, dtype=torch.uint8, device="cuda")  # noqa: F841
     graphs.wake()
     assert graphs.cache.data.data_ptr() != old and not graphs.graphs
     assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])

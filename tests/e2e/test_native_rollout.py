@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from cli_helpers import assert_all_finite, cli, metrics
 
 pytestmark = pytest.mark.slow

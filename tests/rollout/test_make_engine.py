@@ -3,7 +3,6 @@
 import importlib.util
 
 import pytest
-import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.config.schema import RolloutConfig

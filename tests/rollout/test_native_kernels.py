@@ -13,7 +13,6 @@ from hybridrl.rollout.native.attention import paged_decode_reference
 from hybridrl.rollout.native.sampling import row_keys, sample
 
 
-
 def paged_setup(seed=0, B=3, H=4, n_kv=2, D=16, bs=4, lens=(5, 12, 1)):
     """Random K/V for B sequences scattered over shuffled blocks, plus the same K/V unpaged."""
     g = torch.Generator().manual_seed(seed)
@@ -29,7 +28,6 @@ def paged_setup(seed=0, B=3, H=4, n_kv=2, D=16, bs=4, lens=(5, 12, 1)):
 def unpaged(q, cache_k, cache_v, tables, lens):
     """Each sequence's K/V laid out contiguously, then plain SDPA over its length."""
     outs = []
-    bs = cache_k.shape[1]
     for b in range(q.shape[0]):
         n = int(lens[b])
         k = torch.cat([cache_k[int(i)] for i in tables[b]])[:n]  # (n, Hkv, D)
@@ -132,9 +130,10 @@ def test_triton_sampler_matches_torch(kernels, greedy):
 
 
 def test_triton_rope_and_store_matches_torch(kernels):
-    from hybridrl.models.llama import rotary, rope_tables
-    from hybridrl.rollout.native.cache import write_kv
     from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables, rotary
+    from hybridrl.rollout.native.cache import write_kv
 
     torch.manual_seed(0)
     N, H, n_kv, D, bs, nb = 5, 6, 2, 16, 4, 6

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Sequence as Seq
+from typing import Iterable
+from typing import Sequence as Seq
 
 import numpy as np
 import torch
@@ -38,8 +39,8 @@ from hybridrl.rollout.native.scheduler import Group, Scheduler
 
 BLOCK_SIZE = 16
 CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
-# Memory kept free for activations beside the cache, per unit: logits of a decode batch
-# (bf16 logits + float32 temporaries) and prefill activations per token (hidden and MLP widths).
+# Kept free beside the cache on top of the workspace estimate (`_workspace_bytes`): CUDA-graph
+# pools, cuBLAS workspaces, allocator fragmentation.
 WORKSPACE_SLACK = 512 << 20
 
 

@@ -60,3 +60,14 @@ def test_bf16_engine_matches_trainer_log_probs_loosely(setup):
     want = trainer_log_probs(model, out, 1.0)
     diff = (out[K.ROLLOUT_LOG_PROBS].exp() - want.exp()).abs().sum() / out[K.RESPONSE_MASK].sum()
     assert diff < 0.02, diff  # bf16 engine vs fp32 trainer: probabilities agree to ~1e-2
+
+
+def test_top_k_top_p_under_graphs_equal_eager(setup):
+    """The torch top-k/top-p sampler inside a captured graph (not yet run on a GPU when written)."""
+    model, tok, prompts, _ = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=8)
+    s = SamplingParams(n=2, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=10)
+    seeds = list(range(10))
+    a = NativeRolloutEngine.from_hf_model(model, tok, **kw).generate(prompts(), s, seeds=seeds)
+    b = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw).generate(prompts(), s, seeds=seeds)
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])

@@ -93,6 +93,7 @@ def kernels():
     return triton_kernels
 
 
+@pytest.mark.slow  # a child pytest: ~10 s
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the kernel tests run directly here")
 def test_kernels_under_the_triton_interpreter():
     pytest.importorskip("triton")

@@ -126,13 +126,23 @@ class ValKwargsConfig:
 class RolloutConfig:
     """Generation of responses during training."""
 
-    name: str = option("hf", "Generation engine.")
+    name: str = option(
+        "hf", "Generation engine: hf (transformers generate), native (paged KV cache, continuous batching, "
+        "CUDA graphs; Llama/Qwen2/Qwen3 family, others fall back to hf), vllm (only where vLLM is installed)."
+    )
     n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).")
     temperature: float = option(1.0, "Sampling temperature.")
     top_p: float = option(1.0, "Nucleus sampling mass.")
     top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.")
     do_sample: bool = option(True, "Sample (true) or decode greedily (false).")
     max_num_seqs: int = option(256, "Sequences one device generates together.")
+    gpu_memory_utilization: float = option(
+        0.5, "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
+        "that the KV cache and decode workspace may take."
+    )
+    enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
+    free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
+    max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
     )

@@ -95,6 +95,8 @@ _RULES: list[tuple[str, _Rule]] = [
     (f"{_R}.top_p", _PROB),
     (f"{_R}.top_k", _OFF_OR_1),
     (f"{_R}.max_num_seqs", _AT_LEAST_1),
+    (f"{_R}.gpu_memory_utilization", _PROB),
+    (f"{_R}.max_num_batched_tokens", _AT_LEAST_1),
     (f"{_R}.log_prob_micro_batch_size_per_gpu", _AT_LEAST_1),
     (f"{_R}.val_kwargs.n", _AT_LEAST_1),
     (f"{_R}.val_kwargs.temperature", _AT_LEAST_0),
@@ -267,6 +269,11 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "native" and max(rollout.n, rollout.val_kwargs.n) > rollout.max_num_seqs:
+        n = max(rollout.n, rollout.val_kwargs.n)
+        out.append(_suggest(f"{_R}.max_num_seqs", rollout.max_num_seqs,
+                            f"must be >= rollout.n={n} with rollout.name=native (a prompt's samples run together)", n))
     out += _offline_problems(cfg)
     return out
 

@@ -77,6 +77,7 @@ class PPOTrainer:
         timer, metrics = StageTimer(), {}
         with timer("gen"):
             batch = run.actor.generate(prompts, self.sampling)
+        metrics.update(batch.meta.pop(K.ROLLOUT_METRICS, {}))
         with timer("reward"):
             scores, reward_metrics = score(batch, run.compute_score)
             batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])

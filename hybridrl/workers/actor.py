@@ -11,6 +11,7 @@ with a dispatch mode so the in-process and Ray worker groups call them the same 
 from __future__ import annotations
 
 import copy
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,9 +60,12 @@ class ActorRolloutRefWorker:
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), self.arr.actor.optim)
         self.scheduler = build_scheduler(self.optimizer, self.arr.actor.optim, total_optimizer_steps)
+        r, data = self.arr.rollout, self.cfg.data
         self.rollout = make_rollout_engine(
-            self.arr.rollout.name, self.model, self.tokenizer, max_num_seqs=self.arr.rollout.max_num_seqs, autocast_dtype=self.amp
-        )
+            r.name, self.model, self.tokenizer, max_num_seqs=r.max_num_seqs, autocast_dtype=self.amp, rollout=r,
+            max_model_len=data.max_prompt_length + data.max_response_length,
+        )  # fmt: skip
+        self.weights_dirty = False  # the engine holds the current weights until an optimizer step
         self.need_ref, self._ref_path = need_ref, ref_path
         self.ref = None
         if need_ref and ref_path is not None:
@@ -82,8 +86,23 @@ class ActorRolloutRefWorker:
     # -- generation ----------------------------------------------------------------------------
     @register(Dispatch.DP)
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT."""
-        return self.rollout.generate(prompts, sampling)
+        """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT;
+        meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time."""
+        metrics = {}
+        if self.weights_dirty:  # the policy moved since the engine last saw it
+            t0 = time.perf_counter()
+            self.rollout.load_weights(self.model.named_parameters())
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            metrics["timing_s/update_weights"] = time.perf_counter() - t0
+            self.weights_dirty = False
+        self.rollout.wake()
+        out = self.rollout.generate(prompts, sampling)
+        if self.arr.rollout.free_cache_engine:
+            self.rollout.sleep()
+        metrics.update(getattr(self.rollout, "last_metrics", {}))
+        out.meta[K.ROLLOUT_METRICS] = metrics
+        return out
 
     # -- log-probs -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -143,6 +162,7 @@ class ActorRolloutRefWorker:
                 for k, v in shares.items():
                     metrics[k].append(v)
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip)
+                self.weights_dirty = True
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
                 metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
@@ -201,6 +221,7 @@ class ActorRolloutRefWorker:
         loss, correct, tokens = self._sft_backward(batch)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self._sft_optimizer.step()
+        self.weights_dirty = True
         self._sft_optimizer.zero_grad(set_to_none=True)
         return {"warmup/loss": loss, "warmup/token_acc": correct / max(tokens, 1.0)}
 
@@ -338,6 +359,7 @@ class ActorRolloutRefWorker:
 
     def _offline_step(self) -> dict[str, float]:
         grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip)
+        self.weights_dirty = True
         self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],
                 "actor/nonfinite_skipped": 0.0 if stepped else 1.0, "actor/nonfinite_in_a_row": self.nonfinite_in_a_row}  # fmt: skip

@@ -69,8 +69,8 @@ def cmd_eval(args) -> int:
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
-    from hybridrl.rollout import SamplingParams
-    from hybridrl.rollout.hf import HFRolloutEngine
+    from hybridrl.config.schema import RolloutConfig
+    from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.actor import autocast_dtype
 
@@ -85,7 +85,10 @@ def cmd_eval(args) -> int:
         args.data, tokenizer, max_prompt_length=args.max_prompt_length, truncation="left",
         require_ground_truth=need_gt, max_rows=args.limit,
     )  # fmt: skip
-    engine = HFRolloutEngine(model, tokenizer, max_num_seqs=args.batch_size, autocast_dtype=autocast_dtype(device))
+    rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size)
+    engine = make_rollout_engine(args.rollout, model, tokenizer, max_num_seqs=args.batch_size, rollout=rollout,
+                                 autocast_dtype=autocast_dtype(device),
+                                 max_model_len=args.max_prompt_length + args.max_response_length)  # fmt: skip
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
     rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
     summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
@@ -149,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data", required=True, help="parquet or JSONL in verl's row format")
     s.add_argument("--output", help="write per-sample results to this JSONL")
     s.add_argument("--summary", help="write the per-data-source accuracies to this JSON file")
-    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--batch-size", type=int, default=256, help="prompts generated together")
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--rollout", default="auto", choices=["auto", "native", "hf"],
+                   help="generation engine (auto = native on a GPU, hf on CPU)")
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)

@@ -127,8 +127,9 @@ class RolloutConfig:
     """Generation of responses during training."""
 
     name: str = option(
-        "hf", "Generation engine: hf (transformers generate), native (paged KV cache, continuous batching, "
-        "CUDA graphs; Llama/Qwen2/Qwen3 family, others fall back to hf), vllm (only where vLLM is installed)."
+        "auto", "Generation engine: native (paged KV cache, continuous batching, CUDA graphs; Llama/Qwen2/Qwen3 "
+        "family, others fall back to hf), hf (transformers generate), vllm (only where vLLM is installed); "
+        "auto = native on a GPU, hf on CPU."
     )
     n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).")
     temperature: float = option(1.0, "Sampling temperature.")

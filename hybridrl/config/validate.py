@@ -25,7 +25,7 @@ TRUNCATIONS = ("error", "left", "right")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
-ROLLOUT_NAMES = ("hf", "native", "vllm")
+ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
@@ -270,10 +270,11 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name == "native" and max(rollout.n, rollout.val_kwargs.n) > rollout.max_num_seqs:
+    if rollout.name in ("native", "auto") and max(rollout.n, rollout.val_kwargs.n) > rollout.max_num_seqs:
         n = max(rollout.n, rollout.val_kwargs.n)
         out.append(_suggest(f"{_R}.max_num_seqs", rollout.max_num_seqs,
-                            f"must be >= rollout.n={n} with rollout.name=native (a prompt's samples run together)", n))
+                            f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
+                            "together in the native engine)", n))
     out += _offline_problems(cfg)
     return out
 

@@ -12,7 +12,10 @@ def make_rollout_engine(
 
     `rollout` is the RolloutConfig (the native and vllm engines read their keys from it);
     `max_model_len` bounds prompt + response tokens (data.max_prompt_length + max_response_length).
+    `auto` is native on a GPU and hf on CPU, where `generate` is the reference and as fast.
     """
+    if name == "auto":
+        name = "native" if next(model.parameters()).device.type == "cuda" else "hf"
     if name == "native":
         from hybridrl.models.llama import unsupported_reason
 
@@ -36,7 +39,7 @@ def make_rollout_engine(
         from hybridrl.rollout.vllm import VLLMRolloutEngine
 
         return VLLMRolloutEngine.from_hf_model(model, tokenizer, rollout=rollout, max_model_len=max_model_len)
-    raise ValueError(f"unknown actor_rollout_ref.rollout.name={name!r}; choose one of hf, native, vllm")
+    raise ValueError(f"unknown actor_rollout_ref.rollout.name={name!r}; choose one of auto, native, hf, vllm")
 
 
 __all__ = ["RolloutEngine", "SamplingParams", "make_rollout_engine"]

@@ -167,7 +167,7 @@ BROKEN = [
     (["trainer.resume_mode=resume"], "use e.g. trainer.resume_mode=auto"),
     (["trainer.device=gpu"], "trainer.device=gpu is not one of auto, cpu, cuda"),
     (["trainer.logger=[console, wandbb]"], "has 'wandbb', not among console"),
-    ([f"{R}.name=sglang"], f"{R}.name=sglang is not one of hf, native, vllm"),
+    ([f"{R}.name=sglang"], f"{R}.name=sglang is not one of auto, native, hf, vllm"),
     ([f"{A}.optim.lr_scheduler_type=linear"], "is not one of constant, cosine"),
     # requirements
     (["actor_rollout_ref.model.path="], "actor_rollout_ref.model.path is empty"),

@@ -45,5 +45,10 @@ def test_vllm_without_vllm_says_what_to_do():
 
 
 def test_unknown_name():
-    with pytest.raises(ValueError, match="choose one of hf, native, vllm"):
+    with pytest.raises(ValueError, match="choose one of auto, native, hf, vllm"):
         make_rollout_engine("sglang", qwen2(), TOK, max_num_seqs=8)
+
+
+def test_auto_is_hf_on_cpu():
+    engine = make_rollout_engine("auto", qwen2(), TOK, max_num_seqs=8, rollout=RolloutConfig(), max_model_len=32)
+    assert isinstance(engine, HFRolloutEngine)

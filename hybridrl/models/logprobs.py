@@ -56,3 +56,101 @@ def response_logits(model, prompts, prompt_mask, responses, response_mask, tempe
     if temperature not in (0, 1.0):
         logits = logits / temperature
     return logits
+
+
+# -- fused LM head + log-prob/entropy --------------------------------------------------------
+# On ragged RL batches the logits of the response tokens are the largest tensor of the update
+# ([tokens, 150k] in float32 is 600 kB per token). `fused_log_probs` goes from the final hidden
+# states straight to log-probs (and entropy) chunk by chunk and recomputes a chunk's logits in
+# the backward pass, so only O(chunk x vocab) is ever alive. Autocast's bf16 matmul is kept:
+# logits are computed in the hidden states' dtype, the softmax algebra in float32.
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 27  # logits elements per chunk: 512 MiB in float32
+
+
+def _chunk_rows(vocab: int, chunk: int | None) -> int:
+    return chunk or max(16, DEFAULT_CHUNK_ELEMENTS // vocab)
+
+
+def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax algebra in float32, or float64 when the inputs are (exactness tests)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, inv_temp: float, chunk: int, want_entropy: bool, dtype):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n, acc = hidden.shape[0], _accum_dtype(dtype)
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        lse_all = torch.empty_like(logp)
+        ent = torch.zeros_like(logp)
+        hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        for s in range(0, n, chunk):
+            z = (h[s : s + chunk] @ w.T).to(acc) * inv_temp  # (c, V)
+            lse = torch.logsumexp(z, dim=-1)  # (c,)
+            lab = labels[s : s + chunk]
+            logp[s : s + chunk] = z.gather(-1, lab[:, None]).squeeze(-1) - lse
+            lse_all[s : s + chunk] = lse
+            hit[s : s + chunk] = z.argmax(-1) == lab
+            if want_entropy:
+                ent[s : s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
+        ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
+        ctx.mark_non_differentiable(hit)
+        return logp, ent, hit
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent, _g_hit):
+        hidden, weight, labels, lse_all, ent = ctx.saved_tensors
+        h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        acc = lse_all.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
+        g_ent = None if g_ent is None else g_ent.to(acc)
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            sl = slice(s, s + ctx.chunk)
+            z = (h[sl] @ w.T).to(acc) * ctx.inv_temp  # (c, V), recomputed
+            p = torch.exp(z - lse_all[sl, None])  # (c, V)
+            # d log p_y / dz = onehot(y) - p;  d H / dz = p * (E_p[z] - z), E_p[z] = lse - H
+            dz = -p * g_logp[sl, None]
+            dz.scatter_add_(-1, labels[sl, None], g_logp[sl, None])
+            if g_ent is not None:
+                mean_z = lse_all[sl] - ent[sl]  # (c,)
+                dz += p * (mean_z[:, None] - z) * g_ent[sl, None]
+            dz = (dz * ctx.inv_temp).to(ctx.dtype)  # d/d(raw logits)
+            if grad_h is not None:
+                grad_h[sl] = dz @ w
+            if grad_w is not None:
+                grad_w += (dz.T @ h[sl]).to(acc)
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def fused_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """log softmax(hidden @ weight.T / temperature)[labels] without the full logits.
+
+    hidden (N, H), weight (V, H) (the LM head), labels (N,) -> log_prob (N,) float32 (float64
+    for float64 inputs), entropy (N,) or None, hit (N,) bool (argmax == label, for SFT accuracy). Exact in value and
+    gradient against the naive computation; memory O(chunk x V) instead of O(N x V).
+    """
+    inv_temp = 1.0 / temperature if temperature not in (0, 1.0) else 1.0
+    rows = _chunk_rows(weight.shape[0], chunk)
+    # Matmuls run in autocast's dtype when it is on (as the LM head would), else in hidden's.
+    dev = hidden.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+    with torch.autocast(dev, enabled=False):
+        logp, ent, hit = _FusedLogProbs.apply(hidden, weight, labels, inv_temp, rows, with_entropy, dtype)
+    return logp, (ent if with_entropy else None), hit

@@ -30,6 +30,7 @@ LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
 
 # Keys whose value must be one of a fixed set (for trainer.logger: every entry).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -48,6 +49,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.resume_mode": RESUME_MODES,
     "algorithm.name": ALGORITHM_NAMES,
     "preference.loss_type": DPO_LOSS_TYPES,
+    "actor_rollout_ref.model.packed_attn_backend": PACKED_ATTN_BACKENDS,
 }
 
 _Rule = tuple[Callable[[Any], bool], str]
@@ -124,6 +126,13 @@ _RULES: list[tuple[str, _Rule]] = [
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),
+    ("actor_rollout_ref.model.lora_rank", _AT_LEAST_0),
+    ("actor_rollout_ref.model.lora_alpha", _POSITIVE),
+    (f"{_A}.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    (f"{_R}.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.forward_max_token_len_per_gpu", _AT_LEAST_1),
     ("preference.beta", _POSITIVE),
     ("preference.label_smoothing", (lambda v: 0 <= v < 0.5, "must be in [0, 0.5)")),
     ("preference.desirable_weight", _POSITIVE),
@@ -268,6 +277,28 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
     out += _offline_problems(cfg)
+    out += _token_budget_problems(cfg)
+    return out
+
+
+def _token_budget_problems(cfg: Config) -> list[Problem]:
+    """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    a, out = cfg.actor_rollout_ref, []
+    budgets = [(f"{_A}.ppo_max_token_len_per_gpu", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu),
+               (f"{_R}.log_prob_max_token_len_per_gpu", a.rollout.log_prob_use_dynamic_bsz, a.rollout.log_prob_max_token_len_per_gpu),
+               ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", a.ref.log_prob_use_dynamic_bsz,
+                a.ref.log_prob_max_token_len_per_gpu)]  # fmt: skip
+    if cfg.critic_enabled:
+        c = cfg.critic
+        budgets += [("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu),
+                    ("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz, c.forward_max_token_len_per_gpu)]  # fmt: skip
+    for key, on, budget in budgets:
+        if on and budget is not None and 1 <= budget < longest:
+            out.append(Problem(
+                f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
+                f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
+                (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
     return out
 
 

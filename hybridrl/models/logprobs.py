@@ -100,11 +100,14 @@ class _FusedLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
         ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
         ctx.mark_non_differentiable(hit)
+        ctx.set_materialize_grads(False)  # an unused entropy arrives as None: no work for it
         return logp, ent, hit
 
     @staticmethod
     def backward(ctx, g_logp, g_ent, _g_hit):
         hidden, weight, labels, lse_all, ent = ctx.saved_tensors
+        if g_logp is None and g_ent is None:
+            return (None,) * 7
         h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         acc = lse_all.dtype

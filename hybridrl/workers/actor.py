@@ -216,21 +216,8 @@ class ActorRolloutRefWorker:
         for _ in range(a.ppo_epochs):
             order = torch.randperm(len(batch)) if a.shuffle else torch.arange(len(batch))
             for mini in batch.index(order).split(self.plan.actor.per_device_mini_batch):
-                norms = self._mini_batch_norms(mini)
-                shares: dict[str, float] = defaultdict(float)
-                micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
-                                                a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
-                for micro in micros:
-                    loss, m = self._policy_loss(micro.to(self.device), norms["global_tokens"], norms["global_seqs"])
-                    loss.backward()
-                    for k, v in m.items():
-                        # Loss terms are this micro-batch's share of the mini-batch loss: add them.
-                        if k in LOSS_SHARE_KEYS:
-                            shares[k] += v
-                        else:
-                            metrics[k].append(v)
-                for k, v in shares.items():
-                    metrics[k].append(v)
+                for k, v in self._mini_batch_backward(mini).items():
+                    metrics[k].extend(v)
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
@@ -242,6 +229,26 @@ class ActorRolloutRefWorker:
         out.update(self._perf_metrics(batch, start, a.ppo_epochs))
         self._sync_rollout_weights()
         return out
+
+    def _mini_batch_backward(self, mini: Batch) -> dict[str, list[float]]:
+        """Accumulate one optimizer step's gradient, micro-batch by micro-batch; its metrics."""
+        a, metrics = self.arr.actor, defaultdict(list)
+        norms = self._mini_batch_norms(mini)
+        shares: dict[str, float] = defaultdict(float)
+        micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
+                                        a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
+        for micro in micros:
+            loss, m = self._policy_loss(micro.to(self.device), norms["global_tokens"], norms["global_seqs"])
+            loss.backward()
+            for k, v in m.items():
+                # Loss terms are this micro-batch's share of the mini-batch loss: add them.
+                if k in LOSS_SHARE_KEYS:
+                    shares[k] += v
+                else:
+                    metrics[k].append(v)
+        for k, v in shares.items():
+            metrics[k].append(v)
+        return metrics
 
     @staticmethod
     def _mini_batch_norms(mini: Batch) -> dict[str, float]:

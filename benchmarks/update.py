@@ -18,8 +18,10 @@ checkpointing; 4 optimizer steps of 64 sequences per update.
 Reported per path: useful tokens/s (real prompt + response tokens / wall time; padding is not
 useful), MFU (useful model FLOPs, hybridrl/tracking/perf.py, over the device's dense bf16 peak),
 peak memory (torch.cuda.max_memory_allocated during the pass, weights and AdamW state included),
-pad fraction. Also: LoRA rank 32 vs full fine-tuning on 1.5B (packed path), packed attention
-kernels (varlen vs flex vs SDPA rows, --attn), torch.compile of the layers (--compile).
+pad fraction. hybridrl runs eager ("packed-eager") and with the decoder layers compiled (its
+default on CUDA); the baseline stays eager. Also: LoRA rank 32 vs full fine-tuning on 1.5B and
+activation checkpointing (packed, compiled), packed attention kernels (--attn: varlen vs flex
+vs SDPA rows, fwd + bwd of one 16k-token row).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import sequence_lengths
 from hybridrl.models.tiny import write_tiny_model_dir
 from hybridrl.tracking import perf
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
+from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, compile_decoder_layers
 
 ARCH = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -68,14 +70,15 @@ def ragged_batch(n, prompt_range, response_range, vocab, seed=0) -> Batch:
     })  # fmt: skip
 
 
-def make_worker(model_dir, s, device, *, lora_rank=0):
+def make_worker(model_dir, s, device, *, lora_rank=0, checkpointing=False):
     cfg = config_from_dict({
         "data": {"train_files": "unused.jsonl", "train_batch_size": s["seqs"], "max_prompt_length": s["prompt"][1],
                  "max_response_length": s["response"][1]},
         "actor_rollout_ref": {
             "model": {"path": model_dir, "random_init": True, "lora_rank": lora_rank, "lora_alpha": max(2 * lora_rank, 1),
-                      "target_modules": "all-linear"},
+                      "target_modules": "all-linear", "enable_gradient_checkpointing": checkpointing},
             "actor": {"ppo_mini_batch_size": s["mini"], "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": s["budget"],
+                      "use_torch_compile": False,  # compiled later, after the eager baseline ran
                       "optim": {"lr": 1e-6, "weight_decay": 0.0}},
         },
         "algorithm": {"adv_estimator": "reinforce_plus_plus"},
@@ -154,24 +157,7 @@ def bench_model(name, s, device, results, args):
               f"MFU {r['mfu'] or 0:.3f}  peak {mem or 0:.1f} GB  {extra or ''}", flush=True)  # fmt: skip
         dump(results, args.out)
 
-    # hybridrl: packed + token budget
-    set_padded(w, True)
-    w.update_actor(warm)
-    m, sec, mem = timed(lambda: w.update_actor(batch), device)
-    record("hybridrl", "update", sec, mem, 3 * fwd, {"pad_fraction": m["actor/pad_fraction"]})
-    w.compute_log_prob(warm.select(SEQ_KEYS))
-    _, sec, mem = timed(lambda: w.compute_log_prob(batch.select(SEQ_KEYS)), device)
-    record("hybridrl", "logprob", sec, mem, fwd)
-    # Same numbers from both paths? (bf16 autocast: agreement to bf16 rounding, not bit-exact)
-    few = batch.index(list(range(min(32, len(batch))))).select(SEQ_KEYS)
-    packed_lp = w.compute_log_prob(few)[K.OLD_LOG_PROBS]
-    set_padded(w, False, lp_micro=8)
-    padded_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
-    diff = (packed_lp - padded_lp).abs()[few[K.RESPONSE_MASK].bool()]
-    row["packed_vs_padded_logprob_absdiff"] = {"mean": float(diff.mean()), "max": float(diff.max())}
-    print(f"[{name}] packed vs padded log-probs: {row['packed_vs_padded_logprob_absdiff']}", flush=True)
-
-    # baseline: padded rows, the largest micro-batch that fits
+    # baseline first, while the layers are not compiled: padded rows, the largest micro-batch that fits
     set_padded(w, False)
     cands = [m for m in (64, 32, 16, 8, 4, 2, 1) if m <= s["mini"]]
     micro = largest_fitting(w, device, cands, lambda m: (set_padded(w, False, micro=m), w.update_actor(warm)))
@@ -183,21 +169,52 @@ def bench_model(name, s, device, results, args):
     _, sec, mem = timed(lambda: w.compute_log_prob(batch.select(SEQ_KEYS)), device)
     record("padded", "logprob", sec, mem, fwd, {"micro": lp_micro})
 
-    if args.compile and name == args.compile:
-        set_padded(w, True)
-        for layer in w.model.get_decoder().layers:
-            layer.compile(dynamic=True)
-        _, csec, _ = timed(lambda: w.update_actor(warm), device)
+    # Agreement of the two bf16 paths with a float32 padded reference (autocast off), 32 sequences.
+    few = batch.index(list(range(min(32, len(batch))))).select(SEQ_KEYS)
+    valid = few[K.RESPONSE_MASK].bool()
+    set_padded(w, False, lp_micro=8)
+    amp, w.amp = w.amp, None
+    fp32 = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    w.amp = amp
+    padded_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    set_padded(w, True)
+    packed_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    row["logprob_absdiff_vs_fp32"] = {
+        path: {"mean": float((lp - fp32).abs()[valid].mean()), "max": float((lp - fp32).abs()[valid].max())}
+        for path, lp in (("padded_bf16", padded_lp), ("packed_bf16", packed_lp))}  # fmt: skip
+    print(f"[{name}] |log-prob - fp32 padded|: {row['logprob_absdiff_vs_fp32']}", flush=True)
+
+    # hybridrl: packed + token budget, eager then with the decoder layers compiled (the default on CUDA)
+    for path in ("eager", "compiled"):
+        if path == "compiled":
+            if device.type != "cuda":
+                break
+            compile_decoder_layers(w.model)
+            _, csec, _ = timed(lambda: w.update_actor(warm), device)
+            row["compile_warmup_s"] = csec
+        else:
+            w.update_actor(warm)
+        label = "hybridrl" if path == "compiled" or device.type != "cuda" else "packed-eager"
         m, sec, mem = timed(lambda: w.update_actor(batch), device)
-        record("compiled", "update", sec, mem, 3 * fwd, {"compile_warmup_s": csec})
+        record(label, "update", sec, mem, 3 * fwd, {"pad_fraction": m["actor/pad_fraction"]})
+        w.compute_log_prob(warm.select(SEQ_KEYS))
+        _, sec, mem = timed(lambda: w.compute_log_prob(batch.select(SEQ_KEYS)), device)
+        record(label, "logprob", sec, mem, fwd)
     del w
     torch.cuda.empty_cache() if device.type == "cuda" else None
 
+    variants = []
     if args.lora and name == args.lora:
-        w = make_worker(model_dir, s, device, lora_rank=32)
+        variants.append(("lora32", dict(lora_rank=32), 2 * fwd))
+    if args.checkpointing and name == args.checkpointing:
+        variants.append(("hybridrl+ckpt", dict(checkpointing=True), 3 * fwd))  # FLOPs without the recompute
+    for label, kw, flops in variants:
+        w = make_worker(model_dir, s, device, **kw)
+        if device.type == "cuda":
+            compile_decoder_layers(w.model)
         w.update_actor(warm)
         _, sec, mem = timed(lambda: w.update_actor(batch), device)
-        record("lora32", "update", sec, mem, 2 * fwd)
+        record(label, "update", sec, mem, flops)
         del w
         torch.cuda.empty_cache() if device.type == "cuda" else None
     results["models"].append(row)
@@ -258,7 +275,7 @@ def main():
     p.add_argument("--models", default="0.5b,1.5b")
     p.add_argument("--budget", type=int, default=16384, help="hybridrl: tokens per micro-batch")
     p.add_argument("--lora", default="1.5b", help="model to run LoRA rank 32 on ('' = skip)")
-    p.add_argument("--compile", default="", help="model to measure torch.compile of the layers on ('' = skip)")
+    p.add_argument("--checkpointing", default="1.5b", help="model to run with activation checkpointing ('' = skip)")
     p.add_argument("--attn", action="store_true", help="packed attention kernels: varlen vs flex vs SDPA rows")
     p.add_argument("--out", default="")
     args = p.parse_args()
@@ -266,7 +283,7 @@ def main():
     if args.tiny:
         s = dict(seqs=16, mini=8, prompt=(5, 15), response=(2, 40), budget=200)
         models, args.lora = ["tiny"], "tiny" if args.lora else ""
-        args.compile = ""
+        args.checkpointing = "tiny" if args.checkpointing else ""
     else:
         s = dict(seqs=256, mini=64, prompt=(100, 300), response=(20, 1024), budget=args.budget)
         models = args.models.split(",")

@@ -125,7 +125,9 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = option(
         16384, "With use_dynamic_bsz: most real tokens (prompt + response) in one forward/backward pass on one device."
     )
-    use_torch_compile: bool = option(False, "torch.compile the decoder layers for the update and log-prob passes.")
+    use_torch_compile: bool = option(
+        True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
+    )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
 
 

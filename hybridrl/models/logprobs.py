@@ -77,6 +77,41 @@ def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _chunk_stats(z16: torch.Tensor, labels: torch.Tensor, inv_temp: float, want_entropy: bool):
+    """Forward algebra of one chunk of logits (c, V): log p(label), logsumexp, entropy, argmax hit."""
+    z = z16.to(_accum_dtype(z16.dtype)) * inv_temp  # (c, V)
+    lse = torch.logsumexp(z, dim=-1)  # (c,)
+    logp = z.gather(-1, labels[:, None]).squeeze(-1) - lse
+    hit = z.argmax(-1) == labels
+    ent = lse - (torch.exp(z - lse[:, None]) * z).sum(-1) if want_entropy else torch.zeros_like(lse)
+    return logp, lse, ent, hit
+
+
+def _chunk_grad(z16, labels, lse, ent, g_logp, g_ent, inv_temp: float):
+    """d loss / d raw logits of one chunk (c, V), in the logits' dtype:
+    d log p_y / dz = onehot(y) - p;  d H / dz = p * (E_p[z] - z), with E_p[z] = lse - H."""
+    z = z16.to(_accum_dtype(z16.dtype)) * inv_temp
+    p = torch.exp(z - lse[:, None])  # (c, V)
+    onehot = torch.arange(z.shape[-1], device=z.device)[None] == labels[:, None]  # (c, V), an iota compare: fuses
+    dz = (onehot.to(z.dtype) - p) * g_logp[:, None]
+    if g_ent is not None:
+        dz = dz + p * ((lse - ent)[:, None] - z) * g_ent[:, None]
+    return (dz * inv_temp).to(z16.dtype)
+
+
+# On CUDA the per-chunk algebra is compiled: each is a handful of passes over (c, V) in eager
+# mode, fused into one or two by inductor (the logits' traffic is the cost, not the math).
+_COMPILED: dict = {}
+
+
+def _maybe_compiled(fn, device: torch.device):
+    if device.type != "cuda":
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
 class _FusedLogProbs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
 
@@ -85,18 +120,12 @@ class _FusedLogProbs(torch.autograd.Function):
         h, w = hidden.to(dtype), weight.to(dtype)
         n, acc = hidden.shape[0], _accum_dtype(dtype)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
-        lse_all = torch.empty_like(logp)
-        ent = torch.zeros_like(logp)
+        lse_all, ent = torch.empty_like(logp), torch.empty_like(logp)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        stats = _maybe_compiled(_chunk_stats, hidden.device)
         for s in range(0, n, chunk):
-            z = (h[s : s + chunk] @ w.T).to(acc) * inv_temp  # (c, V)
-            lse = torch.logsumexp(z, dim=-1)  # (c,)
-            lab = labels[s : s + chunk]
-            logp[s : s + chunk] = z.gather(-1, lab[:, None]).squeeze(-1) - lse
-            lse_all[s : s + chunk] = lse
-            hit[s : s + chunk] = z.argmax(-1) == lab
-            if want_entropy:
-                ent[s : s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+            sl = slice(s, s + chunk)
+            logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(h[sl] @ w.T, labels[sl], inv_temp, want_entropy)
         ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
         ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
         ctx.mark_non_differentiable(hit)
@@ -109,26 +138,20 @@ class _FusedLogProbs(torch.autograd.Function):
         if g_logp is None and g_ent is None:
             return (None,) * 7
         h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
-        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         acc = lse_all.dtype
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
         g_ent = None if g_ent is None else g_ent.to(acc)
+        grad = _maybe_compiled(_chunk_grad, hidden.device)
         for s in range(0, hidden.shape[0], ctx.chunk):
             sl = slice(s, s + ctx.chunk)
-            z = (h[sl] @ w.T).to(acc) * ctx.inv_temp  # (c, V), recomputed
-            p = torch.exp(z - lse_all[sl, None])  # (c, V)
-            # d log p_y / dz = onehot(y) - p;  d H / dz = p * (E_p[z] - z), E_p[z] = lse - H
-            dz = -p * g_logp[sl, None]
-            dz.scatter_add_(-1, labels[sl, None], g_logp[sl, None])
-            if g_ent is not None:
-                mean_z = lse_all[sl] - ent[sl]  # (c,)
-                dz += p * (mean_z[:, None] - z) * g_ent[sl, None]
-            dz = (dz * ctx.inv_temp).to(ctx.dtype)  # d/d(raw logits)
+            z = h[sl] @ w.T  # (c, V), recomputed instead of kept
+            dz = grad(z, labels[sl], lse_all[sl], ent[sl], g_logp[sl], None if g_ent is None else g_ent[sl], ctx.inv_temp)
             if grad_h is not None:
                 grad_h[sl] = dz @ w
             if grad_w is not None:
-                grad_w += (dz.T @ h[sl]).to(acc)
+                grad_w.addmm_(dz.T, h[sl]) if acc == dz.dtype else grad_w.add_(dz.T @ h[sl])
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None, None, None

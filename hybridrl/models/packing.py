@@ -176,6 +176,12 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
         raise NotImplementedError("packed attention does not apply attention dropout; set the model's attention_dropout=0")
     backend = getattr(module.config, "hybridrl_packed_backend", "sdpa")
     max_len = int(kwargs["max_length_q"])
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        # RoPE leaves q, k in the residual stream's float32; the fused kernels want one 16-bit
+        # dtype (SDPA gets the same cast from autocast itself).
+        dt = torch.get_autocast_dtype(dev)
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
     if backend == "flex":
         out = _flex_attention()(query, key, value, block_mask=attention_mask, scale=scaling,
                                 enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip  (1, Hq, N, D)

@@ -49,13 +49,18 @@ def prepare_model(model, model_cfg, device: torch.device, *, checkpointing: bool
         # it works when the inputs do not require grad (LoRA's frozen embeddings).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     backend = enable_packing(model, model_cfg.packed_attn_backend, device) if model_cfg.use_remove_padding else None
-    if compile_layers:
-        # Layer by layer: identical layers share one compiled graph, and the packed length
-        # varies per micro-batch, so shapes are marked dynamic.
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        for layer in base.get_decoder().layers:
-            layer.compile(dynamic=True)
+    if compile_layers and device.type == "cuda":
+        compile_decoder_layers(model)
     return backend
+
+
+def compile_decoder_layers(model) -> None:
+    """torch.compile each decoder layer: fuses the norms, activations and casts between the
+    matmuls. Layer by layer, identical layers share one compiled graph, and the packed length
+    varies per micro-batch, so shapes are marked dynamic."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in base.get_decoder().layers:
+        layer.compile(dynamic=True)
 
 
 class ActorRolloutRefWorker:

@@ -245,6 +245,10 @@ def enable_packing(model, backend: str, device: torch.device) -> str | None:
 def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
     """Final hidden states at the M response-predicting positions: (M, H)."""
     config = backbone.config
+    if config._attn_implementation != ATTN_NAME:
+        # Plain SDPA would attend across the whole packed row: every sequence would see the others.
+        raise RuntimeError(f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
+                           "call hybridrl.models.packing.enable_packing on it before packed passes")  # fmt: skip
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_len, max_length_k=packed.max_len)  # fmt: skip
     if getattr(config, "hybridrl_packed_backend", "sdpa") == "flex":

@@ -93,6 +93,8 @@ class ActorRolloutRefWorker:
         self.ref = None
         if need_ref and ref_path is not None and not self.lora:
             self.ref = self._freeze(load_causal_lm(ref_path, trust_remote_code=m.trust_remote_code).to(self.device))
+            # The reference runs the same (packed, compiled) passes as the policy.
+            prepare_model(self.ref, m, self.device, checkpointing=False, compile_layers=self.arr.actor.use_torch_compile)
 
     def _load_policy(self, model_path: str, random_init: bool):
         """The policy; with lora_rank > 0 the base wrapped in peft LoRA adapters (a checkpoint's
@@ -119,7 +121,14 @@ class ActorRolloutRefWorker:
         """Take the current weights as the reference policy (after loading or a warm-up).
         With LoRA the reference is the base model, adapters disabled: nothing to copy."""
         if self.need_ref and self.ref is None and not self.lora:
-            self.ref = self._freeze(copy.deepcopy(self.model))
+            ref = copy.deepcopy(self.model)
+            # A copied torch.compile wrapper still calls the *policy's* layers: drop the copies
+            # and compile the reference's own layers.
+            for module in ref.modules():
+                module._compiled_call_impl = None
+            if self.arr.actor.use_torch_compile and self.device.type == "cuda":
+                compile_decoder_layers(ref)
+            self.ref = self._freeze(ref)
 
     def _reference(self):
         """Context giving the reference policy: the frozen copy, or the LoRA base."""

@@ -122,3 +122,28 @@ def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 0 and m["actor/nonfinite_in_a_row"] == 0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+
+
+def test_reference_copy_has_its_own_layers(tiny_model_dir):
+    """freeze_reference after the layers were compiled: the copy must not call the policy's layers
+    through a copied torch.compile wrapper (compilation itself is lazy: nothing compiles here)."""
+    from hybridrl.workers.actor import compile_decoder_layers
+
+    worker = make_worker(tiny_model_dir)
+    worker.ref = None
+    compile_decoder_layers(worker.model)
+    worker.freeze_reference()
+    assert all(m._compiled_call_impl is None for m in worker.ref.modules())
+    assert worker.ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed"
+
+
+def test_loaded_reference_runs_packed(tiny_model_with_weights):
+    """A reference loaded from disk (resume) gets the packed-attention hook too."""
+    worker = make_worker(tiny_model_with_weights)
+    worker.ref = None
+    worker.init_model(tiny_model_with_weights, False, 10, need_ref=True, ref_path=tiny_model_with_weights)
+    assert worker.ref.config._attn_implementation == "hybridrl_packed"
+    batch = random_batch()
+    ref = worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS]
+    policy = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    torch.testing.assert_close(ref, policy)  # same weights, same passes

@@ -171,7 +171,7 @@ def validate(cfg: Config) -> list[str]:
 def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
-    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r)
+    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
@@ -277,28 +277,41 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
     out += _offline_problems(cfg)
-    out += _token_budget_problems(cfg)
     return out
 
 
 def _token_budget_problems(cfg: Config) -> list[Problem]:
-    """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget."""
+    """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget.
+    A budget equal to the one it inherits from is treated as inherited (as `_sizes` does, since
+    loading resolves the config) and reported once, under the key it comes from."""
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
-    a, out = cfg.actor_rollout_ref, []
-    budgets = [(f"{_A}.ppo_max_token_len_per_gpu", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu),
-               (f"{_R}.log_prob_max_token_len_per_gpu", a.rollout.log_prob_use_dynamic_bsz, a.rollout.log_prob_max_token_len_per_gpu),
-               ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", a.ref.log_prob_use_dynamic_bsz,
-                a.ref.log_prob_max_token_len_per_gpu)]  # fmt: skip
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    actor = (f"{_A}.ppo_max_token_len_per_gpu", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu, None)
+    # (key, dynamic on, budget, the entry it inherits the budget from)
+    budgets = [actor]
+    for part, section in ((a.rollout, _R), (a.ref, "actor_rollout_ref.ref")):
+        on = a.actor.use_dynamic_bsz if part.log_prob_use_dynamic_bsz is None else part.log_prob_use_dynamic_bsz
+        inherited = part.log_prob_max_token_len_per_gpu in (None, a.actor.ppo_max_token_len_per_gpu)
+        budget = a.actor.ppo_max_token_len_per_gpu if inherited else part.log_prob_max_token_len_per_gpu
+        budgets.append((f"{section}.log_prob_max_token_len_per_gpu", on, budget, actor[0] if inherited else None))
     if cfg.critic_enabled:
-        c = cfg.critic
-        budgets += [("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu),
-                    ("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz, c.forward_max_token_len_per_gpu)]  # fmt: skip
-    for key, on, budget in budgets:
-        if on and budget is not None and 1 <= budget < longest:
-            out.append(Problem(
-                f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
-                f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
-                (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
+        budgets.append(("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, None))
+        inherited = c.forward_max_token_len_per_gpu in (None, c.ppo_max_token_len_per_gpu)
+        budgets.append(("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz,
+                        c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
+                        "critic.ppo_max_token_len_per_gpu" if inherited else None))  # fmt: skip
+    out, reported = [], set()
+    for key, on, budget, source in budgets:
+        if not on or budget is None or not 1 <= budget < longest:
+            continue
+        if source in reported:
+            continue  # the same number, already reported under the key it comes from
+        key = source or key
+        reported.add(key)
+        out.append(Problem(
+            f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
+            f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
+            (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
     return out
 
 

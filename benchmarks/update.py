@@ -200,7 +200,7 @@ def bench_model(name, s, device, results, args):
         w.compute_log_prob(warm.select(SEQ_KEYS))
         _, sec, mem = timed(lambda: w.compute_log_prob(batch.select(SEQ_KEYS)), device)
         record(label, "logprob", sec, mem, fwd)
-    del w
+    w = None  # free the model before the next one
     torch.cuda.empty_cache() if device.type == "cuda" else None
 
     variants = []
@@ -215,7 +215,7 @@ def bench_model(name, s, device, results, args):
         w.update_actor(warm)
         _, sec, mem = timed(lambda: w.update_actor(batch), device)
         record(label, "update", sec, mem, flops)
-        del w
+        w = None
         torch.cuda.empty_cache() if device.type == "cuda" else None
     results["models"].append(row)
     dump(results, args.out)

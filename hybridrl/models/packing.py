@@ -18,6 +18,7 @@ are gathered before the LM head (`fused_log_probs`) or the value head.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -26,8 +27,18 @@ import torch.nn.functional as F
 
 from hybridrl.models.logprobs import fused_log_probs
 
-ATTN_NAME = "hybridrl_packed"  # the name registered in transformers' AttentionInterface
+ATTN_PREFIX = "hybridrl_packed"  # registered in transformers' AttentionInterface as hybridrl_packed_<backend>
 BACKENDS = ("auto", "varlen", "flex", "sdpa")
+
+
+def attn_name(backend: str) -> str:
+    # The backend lives in the registered name, i.e. in config._attn_implementation, which
+    # transformers never writes to config.json: checkpoints stay loadable anywhere.
+    return f"{ATTN_PREFIX}_{backend}"
+
+
+def is_packed(config) -> bool:
+    return str(config._attn_implementation).startswith(ATTN_PREFIX)
 
 
 # -- packing ---------------------------------------------------------------------------------
@@ -161,7 +172,8 @@ def document_block_mask(cu: torch.Tensor, n: int):
     return create_block_mask(causal_document, None, None, n, n, device=cu.device)
 
 
-def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, *,
+                             packed_backend: str = "sdpa", **kwargs):  # fmt: skip
     """transformers attention function: varlen over the packed row when the forward carries
     `cu_seq_lens_q` (our packed passes), plain SDPA otherwise (generation, padded passes)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -174,7 +186,7 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
                                   "set actor_rollout_ref.model.use_remove_padding=false")  # fmt: skip
     if dropout and module.training:
         raise NotImplementedError("packed attention does not apply attention dropout; set the model's attention_dropout=0")
-    backend = getattr(module.config, "hybridrl_packed_backend", "sdpa")
+    backend = packed_backend
     max_len = int(kwargs["max_length_q"])
     dev = query.device.type
     if torch.is_autocast_enabled(dev):
@@ -196,9 +208,10 @@ def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(ATTN_NAME, packed_attention_forward)
-    # Unpacked calls (generation, the padded fallback) build SDPA masks as before.
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    for backend in BACKENDS[1:]:
+        AttentionInterface.register(attn_name(backend), functools.partial(packed_attention_forward, packed_backend=backend))
+        # Unpacked calls (generation, the padded fallback) build SDPA masks as before.
+        AttentionMaskInterface.register(attn_name(backend), sdpa_mask)
 
 
 def base_model(model):
@@ -223,7 +236,7 @@ def enable_packing(model, backend: str, device: torch.device) -> str | None:
     m = base_model(model)
     config = m.config
     reason = None
-    if config._attn_implementation not in ("sdpa", ATTN_NAME):
+    if config._attn_implementation != "sdpa" and not is_packed(config):
         reason = f"attn_implementation={config._attn_implementation!r} (the hook wraps sdpa)"
     elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         reason = "sliding-window attention"
@@ -233,25 +246,21 @@ def enable_packing(model, backend: str, device: torch.device) -> str | None:
         print(f"[hybridrl] use_remove_padding: {type(m).__name__} runs padded ({reason})", flush=True)
         return None
     _register()
-    config._attn_implementation = ATTN_NAME
     backend = resolve_backend(backend, device)
-    config.hybridrl_packed_backend = backend
-    for sub in getattr(config, "sub_configs", {}) or {}:
-        if getattr(config, sub, None) is not None:
-            setattr(getattr(config, sub), "hybridrl_packed_backend", backend)
+    config._attn_implementation = attn_name(backend)  # the setter passes it on to sub-configs
     return backend
 
 
 def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
     """Final hidden states at the M response-predicting positions: (M, H)."""
     config = backbone.config
-    if config._attn_implementation != ATTN_NAME:
+    if not is_packed(config):
         # Plain SDPA would attend across the whole packed row: every sequence would see the others.
         raise RuntimeError(f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
                            "call hybridrl.models.packing.enable_packing on it before packed passes")  # fmt: skip
     kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                   max_length_q=packed.max_len, max_length_k=packed.max_len)  # fmt: skip
-    if getattr(config, "hybridrl_packed_backend", "sdpa") == "flex":
+    if config._attn_implementation == attn_name("flex"):
         mask = document_block_mask(packed.cu_seqlens, packed.num_tokens)
     else:
         # A 4-D placeholder: transformers passes a ready 4-D mask through untouched, so no

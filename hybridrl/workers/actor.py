@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -61,6 +61,20 @@ def compile_decoder_layers(model) -> None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     for layer in base.get_decoder().layers:
         layer.compile(dynamic=True)
+
+
+@contextmanager
+def eager_layers(model):
+    """Run `model` without its compiled layers: generation (KV cache, one-token steps) is not
+    what they were compiled and measured for."""
+    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield model
+    finally:
+        for m, fn in compiled:
+            m._compiled_call_impl = fn
 
 
 class ActorRolloutRefWorker:
@@ -148,7 +162,8 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT."""
-        return self.rollout.generate(prompts, sampling)
+        with eager_layers(self.model):
+            return self.rollout.generate(prompts, sampling)
 
     # -- log-probs -----------------------------------------------------------------------------
     def _forward(self, model, micro: Batch, key: str = K.RESPONSES, with_entropy: bool = False, temperature=None,

@@ -101,3 +101,10 @@ def test_eager_models_stay_padded():
     model = tiny("qwen2")
     model.config._attn_implementation = "eager"
     assert enable_packing(model, "auto", torch.device("cpu")) is None
+
+
+def test_saved_config_does_not_mention_the_hook(tmp_path):
+    model = tiny("qwen2")
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    model.config.save_pretrained(tmp_path)
+    assert "hybridrl" not in (tmp_path / "config.json").read_text()

@@ -134,7 +134,7 @@ def test_reference_copy_has_its_own_layers(tiny_model_dir):
     compile_decoder_layers(worker.model)
     worker.freeze_reference()
     assert all(m._compiled_call_impl is None for m in worker.ref.modules())
-    assert worker.ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed"
+    assert worker.ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
 
 
 def test_loaded_reference_runs_packed(tiny_model_with_weights):
@@ -142,8 +142,27 @@ def test_loaded_reference_runs_packed(tiny_model_with_weights):
     worker = make_worker(tiny_model_with_weights)
     worker.ref = None
     worker.init_model(tiny_model_with_weights, False, 10, need_ref=True, ref_path=tiny_model_with_weights)
-    assert worker.ref.config._attn_implementation == "hybridrl_packed"
+    assert worker.ref.config._attn_implementation == "hybridrl_packed_sdpa"
     batch = random_batch()
     ref = worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS]
     policy = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
     torch.testing.assert_close(ref, policy)  # same weights, same passes
+
+
+def test_generation_does_not_use_the_compiled_layers(tiny_model_dir):
+    from hybridrl.rollout import SamplingParams
+    from hybridrl.workers.actor import compile_decoder_layers
+
+    worker = make_worker(tiny_model_dir)
+    compile_decoder_layers(worker.model)
+    layers = worker.model.get_decoder().layers
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("generation called a compiled layer")
+
+    for layer in layers:
+        layer._compiled_call_impl = must_not_run  # stands for the compiled wrapper
+    prompts = Batch({K.PROMPTS: torch.randint(2, 40, (2, 3)), K.PROMPT_MASK: torch.ones(2, 3, dtype=torch.long)})
+    out = worker.generate(prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=3))
+    assert out[K.RESPONSES].shape[0] == 2
+    assert all(layer._compiled_call_impl is must_not_run for layer in layers)  # restored for the training passes

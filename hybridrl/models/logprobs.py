@@ -101,6 +101,9 @@ def _chunk_grad(z16, labels, lse, ent, g_logp, g_ent, inv_temp: float):
 
 # On CUDA the per-chunk algebra is compiled: each is a handful of passes over (c, V) in eager
 # mode, fused into one or two by inductor (the logits' traffic is the cost, not the math).
+# Automatic dynamic shapes: the row count (the last chunk differs) becomes dynamic after the
+# first recompile, the vocabulary stays static, so the reductions are generated for this vocab
+# size and not for a hint from another model's cached compile.
 _COMPILED: dict = {}
 
 
@@ -108,7 +111,7 @@ def _maybe_compiled(fn, device: torch.device):
     if device.type != "cuda":
         return fn
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+        _COMPILED[fn] = torch.compile(fn, dynamic=None)
     return _COMPILED[fn]
 
 

@@ -41,7 +41,8 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import sequence_lengths
 from hybridrl.models.tiny import write_tiny_model_dir
 from hybridrl.tracking import perf
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, compile_decoder_layers
+from hybridrl.models.prepare import compile_decoder_layers
+from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
 
 ARCH = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

@@ -57,3 +57,17 @@ def mfu(flops: float, seconds: float, peak: float | None) -> float | None:
 
 def max_memory_allocated_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def update_metrics(model, seq_lens: torch.Tensor, targets: int, passes: float, seconds: float,
+                   device: torch.device, role: str) -> dict[str, float]:  # fmt: skip
+    """`perf/mfu/<role>` (`passes` x the forward FLOPs over `seconds`) and
+    `perf/max_memory_allocated_gb`, each only where the device reports it."""
+    out = {}
+    value = mfu(passes * pass_flops(model_shape(model), seq_lens, targets), seconds, device_peak_flops(device))
+    if value is not None:
+        out[f"perf/mfu/{role}"] = value
+    mem = max_memory_allocated_gb(device)
+    if mem is not None:
+        out["perf/max_memory_allocated_gb"] = mem
+    return out

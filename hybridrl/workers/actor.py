@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,7 +27,8 @@ from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.models import lora
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
-from hybridrl.models.packing import enable_packing, pack, packed_log_probs
+from hybridrl.models.packing import pack, packed_log_probs
+from hybridrl.models.prepare import compile_decoder_layers, drop_compiled, eager_layers, prepare_model
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking import perf
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
@@ -39,42 +40,6 @@ LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
-
-
-def prepare_model(model, model_cfg, device: torch.device, *, checkpointing: bool, compile_layers: bool):
-    """Activation checkpointing, the packed-attention hook and torch.compile of the decoder
-    layers; returns the packed backend, or None when the passes stay padded."""
-    if checkpointing:
-        # Non-reentrant: recomputation sees the same kwargs (the packed row's boundaries), and
-        # it works when the inputs do not require grad (LoRA's frozen embeddings).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    backend = enable_packing(model, model_cfg.packed_attn_backend, device) if model_cfg.use_remove_padding else None
-    if compile_layers and device.type == "cuda":
-        compile_decoder_layers(model)
-    return backend
-
-
-def compile_decoder_layers(model) -> None:
-    """torch.compile each decoder layer: fuses the norms, activations and casts between the
-    matmuls. Layer by layer, identical layers share one compiled graph, and the packed length
-    varies per micro-batch, so shapes are marked dynamic."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for layer in base.get_decoder().layers:
-        layer.compile(dynamic=True)
-
-
-@contextmanager
-def eager_layers(model):
-    """Run `model` without its compiled layers: generation (KV cache, one-token steps) is not
-    what they were compiled and measured for."""
-    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
-    for m, _ in compiled:
-        m._compiled_call_impl = None
-    try:
-        yield model
-    finally:
-        for m, fn in compiled:
-            m._compiled_call_impl = fn
 
 
 class ActorRolloutRefWorker:
@@ -95,8 +60,7 @@ class ActorRolloutRefWorker:
         m = self.arr.model
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
         self.model = self._load_policy(model_path, random_init)
-        self.packing = prepare_model(self.model, m, self.device, checkpointing=m.enable_gradient_checkpointing,
-                                     compile_layers=self.arr.actor.use_torch_compile)  # fmt: skip
+        self.packing = self._prepare(self.model, checkpointing=m.enable_gradient_checkpointing)
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), self.arr.actor.optim)
         self.scheduler = build_scheduler(self.optimizer, self.arr.actor.optim, total_optimizer_steps)
@@ -107,8 +71,12 @@ class ActorRolloutRefWorker:
         self.ref = None
         if need_ref and ref_path is not None and not self.lora:
             self.ref = self._freeze(load_causal_lm(ref_path, trust_remote_code=m.trust_remote_code).to(self.device))
-            # The reference runs the same (packed, compiled) passes as the policy.
-            prepare_model(self.ref, m, self.device, checkpointing=False, compile_layers=self.arr.actor.use_torch_compile)
+            self._prepare(self.ref)  # the same (packed, compiled) passes as the policy
+
+    def _prepare(self, model, checkpointing: bool = False) -> str | None:
+        m = self.arr.model
+        return prepare_model(model, self.device, remove_padding=m.use_remove_padding, attn_backend=m.packed_attn_backend,
+                             checkpointing=checkpointing, compile_layers=self.arr.actor.use_torch_compile)  # fmt: skip
 
     def _load_policy(self, model_path: str, random_init: bool):
         """The policy; with lora_rank > 0 the base wrapped in peft LoRA adapters (a checkpoint's
@@ -136,10 +104,7 @@ class ActorRolloutRefWorker:
         With LoRA the reference is the base model, adapters disabled: nothing to copy."""
         if self.need_ref and self.ref is None and not self.lora:
             ref = copy.deepcopy(self.model)
-            # A copied torch.compile wrapper still calls the *policy's* layers: drop the copies
-            # and compile the reference's own layers.
-            for module in ref.modules():
-                module._compiled_call_impl = None
+            drop_compiled(ref)  # copied wrappers would call the *policy's* layers
             if self.arr.actor.use_torch_compile and self.device.type == "cuda":
                 compile_decoder_layers(ref)
             self.ref = self._freeze(ref)
@@ -301,16 +266,10 @@ class ActorRolloutRefWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
-        out = {"actor/pad_fraction": 1.0 - self._slots[1] / max(self._slots[0], 1.0)}
-        shape = perf.model_shape(self.model)
-        flops = perf.pass_flops(shape, sequence_lengths(batch), int(batch[K.RESPONSE_MASK].sum()))
-        flops *= (2.0 if self.lora else 3.0) * epochs  # forward + backward (LoRA: no weight gradients of the base)
-        value = perf.mfu(flops, seconds, perf.device_peak_flops(self.device))
-        if value is not None:
-            out["perf/mfu/actor"] = value
-        mem = perf.max_memory_allocated_gb(self.device)
-        if mem is not None:
-            out["perf/max_memory_allocated_gb"] = mem
+        passes = (2.0 if self.lora else 3.0) * epochs  # forward + backward (LoRA: no weight gradients of the base)
+        out = perf.update_metrics(self.model, sequence_lengths(batch), int(batch[K.RESPONSE_MASK].sum()), passes,
+                                  seconds, self.device, role="actor")  # fmt: skip
+        out["actor/pad_fraction"] = 1.0 - self._slots[1] / max(self._slots[0], 1.0)
         return out
 
     def _sync_rollout_weights(self) -> None:

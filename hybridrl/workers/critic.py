@@ -14,7 +14,8 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import micro_batches, restore_order
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.models.packing import enable_packing, pack
+from hybridrl.models.packing import pack
+from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
 from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
@@ -40,9 +41,9 @@ class CriticWorker:
         self.model = ValueModel(backbone).to(self.device)
         if head_path is not None:
             self.model.value_head.load_state_dict(load_file(str(head_path), device=str(self.device)))
-        if c.model.enable_gradient_checkpointing:
-            self.model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.packing = enable_packing(self.model.backbone, m.packed_attn_backend, self.device) if c.model.use_remove_padding else None
+        # Not compiled: unlike the actor's, the critic's layers were not measured compiled.
+        self.packing = prepare_model(self.model.backbone, self.device, remove_padding=c.model.use_remove_padding,
+                                     attn_backend=m.packed_attn_backend, checkpointing=c.model.enable_gradient_checkpointing)  # fmt: skip
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), c.optim)
         self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)

@@ -127,7 +127,7 @@ def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
 def test_reference_copy_has_its_own_layers(tiny_model_dir):
     """freeze_reference after the layers were compiled: the copy must not call the policy's layers
     through a copied torch.compile wrapper (compilation itself is lazy: nothing compiles here)."""
-    from hybridrl.workers.actor import compile_decoder_layers
+    from hybridrl.models.prepare import compile_decoder_layers
 
     worker = make_worker(tiny_model_dir)
     worker.ref = None
@@ -151,7 +151,7 @@ def test_loaded_reference_runs_packed(tiny_model_with_weights):
 
 def test_generation_does_not_use_the_compiled_layers(tiny_model_dir):
     from hybridrl.rollout import SamplingParams
-    from hybridrl.workers.actor import compile_decoder_layers
+    from hybridrl.models.prepare import compile_decoder_layers
 
     worker = make_worker(tiny_model_dir)
     compile_decoder_layers(worker.model)

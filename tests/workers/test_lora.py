@@ -128,3 +128,29 @@ def test_checkpoint_resume_is_exact_and_actor_dir_loads_merged(tiny_model_dir, t
     saved_policy = lora_worker(tiny_model_dir, path=str(tmp_path / "actor"))
     for name, t in merged_named_parameters(saved_policy.model):
         torch.testing.assert_close(merged_sd[name], t, msg=name)
+
+
+def test_an_engine_with_its_own_weights_follows_the_lora_policy(tiny_model_dir):
+    """An engine that holds a separate plain HF model gets the merged policy after each update
+    (what the native engine's load_weights receives) and generates what the policy generates."""
+    from hybridrl.models.packing import base_model
+    from hybridrl.rollout.hf import HFRolloutEngine
+
+    class OwnWeightsEngine(HFRolloutEngine):
+        def load_weights(self, named_tensors):
+            missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
+            assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+
+    w = lora_worker(tiny_model_dir)
+    own = load_causal_lm(tiny_model_dir, random_init=True)  # other (random) weights until synced
+    w.rollout = OwnWeightsEngine(own, w.tokenizer)
+    policy_engine = HFRolloutEngine(w.model, w.tokenizer)  # generates with the peft policy itself
+    batch = random_batch()
+    for _ in range(2):
+        w.update_actor(batch)
+    prompts = Batch({K.PROMPTS: batch[K.PROMPTS], K.PROMPT_MASK: batch[K.PROMPT_MASK]})
+    greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=5)
+    got, want = w.generate(prompts, greedy), policy_engine.generate(prompts, greedy)
+    assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])
+    torch.testing.assert_close(got[K.ROLLOUT_LOG_PROBS], want[K.ROLLOUT_LOG_PROBS], rtol=1e-4, atol=1e-5)
+    assert base_model(w.model) is not own

@@ -67,6 +67,17 @@ class ModelConfig:
     trust_remote_code: bool = option(False, "Allow model code shipped inside the model directory to run.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
     override_config: dict = option({}, "Entries merged into the Hugging Face model config before building the model.")
+    use_remove_padding: bool = option(
+        True, "Padding-free forward passes: each micro-batch's sequences packed into one row (docs/performance.md)."
+    )
+    packed_attn_backend: str = option(
+        "auto", "Attention kernel of packed passes: auto (fastest measured: varlen on GPU, sdpa on CPU), varlen, flex, sdpa."
+    )
+    lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
+    lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
+    target_modules: str | list[str] = option(
+        "all-linear", "Modules that get LoRA adapters: all-linear (every linear layer but the LM head) or a list of names."
+    )
 
 
 @dataclass
@@ -108,6 +119,15 @@ class ActorConfig:
     kl_loss_coef: float = option(0.001, "Weight of the KL loss term.")
     kl_loss_type: str = option("low_var_kl", "KL estimator for the KL loss.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    use_dynamic_bsz: bool = option(
+        False, "Micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu."
+    )
+    ppo_max_token_len_per_gpu: int = option(
+        16384, "With use_dynamic_bsz: most real tokens (prompt + response) in one forward/backward pass on one device."
+    )
+    use_torch_compile: bool = option(
+        True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
+    )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
 
 
@@ -147,6 +167,12 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
     )
+    log_prob_use_dynamic_bsz: bool | None = option(
+        None, "Old log-prob passes by token budget; null = actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu."
+    )
     val_kwargs: ValKwargsConfig = option(ValKwargsConfig, "Sampling for validation.")
 
 
@@ -156,6 +182,12 @@ class RefConfig:
 
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass for reference log-probs; null = all of a device's sequences."
+    )
+    log_prob_use_dynamic_bsz: bool | None = option(
+        None, "Reference log-prob passes by token budget; null = actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget of one reference log-prob pass; null = actor.ppo_max_token_len_per_gpu."
     )
 
 
@@ -179,6 +211,7 @@ class CriticModelConfig:
     path: str | None = option(None, "Local Hugging Face model directory; null = the actor's model path.")
     tokenizer_path: str | None = option(None, "Tokenizer directory; null = the actor's tokenizer.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
+    use_remove_padding: bool = option(True, "Padding-free value and update passes (see actor_rollout_ref.model).")
 
 
 @dataclass
@@ -192,6 +225,13 @@ class CriticConfig:
         None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
     )
     ppo_epochs: int | None = option(None, "Passes over each step's rollouts; null = the actor's.")
+    use_dynamic_bsz: bool = option(False, "Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu.")
+    ppo_max_token_len_per_gpu: int = option(
+        32768, "With use_dynamic_bsz: most real tokens in one forward/backward pass of the critic on one device."
+    )
+    forward_max_token_len_per_gpu: int | None = option(
+        None, "With use_dynamic_bsz: token budget of one value (forward-only) pass; null = ppo_max_token_len_per_gpu."
+    )
     cliprange_value: float = option(0.5, "Clip range of the value update around the old values.")
     loss_agg_mode: str = option("token-mean", "How per-token value losses are averaged.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
@@ -333,6 +373,13 @@ def resolve(cfg: Config) -> Config:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
     if critic.ppo_epochs is None:
         critic.ppo_epochs = actor.ppo_epochs
+    if critic.forward_max_token_len_per_gpu is None:
+        critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+    for part in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):  # log-prob passes follow the actor
+        if part.log_prob_use_dynamic_bsz is None:
+            part.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if part.log_prob_max_token_len_per_gpu is None:
+            part.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
     if cfg.trainer.default_local_dir is None:
         cfg.trainer.default_local_dir = f"runs/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
     return cfg

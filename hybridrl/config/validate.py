@@ -30,6 +30,7 @@ LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
 
 # Keys whose value must be one of a fixed set (for trainer.logger: every entry).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -48,6 +49,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.resume_mode": RESUME_MODES,
     "algorithm.name": ALGORITHM_NAMES,
     "preference.loss_type": DPO_LOSS_TYPES,
+    "actor_rollout_ref.model.packed_attn_backend": PACKED_ATTN_BACKENDS,
 }
 
 _Rule = tuple[Callable[[Any], bool], str]
@@ -126,6 +128,13 @@ _RULES: list[tuple[str, _Rule]] = [
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),
+    ("actor_rollout_ref.model.lora_rank", _AT_LEAST_0),
+    ("actor_rollout_ref.model.lora_alpha", _POSITIVE),
+    (f"{_A}.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    (f"{_R}.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.forward_max_token_len_per_gpu", _AT_LEAST_1),
     ("preference.beta", _POSITIVE),
     ("preference.label_smoothing", (lambda v: 0 <= v < 0.5, "must be in [0, 0.5)")),
     ("preference.desirable_weight", _POSITIVE),
@@ -164,7 +173,7 @@ def validate(cfg: Config) -> list[str]:
 def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
-    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r)
+    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
@@ -276,6 +285,41 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                             f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
                             "together in the native engine)", n))
     out += _offline_problems(cfg)
+    return out
+
+
+def _token_budget_problems(cfg: Config) -> list[Problem]:
+    """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget.
+    A budget equal to the one it inherits from is treated as inherited (as `_sizes` does, since
+    loading resolves the config) and reported once, under the key it comes from."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    actor = (f"{_A}.ppo_max_token_len_per_gpu", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu, None)
+    # (key, dynamic on, budget, the entry it inherits the budget from)
+    budgets = [actor]
+    for part, section in ((a.rollout, _R), (a.ref, "actor_rollout_ref.ref")):
+        on = a.actor.use_dynamic_bsz if part.log_prob_use_dynamic_bsz is None else part.log_prob_use_dynamic_bsz
+        inherited = part.log_prob_max_token_len_per_gpu in (None, a.actor.ppo_max_token_len_per_gpu)
+        budget = a.actor.ppo_max_token_len_per_gpu if inherited else part.log_prob_max_token_len_per_gpu
+        budgets.append((f"{section}.log_prob_max_token_len_per_gpu", on, budget, actor[0] if inherited else None))
+    if cfg.critic_enabled:
+        budgets.append(("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, None))
+        inherited = c.forward_max_token_len_per_gpu in (None, c.ppo_max_token_len_per_gpu)
+        budgets.append(("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz,
+                        c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
+                        "critic.ppo_max_token_len_per_gpu" if inherited else None))  # fmt: skip
+    out, reported = [], set()
+    for key, on, budget, source in budgets:
+        if not on or budget is None or not 1 <= budget < longest:
+            continue
+        if source in reported:
+            continue  # the same number, already reported under the key it comes from
+        key = source or key
+        reported.add(key)
+        out.append(Problem(
+            f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
+            f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
+            (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
     return out
 
 

@@ -207,3 +207,35 @@ def test_critic_keys_are_ignored_without_a_critic():
     cfg = load("algorithm.adv_estimator=grpo", f"{R}.n=4", "critic.ppo_mini_batch_size=7", "critic.optim.lr=-1",
                "critic.loss_agg_mode=bogus")
     assert plan_batches(cfg).critic is None
+
+
+# --------------------------------------------------------------------------- token budgets, LoRA, packing
+
+
+def test_token_budget_below_the_longest_sequence_names_the_key_it_comes_from():
+    msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=600", check=False))
+    assert msgs == [f"{A}.ppo_max_token_len_per_gpu=600 is below the longest possible sequence, data.max_prompt_length "
+                    f"+ data.max_response_length = 1024 tokens, which must fit one micro-batch; use e.g. "
+                    f"{A}.ppo_max_token_len_per_gpu=1024"]  # fmt: skip
+    # Log-prob passes inherit the actor's switch and budget; their own values are reported as their own.
+    msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=512", check=False))
+    assert len(msgs) == 1 and msgs[0].startswith(f"{R}.log_prob_max_token_len_per_gpu=512 is below")
+    assert validate(load(f"{A}.ppo_max_token_len_per_gpu=600", check=False)) == []  # dynamic off: unused
+
+
+def test_dynamic_bsz_inheritance_is_resolved():
+    from hybridrl.config.schema import resolve
+
+    cfg = resolve(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=4096", "critic.ppo_max_token_len_per_gpu=8192"))
+    a = cfg.actor_rollout_ref
+    assert (a.rollout.log_prob_use_dynamic_bsz, a.rollout.log_prob_max_token_len_per_gpu) == (True, 4096)
+    assert (a.ref.log_prob_use_dynamic_bsz, a.ref.log_prob_max_token_len_per_gpu) == (True, 4096)
+    assert cfg.critic.forward_max_token_len_per_gpu == 8192
+
+
+def test_lora_and_packing_keys_are_checked():
+    msgs = validate(load("actor_rollout_ref.model.lora_rank=-1", "actor_rollout_ref.model.packed_attn_backend=flash",
+                         check=False))  # fmt: skip
+    assert any(m.startswith("actor_rollout_ref.model.lora_rank=-1 must be >= 0") for m in msgs)
+    assert any(m.startswith("actor_rollout_ref.model.packed_attn_backend=flash is not one of auto, varlen, flex, sdpa")
+               for m in msgs)  # fmt: skip

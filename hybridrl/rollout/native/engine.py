@@ -113,12 +113,14 @@ class NativeRolloutEngine:
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_hf_model(cls, model, tokenizer, *, share_weights: bool = True, **kwargs) -> "NativeRolloutEngine":
+    def from_hf_model(cls, model, tokenizer, *, share_weights: bool = True, named_weights=None, **kwargs) -> "NativeRolloutEngine":
         """An engine with `model`'s weights: aliased (zero copy) when device and dtype are the same
-        and `share_weights`, copied otherwise."""
+        and `share_weights`, copied otherwise; or copied from `named_weights` when given."""
         engine = cls(model.config, tokenizer, **kwargs)
         first = next(model.parameters())
-        if share_weights and first.device == engine.device and first.dtype == engine.dtype:
+        if named_weights is not None:
+            engine.load_weights(named_weights)
+        elif share_weights and first.device == engine.device and first.dtype == engine.dtype:
             engine.alias_weights(model)
         else:
             engine.load_weights(model.named_parameters())

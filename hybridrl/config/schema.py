@@ -306,6 +306,10 @@ class TrainerConfig:
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
+    max_wall_time_s: float | None = option(
+        None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
+        "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
+    )
 
 
 @dataclass

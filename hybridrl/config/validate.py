@@ -118,6 +118,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("algorithm.kl_ctrl.horizon", _AT_LEAST_1),
     ("trainer.total_epochs", _AT_LEAST_1),
     ("trainer.total_training_steps", _AT_LEAST_1),
+    ("trainer.max_wall_time_s", _POSITIVE),
     ("trainer.n_gpus_per_node", _AT_LEAST_1),
     ("trainer.nnodes", _AT_LEAST_1),
     ("trainer.save_freq", _OFF_OR_1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,13 @@ class RunContext:
     val_batch_size: int
     global_step: int = 0
     trainer_state: dict = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def is_last_step(self) -> bool:
+        """The step just taken ends the run: the step count is reached, or the wall-clock budget
+        (`trainer.max_wall_time_s`, counted from when this process built the run) is spent."""
+        limit = self.cfg.trainer.max_wall_time_s
+        return self.global_step >= self.total_steps or (limit is not None and time.perf_counter() - self.started >= limit)
 
     @property
     def ckpt_root(self) -> Path:

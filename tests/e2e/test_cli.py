@@ -176,3 +176,14 @@ def test_reward_kwargs_reach_the_scorer_and_mismatches_fail_early(tiny_model_wit
     cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1}),
         f"custom_reward_function.path={reward}", "custom_reward_function.reward_kwargs={bonus: 0.375}")  # fmt: skip
     assert metrics(out)[1]["critic/score/mean"] == 0.375
+
+
+def test_wall_time_budget_ends_the_run_like_its_last_step(tiny_model_with_weights, arith_data, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("train", _write_empty_yaml(tmp_path),
+               *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1000,
+                                                                           "trainer.max_wall_time_s": 0.001}))  # fmt: skip
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1]  # one step, then stop
+    assert "val-core/arith/reward/mean@1" in rows[1]  # validated as a last step is
+    assert (out / "checkpoints" / "latest").read_text() == "step_1" and "step 1/1000" in proc.stdout

@@ -25,8 +25,8 @@ case $STAGE in
     python -m hybridrl train configs/gsm8k_grpo.yaml \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$OUT/data/train.parquet" data.val_files=null \
       data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.rollout.n=8 \
-      actor_rollout_ref.actor.optim.lr=3e-6 custom_reward_function.reward_kwargs="{format_score: 0.1}" \
-      trainer.max_wall_time_s=420 trainer.save_freq=-1 trainer.default_local_dir="$OUT/run" trainer.log_samples=2 \
+      actor_rollout_ref.actor.optim.lr=2e-6 custom_reward_function.reward_kwargs="{flexible_score: 0.5}" \
+      trainer.max_wall_time_s=400 trainer.save_freq=-1 trainer.default_local_dir="$OUT/run" trainer.log_samples=2 \
       "$@" ;;
   after) evaluate "$OUT/run/checkpoints/$(cat "$OUT/run/checkpoints/latest")/actor" after ;;
   *) echo "unknown stage $STAGE (before|train|after)" >&2; exit 2 ;;

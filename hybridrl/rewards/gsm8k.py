@@ -58,9 +58,17 @@ def compute_score(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
+    flexible_score: float = 0.0,
 ) -> float:
     """``score`` if the extracted answer equals ``ground_truth``, ``format_score``
     if an answer was found but differs, 0.0 if none was found.
+
+    ``flexible_score`` (strict method only) is the reward of a response whose *last
+    number* is right but that lacks the ``#### N`` form: a format reward gated on
+    correctness. ``format_score`` alone pays for ``#### <any number>``, which a
+    policy that rarely writes ``####`` learns to emit with no reasoning at all
+    (measured: answers collapse to ``#### 12`` within ten steps); credit for a
+    right answer in the wrong form cannot be farmed that way.
 
     >>> compute_score("so she sold 72 clips.\\n#### 72", "72")
     1.0
@@ -70,8 +78,17 @@ def compute_score(
     0.0
     >>> compute_score("I think it is 72", "72", method="flexible")
     1.0
+    >>> compute_score("so the answer is \\boxed{72}.", "72", flexible_score=0.5)
+    0.5
+    >>> compute_score("The answer is 72.", "72", flexible_score=0.5)
+    0.5
+    >>> compute_score("#### 71, or maybe 72", "72", flexible_score=0.5)
+    0.0
     """
     answer = extract_solution(solution_str, method=method)
     if answer is None:
+        last = extract_solution(solution_str, "flexible") if flexible_score and method == "strict" else None
+        if last is not None and last.rstrip(".") == str(ground_truth).strip():  # "... is 72." ends a sentence
+            return float(flexible_score)
         return 0.0
     return float(score) if answer == str(ground_truth).strip() else float(format_score)

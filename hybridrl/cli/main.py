@@ -1,10 +1,12 @@
-"""`hybridrl` command line: train, explain, data, eval."""
+"""`hybridrl` command line: train, explain, data, eval, export."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 
 def cmd_train(args) -> int:
@@ -15,7 +17,9 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
+    from hybridrl.trainer.supervise import fit_with_restarts
 
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer
@@ -24,8 +28,8 @@ def cmd_train(args) -> int:
     else:
         Trainer = PPOTrainer
     try:
-        Trainer(cfg).fit()
-    except NonFiniteError as e:
+        fit_with_restarts(cfg, Trainer)
+    except (NonFiniteError, WorkerDiedError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
@@ -71,8 +75,10 @@ def cmd_eval(args) -> int:
     from hybridrl.workers.actor import autocast_dtype
 
     device = pick_device(args.device)
-    tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model, what="--model").to(device).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
+        tokenizer = load_tokenizer(model_dir)
+        model = load_causal_lm(model_dir, what="--model").to(device).eval()
     if args.reward_path:
         compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
     else:
@@ -92,6 +98,40 @@ def cmd_eval(args) -> int:
         scores = [r["score"] for r in rows if r["data_source"] == source]
         correct = sum(s == 1.0 for s in scores)
         print(f"{source}: accuracy {sum(scores) / len(scores):.4f} ({correct}/{len(scores)} exactly right, greedy)")
+    return 0
+
+
+def _hf_dir(path: str, tmp: str) -> str:
+    """`path` if it is an HF model directory; a checkpoint's policy exported into `tmp` otherwise."""
+    from hybridrl.distributed.checkpoint import export_hf
+
+    role_dir = checkpoint_role_dir(path)
+    return str(export_hf(role_dir, tmp)) if role_dir else path
+
+
+def checkpoint_role_dir(path: str, role: str = "actor") -> Path | None:
+    """The sharded `role` directory meant by `path`: a role dir, a step_N dir, a checkpoints/
+    dir (its latest) or a run dir (its latest); None for anything else (an HF directory)."""
+    from hybridrl.distributed.checkpoint import is_sharded_checkpoint
+    from hybridrl.trainer.checkpoint import latest_checkpoint
+
+    p = Path(path)
+    for step in (p, latest_checkpoint(p), latest_checkpoint(p / "checkpoints")):
+        if step is not None and is_sharded_checkpoint(step / role):
+            return step / role
+    return p if is_sharded_checkpoint(p) else None
+
+
+def cmd_export(args) -> int:
+    from hybridrl.distributed.checkpoint import export_hf
+
+    role_dir = checkpoint_role_dir(args.checkpoint)
+    if role_dir is None:
+        print(f"hybridrl export: error: {args.checkpoint} is not a hybridrl checkpoint (a run directory, its "
+              "checkpoints/ directory, a checkpoints/step_N directory or step_N/actor)", file=sys.stderr)  # fmt: skip
+        return 2
+    out = export_hf(role_dir, args.output)
+    print(f"wrote {out} (from {role_dir}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
 
@@ -128,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
+    s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
+    s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
+    s.set_defaults(fn=cmd_export)
     return p
 
 

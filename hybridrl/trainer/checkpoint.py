@@ -98,7 +98,11 @@ def rng_state() -> dict:
 
 
 def restore_rng(path: Path) -> None:
-    state = torch.load(path / "rng.pt", weights_only=True)
+    restore_rng_file(path / "rng.pt")
+
+
+def restore_rng_file(file: Path) -> None:
+    state = torch.load(file, weights_only=True)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]

@@ -20,7 +20,9 @@ from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_l
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF
+from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.fsdp import clip_grad_norm, copy_weights, dp_normalizer, dp_size, full_weights, is_sharded, place
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
 from hybridrl.rollout import SamplingParams, make_rollout_engine
@@ -51,11 +53,12 @@ class ActorRolloutRefWorker:
         """Load the policy (and reference); `ref_path=None` means a copy of the initial policy."""
         m = self.arr.model
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
-        self.model = load_causal_lm(
+        model = load_causal_lm(
             model_path, random_init=random_init, override_config=m.override_config, trust_remote_code=m.trust_remote_code
-        ).to(self.device)
+        )
         if m.enable_gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = place(model, self.device, self.arr.actor.fsdp_config.param_offload)  # FSDP2 on several ranks
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), self.arr.actor.optim)
         self.scheduler = build_scheduler(self.optimizer, self.arr.actor.optim, total_optimizer_steps)
@@ -65,13 +68,25 @@ class ActorRolloutRefWorker:
         self.need_ref, self._ref_path = need_ref, ref_path
         self.ref = None
         if need_ref and ref_path is not None:
-            self.ref = self._freeze(load_causal_lm(ref_path, trust_remote_code=m.trust_remote_code).to(self.device))
+            self.ref = self._load_ref(ref_path)
+
+    def _load_ref(self, path: str, random_init: bool = False):
+        ref = load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code)
+        return self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
 
     @register(Dispatch.ALL)
     def freeze_reference(self) -> None:
         """Take the current weights as the reference policy (after loading or a warm-up)."""
         if self.need_ref and self.ref is None:
-            self.ref = self._freeze(copy.deepcopy(self.model))
+            if not is_sharded(self.model):
+                self.ref = self._freeze(copy.deepcopy(self.model))
+                return
+            # An FSDP module cannot be deep-copied: build the same sharded model, copy the shards.
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32)
+            self.ref = self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
+            copy_weights(self.model, self.ref)
 
     @staticmethod
     def _freeze(model):
@@ -83,7 +98,8 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT."""
-        return self.rollout.generate(prompts, sampling)
+        with full_weights(self.model):  # under FSDP: this rank's prompts, the gathered weights
+            return self.rollout.generate(prompts, sampling)
 
     # -- log-probs -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -129,10 +145,11 @@ class ActorRolloutRefWorker:
         for _ in range(a.ppo_epochs):
             order = torch.randperm(len(batch)) if a.shuffle else torch.arange(len(batch))
             for mini in batch.index(order).split(self.plan.actor.per_device_mini_batch):
-                global_tokens = float(mini[K.RESPONSE_MASK].sum())
+                # Normalizers over the whole mini-batch on every rank (see dp_normalizer).
+                global_tokens, global_seqs = dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), dp_normalizer(len(mini))
                 shares: dict[str, float] = defaultdict(float)
                 for micro in mini.split(self.plan.actor.micro_batch):
-                    loss, m = self._policy_loss(micro.to(self.device), global_tokens, len(mini))
+                    loss, m = self._policy_loss(micro.to(self.device), global_tokens, global_seqs)
                     loss.backward()
                     for k, v in m.items():
                         # Loss terms are this micro-batch's share of the mini-batch loss: add them.
@@ -142,7 +159,7 @@ class ActorRolloutRefWorker:
                             metrics[k].append(v)
                 for k, v in shares.items():
                     metrics[k].append(v)
-                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip)
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip, a.fsdp_config.optimizer_offload)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
                 metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
@@ -152,7 +169,7 @@ class ActorRolloutRefWorker:
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         return out
 
-    def _policy_loss(self, micro: Batch, global_tokens: float, global_seqs: int):
+    def _policy_loss(self, micro: Batch, global_tokens: float, global_seqs: float):
         a = self.arr.actor
         mask = micro[K.RESPONSE_MASK]
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
@@ -199,7 +216,7 @@ class ActorRolloutRefWorker:
         if getattr(self, "_sft_optimizer", None) is None:
             self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         loss, correct, tokens = self._sft_backward(batch)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        clip_grad_norm(list(self.model.parameters()), 1.0)
         self._sft_optimizer.step()
         self._sft_optimizer.zero_grad(set_to_none=True)
         return {"warmup/loss": loss, "warmup/token_acc": correct / max(tokens, 1.0)}
@@ -207,7 +224,7 @@ class ActorRolloutRefWorker:
     def _sft_backward(self, batch: Batch) -> tuple[float, float, float]:
         """Backward of the token-mean NLL of RESPONSES over the whole batch, micro-batch by
         micro-batch; returns (loss, correctly predicted tokens, response tokens)."""
-        tokens = float(batch[K.RESPONSE_MASK].sum())
+        tokens = dp_normalizer(float(batch[K.RESPONSE_MASK].sum()))  # global / dp: see dp_normalizer
         loss_sum, correct = 0.0, 0.0
         for micro in batch.split(self.plan.actor.micro_batch):
             micro = micro.to(self.device)
@@ -222,24 +239,24 @@ class ActorRolloutRefWorker:
     # -- checkpoints ---------------------------------------------------------------------------
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str, save_ref: bool) -> None:
-        """`path/actor` is a plain HF model directory (weights + tokenizer), plus optimizer state."""
+        """Sharded (DCP) weights, optimizer and scheduler under `path/actor` (and `path/ref`);
+        every rank writes its shards. `hybridrl export` makes an HF directory of it."""
         path = Path(path)
-        self.model.save_pretrained(path / "actor", safe_serialization=True)
-        self.tokenizer.save_pretrained(path / "actor")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "actor_optim.pt")
+        dckpt.save_model(self.model, path / "actor", self.model.config, self.tokenizer)
+        dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, path / "actor")
         if save_ref and self.ref is not None:
-            self.ref.save_pretrained(path / "ref", safe_serialization=True)
+            dckpt.save_model(self.ref, path / "ref", self.ref.config)
 
     @register(Dispatch.ALL)
-    def load_optimizer(self, path: str) -> None:
-        state = torch.load(Path(path) / "actor_optim.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-
-    @register(Dispatch.RANK0)
-    def save_model(self, path: str) -> None:
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+    def load_checkpoint(self, path: str) -> None:
+        """Weights, optimizer and scheduler from `path/actor`, saved at any world size; the
+        reference from `path/ref` when it was saved (random init or warm-up)."""
+        path = Path(path)
+        dckpt.load_model(self.model, path / "actor")
+        dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path / "actor")
+        if self.need_ref and self.ref is None and (path / "ref").exists():
+            self.ref = self._load_ref(str(path / "ref"), random_init=True)
+            dckpt.load_model(self.ref, path / "ref")
 
     # -- preference and supervised updates (algorithm.name = dpo | kto | sft) -----------------
     # Rows are pairs (DPO) or examples (KTO, SFT) as laid out by hybridrl.data.preference. Each
@@ -302,7 +319,7 @@ class ActorRolloutRefWorker:
                 out = kto_loss(logps, micro[K.REF_LOGPS], micro[K.LABEL], kl_ref_point, p.beta,
                                p.desirable_weight, p.undesirable_weight)  # fmt: skip
                 out.update(logps=logps, labels=micro[K.LABEL])
-            (out["losses"].sum() / len(batch)).backward()
+            (out["losses"].sum() / dp_normalizer(len(batch))).backward()
             for k, v in out.items():
                 parts[k].append(v.detach().cpu())
         s = {k: torch.cat(v) for k, v in parts.items()}
@@ -333,11 +350,12 @@ class ActorRolloutRefWorker:
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step: token-mean NLL of RESPONSES (prompt tokens carry no loss)."""
         loss_sum, correct, tokens = self._sft_backward(batch)
-        return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens,
+        return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens * dp_size(),
                 **self._offline_step()}  # fmt: skip
 
     def _offline_step(self) -> dict[str, float]:
-        grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip)
+        grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip,
+                                         self.arr.actor.fsdp_config.optimizer_offload)
         self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],
                 "actor/nonfinite_skipped": 0.0 if stepped else 1.0, "actor/nonfinite_in_a_row": self.nonfinite_in_a_row}  # fmt: skip

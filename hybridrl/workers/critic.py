@@ -6,12 +6,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from hybridrl.algorithms import compute_value_loss
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.fsdp import dp_normalizer, place
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.value_model import ValueModel
 from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype
@@ -25,7 +26,7 @@ class CriticWorker:
         self.nonfinite_in_a_row = 0
 
     @register(Dispatch.ALL)
-    def init_model(self, backbone_path: str, random_init: bool, total_optimizer_steps: int, head_path=None):
+    def init_model(self, backbone_path: str, random_init: bool, total_optimizer_steps: int):
         c, m = self.cfg.critic, self.cfg.actor_rollout_ref.model
         backbone = load_causal_lm(
             backbone_path,
@@ -35,11 +36,9 @@ class CriticWorker:
             what="critic.model.path",
             backbone_only=True,
         )
-        self.model = ValueModel(backbone).to(self.device)
-        if head_path is not None:
-            self.model.value_head.load_state_dict(load_file(str(head_path), device=str(self.device)))
         if c.model.enable_gradient_checkpointing:
-            self.model.backbone.gradient_checkpointing_enable()
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload)  # FSDP2 on several ranks
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), c.optim)
         self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)
@@ -65,7 +64,8 @@ class CriticWorker:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
-                global_tokens = float(mini[K.RESPONSE_MASK].sum())
+                # Normalizers over the whole mini-batch on every rank (see dp_normalizer).
+                global_tokens, global_seqs = dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), dp_normalizer(len(mini))
                 vf_loss_total, clipfrac = 0.0, []
                 for micro in mini.split(self.plan.critic.micro_batch):
                     micro = micro.to(self.device)
@@ -78,12 +78,12 @@ class CriticWorker:
                         cliprange_value=c.cliprange_value,
                         loss_agg_mode=c.loss_agg_mode,
                         global_tokens=global_tokens,
-                        global_seqs=len(mini),
+                        global_seqs=global_seqs,
                     )
                     out["vf_loss"].backward()
                     vf_loss_total += float(out["vf_loss"].detach())
                     clipfrac.append(float(out["vf_clipfrac"]))
-                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip)
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip, c.model.fsdp_config.optimizer_offload)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["critic/vf_loss"].append(vf_loss_total)
                 metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
@@ -97,13 +97,13 @@ class CriticWorker:
 
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
-        path = Path(path)
-        self.model.backbone.save_pretrained(path / "critic", safe_serialization=True)
-        save_file({k: v.contiguous() for k, v in self.model.value_head.state_dict().items()}, str(path / "critic" / "value_head.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "critic_optim.pt")
+        """Sharded (DCP) backbone + value head, optimizer and scheduler under `path/critic`."""
+        role = Path(path) / "critic"
+        dckpt.save_model(self.model, role, self.model.config)
+        dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, role)
 
     @register(Dispatch.ALL)
-    def load_optimizer(self, path: str) -> None:
-        state = torch.load(Path(path) / "critic_optim.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def load_checkpoint(self, path: str) -> None:
+        role = Path(path) / "critic"
+        dckpt.load_model(self.model, role)
+        dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, role)

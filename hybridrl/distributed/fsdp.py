@@ -62,7 +62,19 @@ def place(model: nn.Module, device: torch.device, param_offload: bool = False) -
         return model.to(device)
     if not (param_offload and device.type == "cuda"):
         model.to(device)
+    broadcast_from_rank0(model, device)
     return apply_fsdp(model, device, param_offload=param_offload)
+
+
+def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:
+    """Every rank gets rank 0's weights before sharding: ranks build their models alone, and a
+    random init (or a freshly initialized value head) differs per rank's RNG stream."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            buf = t.data if t.device.type == device.type else t.data.to(device)
+            dist.broadcast(buf, src=0)
+            if buf is not t.data:
+                t.data.copy_(buf)
 
 
 def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None) -> nn.Module:

@@ -15,7 +15,9 @@ role, rank, node and pid (`WorkerDiedError`), and `RayBackend.shutdown` kills th
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
 from datetime import timedelta
 
 import ray
@@ -33,11 +35,11 @@ PG_TIMEOUT_S = 120
 class WorkerHost:
     """One process of a pool (a Ray actor): its rank's workers, one per role."""
 
-    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int):
+    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict):
         self.pool, self.rank, self.world, self.device_type = pool, rank, world, device_type
         self.workers: dict = {}
         # Ray gives an actor with num_gpus=1 exactly one visible GPU: it is cuda:0 here.
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
         import random
 
         import numpy as np
@@ -74,11 +76,29 @@ class WorkerHost:
         self.workers[role] = cls(cfg, plan, pick_device(cfg.trainer.device))
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict):
+        _fault_injection_point(method, self.rank)
         return getattr(self.workers[role], method)(*args, **kwargs)
 
     def run(self, fn, *args):
         """`fn(pool, rank, *args)` in this process (per-rank checkpoint files, tests)."""
         return fn(self.pool, self.rank, *args)
+
+
+_CALLS: dict[str, int] = {}
+
+
+def _fault_injection_point(method: str, rank: int) -> None:
+    """Tests kill a worker process for real: HYBRIDRL_KILL_WORKER=method:rank:nth:flag_file
+    SIGKILLs rank `rank` at its nth call of `method`, once (the flag file marks it done)."""
+    spec = os.environ.get("HYBRIDRL_KILL_WORKER")
+    if not spec:
+        return
+    name, kill_rank, nth, flag = spec.split(":", 3)
+    _CALLS[method] = _CALLS.get(method, 0) + 1
+    if method == name and rank == int(kill_rank) and _CALLS[method] == int(nth) and not os.path.exists(flag):
+        with open(flag, "w") as f:
+            f.write(f"{os.getpid()} {time.time()}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Pending:
@@ -196,11 +216,13 @@ class RayBackend:
                 f"{PG_TIMEOUT_S}s (other jobs on the cluster?); see `ray status`"
             )
         remote = ray.remote(max_restarts=0)(WorkerHost)
+        # The driver's HYBRIDRL_* settings reach the workers even on a cluster started elsewhere.
+        env = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}
         res = {"num_gpus": 1, "num_cpus": 1} if device_type == "cuda" else {"num_cpus": 1}
         hosts = [
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **res
-            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed)
+            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env)
             for n, pg in enumerate(per_node) for i in range(spec.per_node)
         ]  # fmt: skip
         unknown = {"ip": "?", "host": "?", "pid": "?"}

@@ -1,0 +1,197 @@
+"""The Ray backend on CPU: 2 worker processes in a gloo group, one shared Ray session.
+
+- dp dispatch returns results in input order, whether or not the batch divides;
+- FSDP2 on 2 ranks computes the log-probs, loss and gradient norm of one device, and its
+  checkpoints resume at the other world size (2 -> 1, 1 -> 2) with the same next step;
+- `hybridrl export` of a 2-rank checkpoint is an HF model with the trained weights;
+- a killed worker stops the run within seconds, naming it; max_restarts recovers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hybridrl.config import config_from_dict, plan_batches
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.groups import WorkerDiedError
+from hybridrl.distributed.local import LocalWorkerGroup
+from hybridrl.distributed.resource_pool import ACTOR
+from hybridrl.workers.actor import ActorRolloutRefWorker
+
+pytestmark = pytest.mark.slow
+
+
+class RankEcho:
+    """A toy worker: answers with its rank, and checks the process group works."""
+
+    def __init__(self, cfg, plan, device):
+        pass
+
+    @register(Dispatch.DP)
+    def tag(self, batch: Batch) -> Batch:
+        total = torch.tensor([float(batch["x"].sum())])
+        dist.all_reduce(total)  # the group's sum of the (padded) shards
+        return Batch({"y": batch["x"] * 2, "rank": torch.full((len(batch),), dist.get_rank()),
+                      "total": total.expand(len(batch))})  # fmt: skip
+
+    @register(Dispatch.ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _cfg(model_dir, data, gpus, **trainer):
+    return config_from_dict({
+        "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
+        "actor_rollout_ref": {"model": {"path": model_dir},
+                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1}, "rollout": {"n": 2}},
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"device": "cpu", "n_gpus_per_node": gpus, "logger": ["jsonl"], "val_before_train": False, **trainer},
+    })  # fmt: skip
+
+
+def test_dp_dispatch_keeps_input_order(ray_session, tiny_model_dir, arith_data):
+    import cloudpickle
+
+    from hybridrl.distributed.ray_backend import RayBackend
+
+    cloudpickle.register_pickle_by_value(__import__(__name__))  # the toy worker travels by value
+    cfg = _cfg(tiny_model_dir, arith_data, 2)
+    backend = RayBackend(cfg, plan_batches(cfg), {"echo": RankEcho})
+    try:
+        group = backend.groups["echo"]
+        assert len(set(group.pid())) == 2  # two processes
+        for rows in (6, 5, 1):
+            out = group.tag(Batch({"x": torch.arange(rows)}))
+            assert out["y"].tolist() == [2 * i for i in range(rows)]
+            half = -(-rows // 2)  # rank 0 holds the first ceil(rows / 2) rows
+            assert out["rank"].tolist() == [0] * half + [1] * (rows - half)
+            padded = list(range(rows)) + list(range((-rows) % 2))
+            assert out["total"].tolist() == [float(sum(padded))] * rows
+        # non-blocking: both calls are in flight before either is collected
+        a, b = group.submit("tag", Batch({"x": torch.arange(4)})), group.submit("tag", Batch({"x": torch.arange(3)}))
+        assert b.get()["y"].tolist() == [0, 2, 4] and a.get()["y"].tolist() == [0, 2, 4, 6]
+    finally:
+        backend.shutdown()
+
+
+def _rollouts(seed: int, vocab: int, rows: int = 8, P: int = 4, R: int = 5) -> Batch:
+    """Fixed rollouts with uneven response lengths (rank 0's shard holds more tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.tensor([4, 2, 3, 4, 1, 4, 2, 3])[:rows]
+    resp_len = torch.tensor([5, 5, 4, 5, 1, 2, 1, 3])[:rows]
+    prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()
+    resp_mask = (torch.arange(R) < resp_len[:, None]).float()
+    return Batch({
+        K.PROMPTS: torch.randint(2, vocab, (rows, P), generator=g) * prompt_mask,
+        K.PROMPT_MASK: prompt_mask,
+        K.RESPONSES: torch.randint(2, vocab, (rows, R), generator=g),
+        K.RESPONSE_MASK: resp_mask,
+        K.ADVANTAGES: torch.randn(rows, R, generator=g) * resp_mask,
+    })  # fmt: skip
+
+
+def _with_old_log_probs(group, batch: Batch, seed: int) -> Batch:
+    old = group.compute_log_prob(batch.select(batch.keys()))[K.OLD_LOG_PROBS]
+    g = torch.Generator().manual_seed(seed)  # off-policy by a little: the clip is exercised
+    batch[K.OLD_LOG_PROBS] = (old + 0.2 * torch.randn(old.shape, generator=g)) * batch[K.RESPONSE_MASK]
+    return batch
+
+
+def _assert_same_step(a: dict, b: dict) -> None:
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/lr"):
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (k, a[k], b[k])
+
+
+def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, tiny_model_with_weights, arith_data, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hybridrl.distributed.checkpoint import export_hf
+    from hybridrl.distributed.ray_backend import RayBackend
+    from hybridrl.models.logprobs import log_probs_from_logits, response_logits
+
+    cfg1 = _cfg(tiny_model_with_weights, arith_data, 1)
+    cfg2 = _cfg(tiny_model_with_weights, arith_data, 2)
+    cfg2.actor_rollout_ref.model.enable_gradient_checkpointing = True  # recomputation changes no number
+    one = LocalWorkerGroup(ActorRolloutRefWorker(cfg1, plan_batches(cfg1), torch.device("cpu")))
+    backend = RayBackend(cfg2, plan_batches(cfg2), {ACTOR: ActorRolloutRefWorker})
+    two = backend.groups[ACTOR]
+    try:
+        for g in (one, two):
+            g.init_model(tiny_model_with_weights, False, 10, False)
+        vocab = 40
+        b1, b2 = _rollouts(0, vocab), _rollouts(1, vocab)
+        # log-probs: dp-split over FSDP ranks == one device
+        lp1 = one.compute_log_prob(b1.select(b1.keys()))[K.OLD_LOG_PROBS]
+        lp2 = two.compute_log_prob(b1.select(b1.keys()))[K.OLD_LOG_PROBS]
+        torch.testing.assert_close(lp2, lp1, rtol=1e-5, atol=1e-6)
+        # one update: same loss (global token normalizer) and same global gradient norm
+        b1 = _with_old_log_probs(one, b1, 10)
+        _assert_same_step(two.update_actor(b1.select(b1.keys())), one.update_actor(b1.select(b1.keys())))
+        two.save_checkpoint(str(tmp_path / "ws2"), False)
+        one.save_checkpoint(str(tmp_path / "ws1"), False)
+
+        # export of the 2-rank checkpoint == the 2-rank model's weights
+        hf = AutoModelForCausalLM.from_pretrained(export_hf(tmp_path / "ws2" / "actor", tmp_path / "hf")).eval()
+        with torch.no_grad():
+            logits = response_logits(hf, *(b1[k] for k in (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)))
+        exported = log_probs_from_logits(logits, b1[K.RESPONSES]) * b1[K.RESPONSE_MASK]
+        torch.testing.assert_close(exported, two.compute_log_prob(b1.select(b1.keys()))[K.OLD_LOG_PROBS], rtol=1e-5, atol=1e-6)
+
+        # the next step, uninterrupted, at both world sizes
+        b2 = _with_old_log_probs(one, b2, 11)
+        next2, next1 = two.update_actor(b2.select(b2.keys())), one.update_actor(b2.select(b2.keys()))
+        _assert_same_step(next2, next1)
+        # 2 -> 1: one device resumes the 2-rank checkpoint (weights, Adam moments, LR schedule)
+        one.init_model(str(tmp_path / "ws2" / "actor"), True, 10, False)
+        one.load_checkpoint(str(tmp_path / "ws2"))
+        _assert_same_step(one.update_actor(b2.select(b2.keys())), next2)
+        # 1 -> 2
+        two.init_model(str(tmp_path / "ws1" / "actor"), True, 10, False)
+        two.load_checkpoint(str(tmp_path / "ws1"))
+        _assert_same_step(two.update_actor(b2.select(b2.keys())), next1)
+    finally:
+        backend.shutdown()
+
+
+def _metrics(run_dir) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_killed_worker_is_reported_then_recovered_with_max_restarts(ray_session, tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    from hybridrl.trainer.ppo import PPOTrainer
+    from hybridrl.trainer.supervise import fit_with_restarts
+
+    def run(name, max_restarts, kill):
+        cfg = _cfg(tiny_model_dir, arith_data, 2, total_training_steps=4, save_freq=2, max_restarts=max_restarts,
+                   default_local_dir=str(tmp_path / name))  # fmt: skip
+        cfg.actor_rollout_ref.model.random_init = True
+        if kill:  # rank 1 dies in its third update, after the step-2 checkpoint
+            monkeypatch.setenv("HYBRIDRL_KILL_WORKER", f"update_actor:1:3:{tmp_path / (name + '.killed')}")
+        else:
+            monkeypatch.delenv("HYBRIDRL_KILL_WORKER", raising=False)
+        return fit_with_restarts(cfg, PPOTrainer)
+
+    with pytest.raises(WorkerDiedError) as err:
+        run("stop", 0, kill=True)
+    stopped = time.time()
+    pid, killed_at = (tmp_path / "stop.killed").read_text().split()
+    msg = str(err.value)
+    assert f"actor_rollout_ref worker process of rank 1" in msg and f"pid {pid}" in msg and "on node " in msg
+    assert f"last good checkpoint is {tmp_path / 'stop' / 'checkpoints' / 'step_2'}" in msg
+    assert stopped - float(killed_at) < 10, "the controller must stop within seconds"
+
+    run("recover", 1, kill=True)
+    run("straight", 0, kill=False)
+    recovered, straight = _metrics(tmp_path / "recover"), _metrics(tmp_path / "straight")
+    assert sorted(recovered) == [1, 2, 3, 4]
+    for step in (3, 4):  # the restarted steps continue the same run: data, weights, RNG of every rank
+        for k in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
+            assert recovered[step][k] == pytest.approx(straight[step][k], rel=1e-6), (step, k)

@@ -58,7 +58,7 @@ def _cfg(model_dir, data, gpus, **trainer):
 
 
 def test_dp_dispatch_keeps_input_order(ray_session, tiny_model_dir, arith_data):
-    import cloudpickle
+    from ray import cloudpickle
 
     from hybridrl.distributed.ray_backend import RayBackend
 
@@ -195,3 +195,20 @@ def test_killed_worker_is_reported_then_recovered_with_max_restarts(ray_session,
     for step in (3, 4):  # the restarted steps continue the same run: data, weights, RNG of every rank
         for k in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
             assert recovered[step][k] == pytest.approx(straight[step][k], rel=1e-6), (step, k)
+
+
+def test_split_placement_runs_actor_and_critic_in_their_own_processes(ray_session, tiny_model_dir, arith_data, tmp_path):
+    from hybridrl.trainer.ppo import PPOTrainer
+
+    cfg = _cfg(tiny_model_dir, arith_data, 2, total_training_steps=2, default_local_dir=str(tmp_path))
+    cfg.actor_rollout_ref.model.random_init = True
+    cfg.algorithm.adv_estimator = "gae"
+    cfg.resource_pool.actor_rollout_ref, cfg.resource_pool.critic = 1, 1
+    trainer = PPOTrainer(cfg)
+    backend = trainer.run.workers.backend
+    assert backend.world_sizes() == {"actor_rollout_ref": 1, "critic": 1}
+    assert len({pid for pids in backend.pids().values() for pid in pids}) == 2
+    last = trainer.fit()
+    assert last["training/global_step"] == 2
+    for k in ("critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "critic/values/mean"):
+        assert k in last and last[k] == last[k], k  # present and not NaN

@@ -56,14 +56,23 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def place(model: nn.Module, device: torch.device, param_offload: bool = False) -> nn.Module:
-    """The model on its device: moved there on one rank, FSDP2-sharded over several."""
+def place(model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = ()) -> nn.Module:
+    """The model on its device: moved there on one rank, FSDP2-sharded over several.
+
+    `forward_methods`: methods other than `forward` that callers run the model through (the
+    critic's `response_values`); FSDP gathers the root's weights around them too.
+    """
     if dp_size() == 1:
         return model.to(device)
     if not (param_offload and device.type == "cuda"):
         model.to(device)
     broadcast_from_rank0(model, device)
-    return apply_fsdp(model, device, param_offload=param_offload)
+    model = apply_fsdp(model, device, param_offload=param_offload)
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in forward_methods:
+        register_fsdp_forward_method(model, name)
+    return model
 
 
 def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:

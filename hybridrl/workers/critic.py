@@ -38,7 +38,8 @@ class CriticWorker:
         )
         if c.model.enable_gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload)  # FSDP2 on several ranks
+        # FSDP2 on several ranks; the critic is run through response_values, not forward.
+        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload, ("response_values",))
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), c.optim)
         self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)

@@ -1,8 +1,9 @@
 """The Ray backend on CPU: 2 worker processes in a gloo group, one shared Ray session.
 
 - dp dispatch returns results in input order, whether or not the batch divides;
-- FSDP2 on 2 ranks computes the log-probs, loss and gradient norm of one device, and its
-  checkpoints resume at the other world size (2 -> 1, 1 -> 2) with the same next step;
+- FSDP2 on 2 ranks computes the log-probs, values, losses and gradient norms of one device
+  (actor and critic), and its checkpoints resume at the other world size (2 -> 1, 1 -> 2)
+  with the same next step;
 - `hybridrl export` of a 2-rank checkpoint is an HF model with the trained weights;
 - a killed worker stops the run within seconds, naming it; max_restarts recovers.
 """
@@ -23,8 +24,9 @@ from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.groups import WorkerDiedError
 from hybridrl.distributed.local import LocalWorkerGroup
-from hybridrl.distributed.resource_pool import ACTOR
+from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.workers.critic import CriticWorker
 
 pytestmark = pytest.mark.slow
 
@@ -119,11 +121,28 @@ def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, t
 
     cfg1 = _cfg(tiny_model_with_weights, arith_data, 1)
     cfg2 = _cfg(tiny_model_with_weights, arith_data, 2)
+    for cfg in (cfg1, cfg2):
+        cfg.algorithm.adv_estimator = "gae"  # a critic too
     cfg2.actor_rollout_ref.model.enable_gradient_checkpointing = True  # recomputation changes no number
+    cfg2.critic.model.enable_gradient_checkpointing = True
     one = LocalWorkerGroup(ActorRolloutRefWorker(cfg1, plan_batches(cfg1), torch.device("cpu")))
-    backend = RayBackend(cfg2, plan_batches(cfg2), {ACTOR: ActorRolloutRefWorker})
-    two = backend.groups[ACTOR]
+    critic1 = LocalWorkerGroup(CriticWorker(cfg1, plan_batches(cfg1), torch.device("cpu")))
+    backend = RayBackend(cfg2, plan_batches(cfg2), {ACTOR: ActorRolloutRefWorker, CRITIC: CriticWorker})
+    two, critic2 = backend.groups[ACTOR], backend.groups[CRITIC]
     try:
+        # critic: the 1-device value model (its head is freshly initialized) loaded on 2 ranks
+        critic1.init_model(tiny_model_with_weights, False, 10)
+        critic1.save_checkpoint(str(tmp_path / "c1"))
+        critic2.init_model(str(tmp_path / "c1" / "critic"), True, 10)
+        critic2.load_checkpoint(str(tmp_path / "c1"))
+        b = _rollouts(2, 40)
+        values = critic1.compute_values(b.select(b.keys()))[K.VALUES]
+        torch.testing.assert_close(critic2.compute_values(b.select(b.keys()))[K.VALUES], values, rtol=1e-5, atol=1e-6)
+        b[K.VALUES], b[K.RETURNS] = values, values + b[K.ADVANTAGES]
+        m1, m2 = critic1.update_critic(b.select(b.keys())), critic2.update_critic(b.select(b.keys()))
+        for k in ("critic/vf_loss", "critic/grad_norm"):
+            assert m2[k] == pytest.approx(m1[k], rel=1e-5), (k, m1[k], m2[k])
+
         for g in (one, two):
             g.init_model(tiny_model_with_weights, False, 10, False)
         vocab = 40

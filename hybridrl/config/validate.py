@@ -324,6 +324,7 @@ class RolePlan:
     epochs: int  # ppo_epochs
     optimizer_steps_per_step: int  # num_mini_batches x epochs
     tokens_per_micro_batch: int  # micro_batch x (max_prompt_length + max_response_length), padded bound
+    dp: int = 1  # this role's data-parallel size (its own devices with split placement)
 
 
 @dataclass(frozen=True)
@@ -331,8 +332,8 @@ class BatchPlan:
     """Per-step and per-device batch sizes derived from the global ones."""
 
     nnodes: int
-    devices_per_node: int
-    dp: int  # data-parallel size: nnodes x devices_per_node
+    devices_per_node: int  # the actor's: resource_pool.actor_rollout_ref or n_gpus_per_node
+    dp: int  # the actor's data-parallel size: nnodes x devices_per_node
     prompts_per_step: int  # data.train_batch_size
     sequences_per_step: int  # x rollout.n
     sequences_per_device: int  # / dp
@@ -369,7 +370,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         return RolePlan(
             mini_batch_prompts=mini, mini_batch_sequences=mini * rollout.n, per_device_mini_batch=per_device_mini,
             micro_batch=micro, grad_accum=per_device_mini // micro, num_mini_batches=steps, epochs=epochs,
-            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens,
+            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens, dp=dp,
         )
 
     def log_prob_micro(configured: int | None) -> int:
@@ -380,7 +381,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
     critic = r.critic
     return BatchPlan(
         nnodes=r.trainer.nnodes,
-        devices_per_node=r.trainer.n_gpus_per_node,
+        devices_per_node=dp // r.trainer.nnodes,
         dp=dp,
         prompts_per_step=r.data.train_batch_size,
         sequences_per_step=r.data.train_batch_size * rollout.n,

@@ -164,10 +164,10 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
                 except RayTaskError:
                     pass
             role, rank, info = who[index[ready[0]]]
-            cause = e.as_instanceof_cause()
-            if isinstance(cause, RayTaskError):  # not re-raisable as its own type
-                raise RuntimeError(f"{role} rank {rank} on node {info['ip']} failed:\n{e}") from None
-            raise cause from None
+            cause = e.as_instanceof_cause()  # the worker's exception type, with its traceback text
+            if isinstance(e.cause, BaseException) and isinstance(cause, type(e.cause)):
+                raise cause from None
+            raise RuntimeError(f"{role} rank {rank} on node {info['ip']} failed:\n{e}") from None
     return ray.get(list(refs))
 
 

@@ -48,6 +48,11 @@ class RankEcho:
     def pid(self) -> int:
         return os.getpid()
 
+    @register(Dispatch.ALL)
+    def fail_on_rank1(self) -> None:
+        if dist.get_rank() == 1:
+            raise ValueError("bad input on rank 1")
+
 
 def _cfg(model_dir, data, gpus, **trainer):
     return config_from_dict({
@@ -80,6 +85,8 @@ def test_dp_dispatch_keeps_input_order(ray_session, tiny_model_dir, arith_data):
         # non-blocking: both calls are in flight before either is collected
         a, b = group.submit("tag", Batch({"x": torch.arange(4)})), group.submit("tag", Batch({"x": torch.arange(3)}))
         assert b.get()["y"].tolist() == [0, 2, 4] and a.get()["y"].tolist() == [0, 2, 4, 6]
+        with pytest.raises(ValueError, match="bad input on rank 1"):  # a worker's exception keeps its type
+            group.fail_on_rank1()
     finally:
         backend.shutdown()
 

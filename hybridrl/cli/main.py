@@ -130,7 +130,9 @@ def cmd_export(args) -> int:
         print(f"hybridrl export: error: {args.checkpoint} is not a hybridrl checkpoint (a run directory, its "
               "checkpoints/ directory, a checkpoints/step_N directory or step_N/actor)", file=sys.stderr)  # fmt: skip
         return 2
-    out = export_hf(role_dir, args.output)
+    import torch
+
+    out = export_hf(role_dir, args.output, getattr(torch, args.dtype))
     print(f"wrote {out} (from {role_dir}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
@@ -172,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
     s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
     s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the written weights (training keeps float32 master weights)")
     s.set_defaults(fn=cmd_export)
     return p
 

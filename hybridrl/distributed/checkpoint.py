@@ -87,9 +87,10 @@ def load_optimizer(model: nn.Module, optimizer, scheduler, path: str | Path) -> 
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
 
 
-def export_hf(role_dir: str | Path, out: str | Path) -> Path:
+def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write `role_dir` (config + DCP weights) as a plain HF directory: config.json,
-    model.safetensors, tokenizer. Runs in one process; needs no GPU and no process group."""
+    model.safetensors (in `dtype`; training keeps fp32 masters), tokenizer. Runs in one
+    process; needs no GPU and no process group."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     role_dir, out = Path(role_dir), Path(out)
@@ -101,6 +102,7 @@ def export_hf(role_dir: str | Path, out: str | Path) -> Path:
     model.to_empty(device="cpu")
     model.tie_weights()
     load_model(model, role_dir)
+    model.to(dtype)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     if (role_dir / "tokenizer_config.json").exists():

@@ -16,6 +16,9 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable
 
+import torch
+
+from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 
 DISPATCH_ATTR = "_hybridrl_dispatch"
@@ -70,7 +73,7 @@ def collect_outputs(mode: Dispatch, outputs: list, pad: int) -> Any:
         return outputs
     first = outputs[0]
     if isinstance(first, Batch):
-        out = Batch.concat(outputs)
+        out = Batch.concat(_common_width(outputs))
         return out.index(slice(0, len(out) - pad)) if pad else out
     if isinstance(first, dict):
         if pad:
@@ -82,3 +85,28 @@ def collect_outputs(mode: Dispatch, outputs: list, pad: int) -> Any:
     if first is None:
         return None
     return outputs
+
+
+def _common_width(outputs: list[Batch]) -> list[Batch]:
+    """Right-pad (B, R, ...) tensors whose R differs between ranks to the widest rank's.
+
+    Each rank's generation ends at its own longest response, so RESPONSES and the tensors
+    aligned with it come back ragged; one device would have padded them to the longest of
+    all, which is what this gives (token ids with the prompts' pad id, everything else 0).
+    """
+    ragged = [k for k, v in outputs[0].tensors.items()
+              if v.dim() >= 2 and len({o.tensors[k].shape[1] for o in outputs}) > 1]  # fmt: skip
+    if not ragged:
+        return outputs
+    pad_id = outputs[0].meta.get(K.PAD_TOKEN_ID, 0)
+    padded = []
+    for o in outputs:
+        tensors = dict(o.tensors)
+        for k in ragged:
+            width = max(x.tensors[k].shape[1] for x in outputs)
+            t = tensors[k]
+            fill = pad_id if not t.is_floating_point() and not t.dtype == torch.bool else 0
+            extra = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), fill)
+            tensors[k] = torch.cat([t, extra], dim=1)
+        padded.append(Batch(tensors, o.non_tensors, o.meta))
+    return padded

@@ -146,11 +146,11 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
     exception raised.
     """
     index = {ref: i for i, ref in enumerate(refs)}
-    pending = list(refs)
+    results, pending = [None] * len(refs), list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         try:
-            ray.get(ready[0])
+            results[index[ready[0]]] = ray.get(ready[0])
         except RayActorError as e:
             raise _died(who[index[ready[0]]], e) from None
         except RayTaskError as e:
@@ -168,7 +168,7 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
             if isinstance(e.cause, BaseException) and isinstance(cause, type(e.cause)):
                 raise cause from None
             raise RuntimeError(f"{role} rank {rank} on node {info['ip']} failed:\n{e}") from None
-    return ray.get(list(refs))
+    return results
 
 
 def _died(who: tuple[str, int, dict], error: Exception) -> WorkerDiedError:

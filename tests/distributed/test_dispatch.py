@@ -58,3 +58,14 @@ def test_missing_resources_says_what_is_missing():
     assert "Missing: 1 node(s) with 8 GPUs" in msg and "ray start --address" in msg
     one = missing_resources(pool_specs(_cfg(4), [ACTOR]), "cuda", [node("10.0.0.1", 2)])
     assert "lower trainer.n_gpus_per_node to at most 2" in one
+
+
+def test_ragged_responses_are_right_padded_to_the_widest_rank():
+    """Each rank's generation ends at its own longest response; one device pads to the longest."""
+    meta = {"pad_token_id": 7}
+    a = Batch({"responses": torch.tensor([[1, 2, 3]]), "response_mask": torch.ones(1, 3), "p": torch.zeros(1, 2)}, meta=meta)
+    b = Batch({"responses": torch.tensor([[4, 5]]), "response_mask": torch.ones(1, 2), "p": torch.zeros(1, 2)}, meta=meta)
+    out = collect_outputs(Dispatch.DP, [a, b], 0)
+    assert out["responses"].tolist() == [[1, 2, 3], [4, 5, 7]]
+    assert out["response_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert out["p"].shape == (2, 2)

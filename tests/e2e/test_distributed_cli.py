@@ -52,6 +52,10 @@ def test_two_workers_train_resume_on_one_and_export(arith_data, tmp_path):
     saved = torch.load(tmp_path / "flat.pt", weights_only=True)
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+    cli("export", ckpt / "step_2", tmp_path / "hf16", "--dtype", "bfloat16")  # a given step, in bf16 (for vLLM)
+    half = AutoModelForCausalLM.from_pretrained(tmp_path / "hf16", dtype="auto")
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.state_dict()["model.embed_tokens.weight"], step2["model.embed_tokens.weight"].bfloat16(), rtol=0, atol=0)
     bad = cli("export", tmp_path / "nowhere", tmp_path / "x", check=False)
     assert bad.returncode == 2 and "is not a hybridrl checkpoint" in bad.stderr
 

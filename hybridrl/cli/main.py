@@ -189,6 +189,7 @@ def _quiet_libraries() -> None:
 
 def main(argv=None) -> int:
     from hybridrl.data.dataset import DataError
+    from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
 
     args = build_parser().parse_args(argv)
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
         _quiet_libraries()
     try:
         return args.fn(args)
-    except (DataError, ModelLoadError, FileNotFoundError, NotImplementedError) as e:
+    except (DataError, ModelLoadError, BackendError, FileNotFoundError, NotImplementedError) as e:
         # Bad input: the message says what to change; a traceback would only bury it.
         print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
         return 2

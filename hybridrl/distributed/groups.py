@@ -10,6 +10,10 @@ import os
 from hybridrl.distributed.local import LocalWorkerGroup
 
 
+class BackendError(RuntimeError):
+    """The cluster cannot run the config (no Ray installed, too few devices); says what to do."""
+
+
 class WorkerDiedError(RuntimeError):
     """A worker process died (killed, out of memory, segfault, node lost); names where."""
 
@@ -44,7 +48,14 @@ class WorkerGroups:
 def create_worker_groups(cfg, plan, roles: dict) -> WorkerGroups:
     """`roles`: role name (resource_pool.ACTOR, CRITIC) -> worker class `cls(cfg, plan, device)`."""
     if uses_ray(cfg):
-        from hybridrl.distributed.ray_backend import RayBackend
+        try:
+            from hybridrl.distributed.ray_backend import RayBackend
+        except ImportError as e:
+            t = cfg.trainer
+            raise BackendError(
+                f"trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes * t.n_gpus_per_node} devices (or a Ray address) "
+                f"needs Ray, which cannot be imported ({e}); pip install 'ray>=2.40', or use one device"
+            ) from None
 
         backend = RayBackend(cfg, plan, roles)
         return WorkerGroups(backend.groups, backend)

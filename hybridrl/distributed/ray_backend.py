@@ -26,7 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.distributed.dispatch import collect_outputs, dispatch_mode, split_inputs
-from hybridrl.distributed.groups import WorkerDiedError
+from hybridrl.distributed.groups import BackendError, WorkerDiedError
 from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
 
 PG_TIMEOUT_S = 120
@@ -188,7 +188,7 @@ class RayBackend:
         self.specs = pool_specs(cfg, list(roles))
         problem = missing_resources(self.specs, device_type, ray.nodes())
         if problem:
-            raise RuntimeError(f"not enough resources on the Ray cluster: {problem}")
+            raise BackendError(f"not enough resources on the Ray cluster: {problem}")
         self.pgs, self.pools, self.groups = [], {}, {}
         try:
             for spec in self.specs:
@@ -210,7 +210,7 @@ class RayBackend:
         self.pgs += per_node
         ready, _ = ray.wait([pg.ready() for pg in per_node], num_returns=len(per_node), timeout=PG_TIMEOUT_S)
         if len(ready) < len(per_node):
-            raise RuntimeError(
+            raise BackendError(
                 f"Ray could not place {spec.name}: {len(per_node) - len(ready)} of {spec.nnodes} node(s) with "
                 f"{spec.per_node} free {'GPU' if device_type == 'cuda' else 'CPU'}s were not found within "
                 f"{PG_TIMEOUT_S}s (other jobs on the cluster?); see `ray status`"

@@ -59,8 +59,13 @@ def missing_resources(specs: list[PoolSpec], device_type: str, nodes: list[dict]
         return None
     layout = " + ".join(f"{s.per_node} ({s.name})" for s in specs)
     seen = ", ".join(f"{addr}: {n} {kind}" for n, addr in have) or "none"
-    hint = ("start Ray on the missing nodes with `ray start --address=<head>:6379` (docs/distributed.md)"
-            if nnodes > 1 else f"lower trainer.n_gpus_per_node to at most {have[0][0] if have else 0}")
+    most = have[0][0] if have else 0
+    if nnodes > 1:
+        hint = "start Ray on the missing nodes with `ray start --address=<head>:6379` (docs/distributed.md)"
+    elif most == 0:
+        hint = f"the cluster has no {kind}s: use trainer.device=cpu, or join a cluster that has them (ray_init.address)"
+    else:
+        hint = f"lower trainer.n_gpus_per_node to at most {most} (with resource_pool, their sum)"
     return (f"the config asks for {nnodes} node(s) with {layout} = {need_per_node} {kind}s each (trainer.nnodes x "
             f"trainer.n_gpus_per_node, resource_pool), but the Ray cluster has {len(fitting)} such node(s); "
             f"nodes seen: {seen}. Missing: {nnodes - len(fitting)} node(s) with {need_per_node} {kind}s; {hint}")

@@ -84,7 +84,8 @@ class ActorRolloutRefWorker:
             # An FSDP module cannot be deep-copied: build the same sharded model, copy the shards.
             from transformers import AutoModelForCausalLM
 
-            ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32)
+            ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32,
+                                                   trust_remote_code=self.arr.model.trust_remote_code)
             self.ref = self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
             copy_weights(self.model, self.ref)
 

@@ -58,6 +58,8 @@ def test_missing_resources_says_what_is_missing():
     assert "Missing: 1 node(s) with 8 GPUs" in msg and "ray start --address" in msg
     one = missing_resources(pool_specs(_cfg(4), [ACTOR]), "cuda", [node("10.0.0.1", 2)])
     assert "lower trainer.n_gpus_per_node to at most 2" in one
+    none = missing_resources(pool_specs(_cfg(2), [ACTOR]), "cuda", [node("10.0.0.1", 0)])
+    assert "the cluster has no GPUs: use trainer.device=cpu" in none
 
 
 def test_ragged_responses_are_right_padded_to_the_widest_rank():

@@ -15,11 +15,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _quickstart(out, data, *overrides):
+def _quickstart(out, data, *overrides, check=True):
     return cli(
         "train", ROOT / "configs/quickstart.yaml", "trainer.device=cpu", f"trainer.default_local_dir={out}",
         f"data.train_files={data['train']}", f"data.val_files={data['test']}", f"warmup.files={data['sft']}",
-        "warmup.steps=4", "trainer.test_freq=-1", "trainer.logger=[console,jsonl]", *overrides,
+        "warmup.steps=4", "trainer.test_freq=-1", "trainer.logger=[console,jsonl]", *overrides, check=check,
     )  # fmt: skip
 
 
@@ -78,3 +78,11 @@ print("ray imported:", "ray" in sys.modules)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray imported: False" in proc.stdout
+
+
+def test_missing_gpus_are_named_before_anything_starts(arith_data, tmp_path):
+    proc = _quickstart(tmp_path / "run", arith_data, "trainer.device=cuda", "trainer.n_gpus_per_node=2",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "ray_init.num_cpus=2", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "not enough resources on the Ray cluster: the config asks for 1 node(s) with 2 (colocated) = 2 GPUs" in proc.stderr
+    assert "the cluster has no GPUs: use trainer.device=cpu" in proc.stderr

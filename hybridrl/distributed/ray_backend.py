@@ -66,6 +66,7 @@ class WorkerHost:
         import torch.distributed as dist
 
         backend = "nccl" if self.device_type == "cuda" else "gloo"
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))  # for libraries that read them
         kw = {"device_id": torch.device("cuda", 0)} if self.device_type == "cuda" else {}
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=timeout_s), **kw)  # fmt: skip

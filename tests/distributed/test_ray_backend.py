@@ -2,7 +2,7 @@
 
 - dp dispatch returns results in input order, whether or not the batch divides;
 - FSDP2 on 2 ranks computes the log-probs, values, losses and gradient norms of one device
-  (actor and critic), and its checkpoints resume at the other world size (2 -> 1, 1 -> 2)
+  (actor, critic, SFT), and its checkpoints resume at the other world size (2 -> 1, 1 -> 2)
   with the same next step;
 - `hybridrl export` of a 2-rank checkpoint is an HF model with the trained weights;
 - a killed worker stops the run within seconds, naming it; max_restarts recovers.
@@ -183,6 +183,10 @@ def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, t
         two.init_model(str(tmp_path / "ws1" / "actor"), True, 10, False)
         two.load_checkpoint(str(tmp_path / "ws1"))
         _assert_same_step(two.update_actor(b2.select(b2.keys())), next1)
+        # the supervised update (SFT, warm-up) normalizes by the global token count too
+        sft2, sft1 = two.update_sft(b2.select(b2.keys())), one.update_sft(b2.select(b2.keys()))
+        for k in ("loss", "mean_token_accuracy", "num_tokens", "actor/grad_norm"):
+            assert sft2[k] == pytest.approx(sft1[k], rel=1e-5), (k, sft1[k], sft2[k])
     finally:
         backend.shutdown()
 

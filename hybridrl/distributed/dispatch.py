@@ -105,7 +105,7 @@ def _common_width(outputs: list[Batch]) -> list[Batch]:
         for k in ragged:
             width = max(x.tensors[k].shape[1] for x in outputs)
             t = tensors[k]
-            fill = pad_id if not t.is_floating_point() and not t.dtype == torch.bool else 0
+            fill = pad_id if not t.is_floating_point() and t.dtype != torch.bool else 0
             extra = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), fill)
             tensors[k] = torch.cat([t, extra], dim=1)
         padded.append(Batch(tensors, o.non_tensors, o.meta))

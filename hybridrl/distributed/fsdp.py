@@ -103,7 +103,7 @@ def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = 
     else:
         mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if param_offload and device.type == "cuda" else OffloadPolicy()
-    kw = dict(mesh=mesh, mp_policy=mp, offload_policy=offload)
+    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
     for block in (blocks_of or _blocks)(model):
         fully_shard(block, **kw)
     fully_shard(model, **kw)

@@ -105,7 +105,7 @@ def _fault_injection_point(method: str, rank: int) -> None:
 class Pending:
     """A submitted group call; `.get()` waits for every rank and gathers the outputs."""
 
-    def __init__(self, group: "RayWorkerGroup", refs: list, mode, pad: int):
+    def __init__(self, group: RayWorkerGroup, refs: list, mode, pad: int):
         self.group, self.refs, self.mode, self.pad = group, refs, mode, pad
 
     def get(self):

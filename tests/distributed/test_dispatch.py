@@ -50,7 +50,9 @@ def test_pools_colocated_and_split():
 
 
 def test_missing_resources_says_what_is_missing():
-    node = lambda ip, gpus: {"Alive": True, "NodeManagerAddress": ip, "Resources": {"GPU": gpus, "CPU": 32}}  # noqa: E731
+    def node(ip, gpus):
+        return {"Alive": True, "NodeManagerAddress": ip, "Resources": {"GPU": gpus, "CPU": 32}}
+
     specs = pool_specs(_cfg(8, 2), [ACTOR])
     assert missing_resources(specs, "cuda", [node("10.0.0.1", 8), node("10.0.0.2", 8)]) is None
     msg = missing_resources(specs, "cuda", [node("10.0.0.1", 8), node("10.0.0.2", 4)])

@@ -58,7 +58,8 @@ def _cfg(model_dir, data, gpus, **trainer):
     return config_from_dict({
         "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
         "actor_rollout_ref": {"model": {"path": model_dir},
-                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1}, "rollout": {"n": 2}},
+                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1},
+                              "rollout": {"n": 2}},
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {"device": "cpu", "n_gpus_per_node": gpus, "logger": ["jsonl"], "val_before_train": False, **trainer},
     })  # fmt: skip
@@ -214,7 +215,7 @@ def test_killed_worker_is_reported_then_recovered_with_max_restarts(ray_session,
     stopped = time.time()
     pid, killed_at = (tmp_path / "stop.killed").read_text().split()
     msg = str(err.value)
-    assert f"actor_rollout_ref worker process of rank 1" in msg and f"pid {pid}" in msg and "on node " in msg
+    assert "actor_rollout_ref worker process of rank 1" in msg and f"pid {pid}" in msg and "on node " in msg
     assert f"last good checkpoint is {tmp_path / 'stop' / 'checkpoints' / 'step_2'}" in msg
     assert stopped - float(killed_at) < 10, "the controller must stop within seconds"
 

@@ -124,6 +124,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
     ("resource_pool.critic", _AT_LEAST_1),
+    ("ray_init.num_cpus", _AT_LEAST_1),
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),

@@ -270,7 +270,13 @@ def init_ray(cfg) -> None:
         return
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except (ConnectionError, RuntimeError) as e:
+            raise BackendError(
+                f"cannot join the Ray cluster at {address} (ray_init.address or RAY_ADDRESS): {e}; start it with "
+                "`ray start --head` on the head node (docs/distributed.md), or unset the address for a local cluster"
+            ) from None
         return
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     num_cpus = cfg.ray_init.num_cpus or max(os.cpu_count() or 1, world)

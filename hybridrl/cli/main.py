@@ -29,6 +29,9 @@ def cmd_train(args) -> int:
         Trainer = PPOTrainer
     try:
         fit_with_restarts(cfg, Trainer)
+    except ConfigError as e:  # found once the data is loaded (e.g. reward_kwargs vs the data's scorers)
+        print(e, file=sys.stderr)
+        return 2
     except (NonFiniteError, WorkerDiedError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
@@ -69,8 +72,8 @@ def cmd_eval(args) -> int:
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
-    from hybridrl.rollout import SamplingParams
-    from hybridrl.rollout.hf import HFRolloutEngine
+    from hybridrl.config.schema import RolloutConfig
+    from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.actor import autocast_dtype
 
@@ -87,45 +90,100 @@ def cmd_eval(args) -> int:
         args.data, tokenizer, max_prompt_length=args.max_prompt_length, truncation="left",
         require_ground_truth=need_gt, max_rows=args.limit,
     )  # fmt: skip
-    engine = HFRolloutEngine(model, tokenizer, max_num_seqs=args.batch_size, autocast_dtype=autocast_dtype(device))
+    rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size)
+    engine = make_rollout_engine(args.rollout, model, tokenizer, max_num_seqs=args.batch_size, rollout=rollout,
+                                 autocast_dtype=autocast_dtype(device),
+                                 max_model_len=args.max_prompt_length + args.max_response_length)  # fmt: skip
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
     rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
     if args.output:
         with open(args.output, "w") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
-    for source in sorted({r["data_source"] for r in rows}):
-        scores = [r["score"] for r in rows if r["data_source"] == source]
-        correct = sum(s == 1.0 for s in scores)
-        print(f"{source}: accuracy {sum(scores) / len(scores):.4f} ({correct}/{len(scores)} exactly right, greedy)")
+    for source, m in summary.items():
+        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, greedy)"
+        if "flexible_accuracy" in m:
+            line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
+        print(line)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 
+def _eval_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per data source: mean score, exact count; for GSM8K also the flexible (last-number) accuracy.
+
+    The flexible score is added to each row (`score_flexible`) so the JSONL shows both.
+    """
+    from hybridrl.rewards import gsm8k
+
+    out = {}
+    for source in sorted({r["data_source"] for r in rows}):
+        mine = [r for r in rows if r["data_source"] == source]
+        scores = [r["score"] for r in mine]
+        m = {"n": len(mine), "accuracy": sum(scores) / len(mine), "correct": sum(s == 1.0 for s in scores)}
+        if source in ("gsm8k", "openai/gsm8k"):
+            for r in mine:
+                r["score_flexible"] = gsm8k.compute_score(r["response"], r["ground_truth"], method="flexible")
+            m["flexible_accuracy"] = sum(r["score_flexible"] for r in mine) / len(mine)
+        out[source] = m
+    return out
+
+
 def _hf_dir(path: str, tmp: str) -> str:
-    """`path` if it is an HF model directory; a checkpoint's policy exported into `tmp` otherwise."""
+    """`path` if it is an HF model directory; a checkpoint's policy exported into `tmp`, or a
+    LoRA checkpoint's actor/ (already the merged HF model), otherwise."""
     from hybridrl.distributed.checkpoint import export_hf
 
     role_dir = checkpoint_role_dir(path)
-    return str(export_hf(role_dir, tmp)) if role_dir else path
+    if role_dir:
+        return str(export_hf(role_dir, tmp))
+    return str(lora_actor_dir(path) or path)
+
+
+def _find_step_dir(path: str, holds) -> Path | None:
+    """The first of `path`, its latest checkpoint, its checkpoints/ dir's latest, for which
+    `holds(step_dir)` is true."""
+    from hybridrl.trainer.checkpoint import latest_checkpoint
+
+    p = Path(path)
+    for step in (p, latest_checkpoint(p), latest_checkpoint(p / "checkpoints")):
+        if step is not None and holds(step):
+            return step
+    return None
 
 
 def checkpoint_role_dir(path: str, role: str = "actor") -> Path | None:
     """The sharded `role` directory meant by `path`: a role dir, a step_N dir, a checkpoints/
     dir (its latest) or a run dir (its latest); None for anything else (an HF directory)."""
     from hybridrl.distributed.checkpoint import is_sharded_checkpoint
-    from hybridrl.trainer.checkpoint import latest_checkpoint
 
-    p = Path(path)
-    for step in (p, latest_checkpoint(p), latest_checkpoint(p / "checkpoints")):
-        if step is not None and is_sharded_checkpoint(step / role):
-            return step / role
-    return p if is_sharded_checkpoint(p) else None
+    step = _find_step_dir(path, lambda s: is_sharded_checkpoint(s / role))
+    if step is not None:
+        return step / role
+    return Path(path) if is_sharded_checkpoint(path) else None
+
+
+def lora_actor_dir(path: str) -> Path | None:
+    """A LoRA checkpoint's actor/ directory (the merged policy, HF format) meant by `path`."""
+    from hybridrl.models.lora import ADAPTER_DIR
+
+    if (Path(path) / ADAPTER_DIR).is_dir():
+        return Path(path)
+    step = _find_step_dir(path, lambda s: (s / "actor" / ADAPTER_DIR).is_dir())
+    return step / "actor" if step is not None else None
 
 
 def cmd_export(args) -> int:
     from hybridrl.distributed.checkpoint import export_hf
 
     role_dir = checkpoint_role_dir(args.checkpoint)
+    if role_dir is None and lora_actor_dir(args.checkpoint) is not None:
+        print(f"hybridrl export: {lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF "
+              "model directory (the merged weights; the adapter in its adapter/): load or copy it as it is",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if role_dir is None:
         print(f"hybridrl export: error: {args.checkpoint} is not a hybridrl checkpoint (a run directory, its "
               "checkpoints/ directory, a checkpoints/step_N directory or step_N/actor)", file=sys.stderr)  # fmt: skip
@@ -162,11 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True, help="local HF model directory (e.g. a checkpoint's actor/)")
     s.add_argument("--data", required=True, help="parquet or JSONL in verl's row format")
     s.add_argument("--output", help="write per-sample results to this JSONL")
-    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--summary", help="write the per-data-source accuracies to this JSON file")
+    s.add_argument("--batch-size", type=int, default=256, help="prompts generated together")
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    s.add_argument("--rollout", default="auto", choices=["auto", "native", "hf"],
+                   help="generation engine (auto = native on a GPU, hf on CPU)")
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)

@@ -1,10 +1,11 @@
 """`hybridrl explain`: how the global batch sizes of a config turn into per-device work."""
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 
 from .loader import config_from_dict, load_config, to_dict
-from .schema import Config, ConfigError
+from .schema import Config, ConfigError, resolve
 from .validate import BatchPlan, RolePlan, plan_batches
 
 
@@ -37,19 +38,27 @@ def explain_text(cfg: Config) -> str:
         "",
         "actor (actor_rollout_ref.actor)",
         *_role_rows(cfg, p, p.actor, a.actor.ppo_micro_batch_size_per_gpu),
+        *_budget_rows("actor_rollout_ref.actor", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu),
         "",
     ]
     if p.critic is None:
         lines.append(f"critic: off (algorithm.adv_estimator={cfg.algorithm.adv_estimator})")
     else:
-        lines += ["critic (critic)", *_role_rows(cfg, p, p.critic, cfg.critic.ppo_micro_batch_size_per_gpu)]
+        c = cfg.critic
+        lines += ["critic (critic)", *_role_rows(cfg, p, p.critic, c.ppo_micro_batch_size_per_gpu),
+                  *_budget_rows("critic", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu)]
     lines += [
         "",
         "log-prob passes per device (actor_rollout_ref.{rollout,ref}.log_prob_micro_batch_size_per_gpu)",
         _log_prob_row("rollout (old log-probs)", "rollout", a.rollout.log_prob_micro_batch_size_per_gpu,
                       p.sequences_per_device, p.rollout_log_prob_micro_batch, p.rollout_log_prob_passes),
     ]
+    r = resolve(copy.deepcopy(cfg)).actor_rollout_ref
+    lines += _budget_rows("actor_rollout_ref.rollout", r.rollout.log_prob_use_dynamic_bsz,
+                          r.rollout.log_prob_max_token_len_per_gpu, "log_prob_")
     if p.uses_ref:
+        lines += _budget_rows("actor_rollout_ref.ref", r.ref.log_prob_use_dynamic_bsz, r.ref.log_prob_max_token_len_per_gpu,
+                              "log_prob_")
         lines.append(_log_prob_row("reference", "ref", a.ref.log_prob_micro_batch_size_per_gpu,
                                    p.sequences_per_device, p.ref_log_prob_micro_batch, p.ref_log_prob_passes))
     else:
@@ -134,6 +143,14 @@ def _role_rows(cfg: Config, p: BatchPlan, r: RolePlan, micro: int | None) -> lis
         _row("tokens per micro-batch", f"{r.micro_batch} x {lengths}", r.tokens_per_micro_batch,
              "(upper bound, padded)"),
     ]
+
+
+def _budget_rows(section: str, on: bool, budget: int, prefix: str = "ppo_") -> list[str]:
+    """With use_dynamic_bsz the micro-batch rows above do not apply: say what does."""
+    if not on:
+        return []
+    return [f"  -> {section}.{prefix.replace('ppo_', '')}use_dynamic_bsz=true: micro-batches are filled up to "
+            f"{section}.{prefix}max_token_len_per_gpu={budget} real tokens each, not by sequence count"]
 
 
 def _log_prob_row(label: str, section: str, configured: int | None, per_device: int, micro: int,

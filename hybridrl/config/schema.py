@@ -67,6 +67,17 @@ class ModelConfig:
     trust_remote_code: bool = option(False, "Allow model code shipped inside the model directory to run.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
     override_config: dict = option({}, "Entries merged into the Hugging Face model config before building the model.")
+    use_remove_padding: bool = option(
+        True, "Padding-free forward passes: each micro-batch's sequences packed into one row (docs/performance.md)."
+    )
+    packed_attn_backend: str = option(
+        "auto", "Attention kernel of packed passes: auto (fastest measured: varlen on GPU, sdpa on CPU), varlen, flex, sdpa."
+    )
+    lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
+    lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
+    target_modules: str | list[str] = option(
+        "all-linear", "Modules that get LoRA adapters: all-linear (every linear layer but the LM head) or a list of names."
+    )
 
 
 @dataclass
@@ -122,6 +133,15 @@ class ActorConfig:
     kl_loss_coef: float = option(0.001, "Weight of the KL loss term.")
     kl_loss_type: str = option("low_var_kl", "KL estimator for the KL loss.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    use_dynamic_bsz: bool = option(
+        False, "Micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu."
+    )
+    ppo_max_token_len_per_gpu: int = option(
+        16384, "With use_dynamic_bsz: most real tokens (prompt + response) in one forward/backward pass on one device."
+    )
+    use_torch_compile: bool = option(
+        True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
+    )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the policy over several devices.")
 
@@ -141,15 +161,32 @@ class ValKwargsConfig:
 class RolloutConfig:
     """Generation of responses during training."""
 
-    name: str = option("hf", "Generation engine.")
+    name: str = option(
+        "auto", "Generation engine: native (paged KV cache, continuous batching, CUDA graphs; Llama/Qwen2/Qwen3 "
+        "family, others fall back to hf), hf (transformers generate), vllm (only where vLLM is installed); "
+        "auto = native on a GPU, hf on CPU."
+    )
     n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).")
     temperature: float = option(1.0, "Sampling temperature.")
     top_p: float = option(1.0, "Nucleus sampling mass.")
     top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.")
     do_sample: bool = option(True, "Sample (true) or decode greedily (false).")
     max_num_seqs: int = option(256, "Sequences one device generates together.")
+    gpu_memory_utilization: float = option(
+        0.5, "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
+        "that the KV cache and decode workspace may take."
+    )
+    enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
+    free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
+    max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
+    )
+    log_prob_use_dynamic_bsz: bool | None = option(
+        None, "Old log-prob passes by token budget; null = actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu."
     )
     val_kwargs: ValKwargsConfig = option(ValKwargsConfig, "Sampling for validation.")
 
@@ -162,6 +199,12 @@ class RefConfig:
         None, "Sequences per forward pass for reference log-probs; null = all of a device's sequences."
     )
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the reference (only param_offload applies: no optimizer).")
+    log_prob_use_dynamic_bsz: bool | None = option(
+        None, "Reference log-prob passes by token budget; null = actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget of one reference log-prob pass; null = actor.ppo_max_token_len_per_gpu."
+    )
 
 
 @dataclass
@@ -185,6 +228,7 @@ class CriticModelConfig:
     tokenizer_path: str | None = option(None, "Tokenizer directory; null = the actor's tokenizer.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the value model over several devices.")
+    use_remove_padding: bool = option(True, "Padding-free value and update passes (see actor_rollout_ref.model).")
 
 
 @dataclass
@@ -198,6 +242,13 @@ class CriticConfig:
         None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
     )
     ppo_epochs: int | None = option(None, "Passes over each step's rollouts; null = the actor's.")
+    use_dynamic_bsz: bool = option(False, "Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu.")
+    ppo_max_token_len_per_gpu: int = option(
+        32768, "With use_dynamic_bsz: most real tokens in one forward/backward pass of the critic on one device."
+    )
+    forward_max_token_len_per_gpu: int | None = option(
+        None, "With use_dynamic_bsz: token budget of one value (forward-only) pass; null = ppo_max_token_len_per_gpu."
+    )
     cliprange_value: float = option(0.5, "Clip range of the value update around the old values.")
     loss_agg_mode: str = option("token-mean", "How per-token value losses are averaged.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
@@ -212,6 +263,10 @@ class CustomRewardConfig:
 
     path: str | None = option(None, "Python file defining the reward function; null = the built-in scorers.")
     name: str = option("compute_score", "Name of the function in that file.")
+    reward_kwargs: dict = option(
+        {}, "Keyword arguments for the reward function, built-in or custom; e.g. {format_score: 0.1} gives a "
+        "well-formed but wrong GSM8K answer 0.1."
+    )
 
 
 @dataclass
@@ -268,6 +323,10 @@ class TrainerConfig:
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
+    max_wall_time_s: float | None = option(
+        None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
+        "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
+    )
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
     )
@@ -364,6 +423,13 @@ def resolve(cfg: Config) -> Config:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
     if critic.ppo_epochs is None:
         critic.ppo_epochs = actor.ppo_epochs
+    if critic.forward_max_token_len_per_gpu is None:
+        critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+    for part in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):  # log-prob passes follow the actor
+        if part.log_prob_use_dynamic_bsz is None:
+            part.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if part.log_prob_max_token_len_per_gpu is None:
+            part.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
     if cfg.trainer.default_local_dir is None:
         cfg.trainer.default_local_dir = f"runs/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
     return cfg

@@ -25,11 +25,12 @@ TRUNCATIONS = ("error", "left", "right")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
-ROLLOUT_NAMES = ("hf", "native", "vllm")
+ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
 
 # Keys whose value must be one of a fixed set (for trainer.logger: every entry).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -48,6 +49,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.resume_mode": RESUME_MODES,
     "algorithm.name": ALGORITHM_NAMES,
     "preference.loss_type": DPO_LOSS_TYPES,
+    "actor_rollout_ref.model.packed_attn_backend": PACKED_ATTN_BACKENDS,
 }
 
 _Rule = tuple[Callable[[Any], bool], str]
@@ -95,6 +97,8 @@ _RULES: list[tuple[str, _Rule]] = [
     (f"{_R}.top_p", _PROB),
     (f"{_R}.top_k", _OFF_OR_1),
     (f"{_R}.max_num_seqs", _AT_LEAST_1),
+    (f"{_R}.gpu_memory_utilization", _PROB),
+    (f"{_R}.max_num_batched_tokens", _AT_LEAST_1),
     (f"{_R}.log_prob_micro_batch_size_per_gpu", _AT_LEAST_1),
     (f"{_R}.val_kwargs.n", _AT_LEAST_1),
     (f"{_R}.val_kwargs.temperature", _AT_LEAST_0),
@@ -114,6 +118,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("algorithm.kl_ctrl.horizon", _AT_LEAST_1),
     ("trainer.total_epochs", _AT_LEAST_1),
     ("trainer.total_training_steps", _AT_LEAST_1),
+    ("trainer.max_wall_time_s", _POSITIVE),
     ("trainer.n_gpus_per_node", _AT_LEAST_1),
     ("trainer.nnodes", _AT_LEAST_1),
     ("trainer.save_freq", _OFF_OR_1),
@@ -128,6 +133,13 @@ _RULES: list[tuple[str, _Rule]] = [
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),
+    ("actor_rollout_ref.model.lora_rank", _AT_LEAST_0),
+    ("actor_rollout_ref.model.lora_alpha", _POSITIVE),
+    (f"{_A}.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    (f"{_R}.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    ("critic.forward_max_token_len_per_gpu", _AT_LEAST_1),
     ("preference.beta", _POSITIVE),
     ("preference.label_smoothing", (lambda v: 0 <= v < 0.5, "must be in [0, 0.5)")),
     ("preference.desirable_weight", _POSITIVE),
@@ -167,7 +179,7 @@ def validate(cfg: Config) -> list[str]:
 def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
-    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r)
+    problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
@@ -272,6 +284,12 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                 f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
                 f"for greedy decoding, or a temperature such as 1.0",
                 (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name in ("native", "auto") and max(rollout.n, rollout.val_kwargs.n) > rollout.max_num_seqs:
+        n = max(rollout.n, rollout.val_kwargs.n)
+        out.append(_suggest(f"{_R}.max_num_seqs", rollout.max_num_seqs,
+                            f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
+                            "together in the native engine)", n))
     out += _offline_problems(cfg)
     out += _placement_problems(cfg)
     return out
@@ -306,6 +324,47 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         fix = max(dp, w.batch_size - w.batch_size % dp)
         out.append(_suggest("warmup.batch_size", w.batch_size,
                             f"must divide by the actor's data-parallel size {dp}", fix))
+    rank = cfg.actor_rollout_ref.model.lora_rank
+    if rank > 0 and dp > 1:
+        # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
+        out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
+                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
+                            f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device", 0))
+    return out
+
+
+def _token_budget_problems(cfg: Config) -> list[Problem]:
+    """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget.
+    A budget equal to the one it inherits from is treated as inherited (as `_sizes` does, since
+    loading resolves the config) and reported once, under the key it comes from."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    actor = (f"{_A}.ppo_max_token_len_per_gpu", a.actor.use_dynamic_bsz, a.actor.ppo_max_token_len_per_gpu, None)
+    # (key, dynamic on, budget, the entry it inherits the budget from)
+    budgets = [actor]
+    for part, section in ((a.rollout, _R), (a.ref, "actor_rollout_ref.ref")):
+        on = a.actor.use_dynamic_bsz if part.log_prob_use_dynamic_bsz is None else part.log_prob_use_dynamic_bsz
+        inherited = part.log_prob_max_token_len_per_gpu in (None, a.actor.ppo_max_token_len_per_gpu)
+        budget = a.actor.ppo_max_token_len_per_gpu if inherited else part.log_prob_max_token_len_per_gpu
+        budgets.append((f"{section}.log_prob_max_token_len_per_gpu", on, budget, actor[0] if inherited else None))
+    if cfg.critic_enabled:
+        budgets.append(("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, None))
+        inherited = c.forward_max_token_len_per_gpu in (None, c.ppo_max_token_len_per_gpu)
+        budgets.append(("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz,
+                        c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
+                        "critic.ppo_max_token_len_per_gpu" if inherited else None))  # fmt: skip
+    out, reported = [], set()
+    for key, on, budget, source in budgets:
+        if not on or budget is None or not 1 <= budget < longest:
+            continue
+        if source in reported:
+            continue  # the same number, already reported under the key it comes from
+        key = source or key
+        reported.add(key)
+        out.append(Problem(
+            f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
+            f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
+            (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
     return out
 
 

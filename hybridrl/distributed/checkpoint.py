@@ -87,6 +87,18 @@ def load_optimizer(model: nn.Module, optimizer, scheduler, path: str | Path) -> 
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
 
 
+def save_hf(model: nn.Module, path: str | Path, tokenizer=None) -> None:
+    """Collective: `model` (sharded or not) as a plain HF directory written by rank 0; the
+    shards are gathered into full tensors in CPU memory of rank 0 first."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dp_rank() == 0:
+        model.save_pretrained(path, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+
+
 def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write `role_dir` (config + DCP weights) as a plain HF directory: config.json,
     model.safetensors (in `dtype`; training keeps fp32 masters), tokenizer. Runs in one

@@ -8,6 +8,7 @@ rank: on one device (the in-process backend) every function is the single-device
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -38,6 +39,17 @@ def dp_normalizer(local_count: float) -> float:
         t = t.cuda()
     dist.all_reduce(t)
     return float(t) / world
+
+
+def dp_max_min(local: int) -> tuple[int, int]:
+    """(largest, smallest) of an integer over the data-parallel ranks (one all-reduce)."""
+    if dp_size() == 1:
+        return local, local
+    t = torch.tensor([local, -local], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t[0]), -int(t[1])
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -130,6 +142,35 @@ def full_weights(model: nn.Module):
         for u in units:
             u.reshard()
             u.set_reshard_after_forward(True, recurse=False)
+
+
+def run_as_forward(model: nn.Module, fn, *args, **kwargs):
+    """`fn(model, *args, **kwargs)` run as a forward of `model`. A pass that calls the model's
+    submodules directly (the packed log-probs: decoder, then the LM head's weight) would find the
+    root unit's weights (embeddings, final norm, LM head) still sharded; FSDP2 gathers them,
+    and reduce-scatters their gradients after the backward, around `forward` and around methods
+    registered with `register_fsdp_forward_method`, so `fn` is registered as one. Plain call
+    when `model` is not sharded."""
+    if not is_sharded(model):
+        return fn(model, *args, **kwargs)
+    name = f"_hybridrl_forward_{fn.__name__}"
+    if name not in model.__dict__:
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        setattr(model, name, functools.partial(fn, model))
+        register_fsdp_forward_method(model, name)
+    return getattr(model, name)(*args, **kwargs)
+
+
+def full_named_parameters(model: nn.Module):
+    """(name, tensor) of every parameter, FSDP shards gathered into full tensors one parameter
+    at a time (`DTensor.full_tensor`, a collective: every rank must consume the iterator, in the
+    same order); the parameters themselves when not sharded."""
+    from torch.distributed.tensor import DTensor
+
+    for name, p in model.named_parameters():
+        p = p.detach()
+        yield name, (p.full_tensor() if isinstance(p, DTensor) else p)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:

@@ -56,3 +56,130 @@ def response_logits(model, prompts, prompt_mask, responses, response_mask, tempe
     if temperature not in (0, 1.0):
         logits = logits / temperature
     return logits
+
+
+# -- fused LM head + log-prob/entropy --------------------------------------------------------
+# On ragged RL batches the logits of the response tokens are the largest tensor of the update
+# ([tokens, 150k] in float32 is 600 kB per token). `fused_log_probs` goes from the final hidden
+# states straight to log-probs (and entropy) chunk by chunk and recomputes a chunk's logits in
+# the backward pass, so only O(chunk x vocab) is ever alive. Autocast's bf16 matmul is kept:
+# logits are computed in the hidden states' dtype, the softmax algebra in float32.
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 27  # logits elements per chunk: 512 MiB in float32
+
+
+def _chunk_rows(vocab: int, chunk: int | None) -> int:
+    return chunk or max(16, DEFAULT_CHUNK_ELEMENTS // vocab)
+
+
+def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax algebra in float32, or float64 when the inputs are (exactness tests)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_stats(z16: torch.Tensor, labels: torch.Tensor, inv_temp: float, want_entropy: bool):
+    """Forward algebra of one chunk of logits (c, V): log p(label), logsumexp, entropy, argmax hit."""
+    z = z16.to(_accum_dtype(z16.dtype)) * inv_temp  # (c, V)
+    lse = torch.logsumexp(z, dim=-1)  # (c,)
+    logp = z.gather(-1, labels[:, None]).squeeze(-1) - lse
+    hit = z.argmax(-1) == labels
+    ent = lse - (torch.exp(z - lse[:, None]) * z).sum(-1) if want_entropy else torch.zeros_like(lse)
+    return logp, lse, ent, hit
+
+
+def _chunk_grad(z16, labels, lse, ent, g_logp, g_ent, inv_temp: float):
+    """d loss / d raw logits of one chunk (c, V), in the logits' dtype:
+    d log p_y / dz = onehot(y) - p;  d H / dz = p * (E_p[z] - z), with E_p[z] = lse - H."""
+    z = z16.to(_accum_dtype(z16.dtype)) * inv_temp
+    p = torch.exp(z - lse[:, None])  # (c, V)
+    onehot = torch.arange(z.shape[-1], device=z.device)[None] == labels[:, None]  # (c, V), an iota compare: fuses
+    dz = (onehot.to(z.dtype) - p) * g_logp[:, None]
+    if g_ent is not None:
+        dz = dz + p * ((lse - ent)[:, None] - z) * g_ent[:, None]
+    return (dz * inv_temp).to(z16.dtype)
+
+
+# On CUDA the per-chunk algebra is compiled: each is a handful of passes over (c, V) in eager
+# mode, fused into one or two by inductor (the logits' traffic is the cost, not the math).
+# Automatic dynamic shapes: the row count (the last chunk differs) becomes dynamic after the
+# first recompile, the vocabulary stays static, so the reductions are generated for this vocab
+# size and not for a hint from another model's cached compile.
+_COMPILED: dict = {}
+
+
+def _maybe_compiled(fn, device: torch.device):
+    if device.type != "cuda":
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=None)
+    return _COMPILED[fn]
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, inv_temp: float, chunk: int, want_entropy: bool, dtype):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n, acc = hidden.shape[0], _accum_dtype(dtype)
+        logp = torch.empty(n, dtype=acc, device=hidden.device)
+        lse_all, ent = torch.empty_like(logp), torch.empty_like(logp)
+        hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        stats = _maybe_compiled(_chunk_stats, hidden.device)
+        for s in range(0, n, chunk):
+            sl = slice(s, s + chunk)
+            logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(h[sl] @ w.T, labels[sl], inv_temp, want_entropy)
+        ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
+        ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
+        ctx.mark_non_differentiable(hit)
+        ctx.set_materialize_grads(False)  # an unused entropy arrives as None: no work for it
+        return logp, ent, hit
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent, _g_hit):
+        hidden, weight, labels, lse_all, ent = ctx.saved_tensors
+        if g_logp is None and g_ent is None:
+            return (None,) * 7
+        h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
+        acc = lse_all.dtype
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
+        g_ent = None if g_ent is None else g_ent.to(acc)
+        grad = _maybe_compiled(_chunk_grad, hidden.device)
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            sl = slice(s, s + ctx.chunk)
+            z = h[sl] @ w.T  # (c, V), recomputed instead of kept
+            dz = grad(z, labels[sl], lse_all[sl], ent[sl], g_logp[sl], None if g_ent is None else g_ent[sl], ctx.inv_temp)
+            if grad_h is not None:
+                grad_h[sl] = dz @ w
+            if grad_w is not None:
+                grad_w.addmm_(dz.T, h[sl]) if acc == dz.dtype else grad_w.add_(dz.T @ h[sl])
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def fused_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """log softmax(hidden @ weight.T / temperature)[labels] without the full logits.
+
+    hidden (N, H), weight (V, H) (the LM head), labels (N,) -> log_prob (N,) float32 (float64
+    for float64 inputs), entropy (N,) or None, hit (N,) bool (argmax == label, for SFT accuracy). Exact in value and
+    gradient against the naive computation; memory O(chunk x V) instead of O(N x V).
+    """
+    inv_temp = 1.0 / temperature if temperature not in (0, 1.0) else 1.0
+    rows = _chunk_rows(weight.shape[0], chunk)
+    # Matmuls run in autocast's dtype when it is on (as the LM head would), else in hidden's.
+    dev = hidden.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+    with torch.autocast(dev, enabled=False):
+        logp, ent, hit = _FusedLogProbs.apply(hidden, weight, labels, inv_temp, rows, with_entropy, dtype)
+    return logp, (ent if with_entropy else None), hit

@@ -6,6 +6,11 @@ import torch
 from torch import nn
 
 from hybridrl.models.logprobs import sequence_inputs
+from hybridrl.models.packing import Packed, packed_hidden
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
 
 
 class ValueModel(nn.Module):
@@ -28,4 +33,9 @@ class ValueModel(nn.Module):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, T, H)
         P, R = prompts.shape[1], responses.shape[1]
-        return self.value_head(hidden[:, P - 1 : P + R - 1]).squeeze(-1).float()  # (B, R)
+        return _at_least_fp32(self.value_head(hidden[:, P - 1 : P + R - 1]).squeeze(-1))  # (B, R)
+
+    def packed_response_values(self, packed: Packed) -> torch.Tensor:
+        """`response_values` of a packed micro-batch (models/packing.py): (b, R)."""
+        hidden = packed_hidden(self.backbone, packed)  # (M, H), the states before each response token
+        return packed.unpack(_at_least_fp32(self.value_head(hidden).squeeze(-1)))

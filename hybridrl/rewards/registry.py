@@ -6,7 +6,8 @@ there score the same here. Anything else needs a custom reward function.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Iterable
 
 from . import arith, gsm8k, math
 
@@ -28,17 +29,27 @@ def default_compute_score(
     solution_str: str,
     ground_truth: str,
     extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> float | dict[str, float]:
     """Score one response with the built-in scorer for ``data_source``.
 
     ``extra_info`` is accepted so the signature matches a custom reward
-    function's; no built-in scorer uses it.
+    function's; no built-in scorer uses it. ``kwargs`` (the config's
+    ``custom_reward_function.reward_kwargs``) go to the scorer, e.g. gsm8k's
+    ``format_score``.
 
     >>> default_compute_score("openai/gsm8k", "#### 72", "72")
     1.0
     >>> default_compute_score("arith", "82", "82")
     1.0
+    >>> default_compute_score("gsm8k", "#### 71", "72", format_score=0.1)
+    0.1
     """
+    return scorer_for(data_source)(solution_str, ground_truth, **kwargs)
+
+
+def scorer_for(data_source: str) -> Callable[..., float]:
+    """The built-in scorer of ``data_source``; a ValueError naming the known sources if none."""
     scorer = _SCORERS.get(data_source)
     if scorer is None:
         raise ValueError(
@@ -47,7 +58,33 @@ def default_compute_score(
             "To score other data, set custom_reward_function.path to a Python file "
             "defining compute_score(data_source, solution_str, ground_truth, extra_info)."
         )
-    return scorer(solution_str, ground_truth)
+    return scorer
+
+
+def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data_sources: Iterable[str]) -> None:
+    """Raise a ValueError before training if ``kwargs`` do not fit the scorer(s) they will reach.
+
+    A mismatch would otherwise surface as every sample scoring 0 with ``reward/errors`` set.
+
+    >>> check_reward_kwargs(None, {"format_score": 0.1}, ["gsm8k"])
+    >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])
+    Traceback (most recent call last):
+    ...
+    ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit the built-in scorer of data_source 'gsm8k' (solution_str, ground_truth, method, format_score, score): got an unexpected keyword argument 'format_scor'
+    """
+    if not kwargs:
+        return
+    if custom_fn is not None:
+        targets = [("the custom reward function", custom_fn, dict(data_source="", solution_str="", ground_truth="", extra_info=None))]
+    else:
+        targets = [(f"the built-in scorer of data_source {s!r}", scorer_for(s), dict(solution_str="", ground_truth=""))
+                   for s in sorted(set(data_sources)) if s in _SCORERS]  # fmt: skip
+    for what, fn, required in targets:
+        try:
+            inspect.signature(fn).bind(**required, **kwargs)
+        except TypeError as e:
+            params = ", ".join(inspect.signature(fn).parameters)
+            raise ValueError(f"custom_reward_function.reward_kwargs {kwargs} do not fit {what} ({params}): {e}") from None
 
 
 def needs_ground_truth(data_source: str) -> bool:

@@ -1,18 +1,48 @@
 """Generation engines behind one interface (`RolloutEngine`)."""
 
+import sys
+
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 
 
-def make_rollout_engine(name: str, model, tokenizer, *, max_num_seqs: int, autocast_dtype=None) -> RolloutEngine:
+def make_rollout_engine(
+    name: str, model, tokenizer, *, max_num_seqs: int, autocast_dtype=None, rollout=None, max_model_len: int = 2048,
+    named_weights=None,
+) -> RolloutEngine:
+    """The engine `actor_rollout_ref.rollout.name` asks for, over the trainer's `model`.
+
+    `rollout` is the RolloutConfig (the native and vllm engines read their keys from it);
+    `max_model_len` bounds prompt + response tokens (data.max_prompt_length + max_response_length).
+    `auto` is native on a GPU and hf on CPU, where `generate` is the reference and as fast.
+    `named_weights`: (HF name, tensor) pairs an engine with its own weights starts from, instead of
+    `model`'s parameters (LoRA: the merged policy); such an engine never aliases `model`.
+    """
+    if name == "auto":
+        name = "native" if next(model.parameters()).device.type == "cuda" else "hf"
+    if name == "native":
+        from hybridrl.models.llama import unsupported_reason
+
+        reason = unsupported_reason(model.config)
+        if reason is None:
+            from hybridrl.rollout.native import NativeRolloutEngine
+
+            device = next(model.parameters()).device
+            return NativeRolloutEngine.from_hf_model(
+                model, tokenizer, device=device, named_weights=named_weights, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=rollout.max_num_batched_tokens,
+                gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager,
+            )  # fmt: skip
+        print(f"hybridrl: rollout.name=native does not support this model ({reason}); using rollout.name=hf", file=sys.stderr)
+        name = "hf"
     if name == "hf":
         from hybridrl.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(model, tokenizer, max_num_seqs=max_num_seqs, autocast_dtype=autocast_dtype)
-    if name in ("native", "vllm"):
-        raise NotImplementedError(
-            f"actor_rollout_ref.rollout.name={name!r} is not available in this version; use rollout.name=hf"
-        )
-    raise ValueError(f"unknown actor_rollout_ref.rollout.name={name!r}; choose one of hf, native, vllm")
+    if name == "vllm":
+        from hybridrl.rollout.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine.from_hf_model(model, tokenizer, rollout=rollout, max_model_len=max_model_len)
+    raise ValueError(f"unknown actor_rollout_ref.rollout.name={name!r}; choose one of auto, native, hf, vllm")
 
 
 __all__ = ["RolloutEngine", "SamplingParams", "make_rollout_engine"]

@@ -32,7 +32,9 @@ def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, fl
     m["response_length/clip_ratio"] = float((response_len >= max_response_length).float().mean())
     m.update(_stats("prompt_length", prompt_len))
     m["perf/total_num_tokens"] = float(response_len.sum() + prompt_len.sum())
-    m["training/rollout_probs_diff_mean"] = float(
-        masked_mean((batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs(), mask)
-    )
+    # Trainer vs engine probabilities of the same sampled tokens: a mismatch means the engine
+    # samples from other weights (a missed weight sync) or numerics that drift from training.
+    diff = (batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs()  # (B, R)
+    m["training/rollout_probs_diff_mean"] = float(masked_mean(diff, mask))
+    m["training/rollout_probs_diff_max"] = float(diff[valid].max()) if valid.any() else 0.0
     return m

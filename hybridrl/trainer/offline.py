@@ -66,10 +66,12 @@ class OfflineTrainer:
                     f"norm (trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps}); the last good checkpoint "
                     "is intact. Lower actor_rollout_ref.actor.optim.lr or enable grad_clip."
                 )
-            last = run.global_step == run.total_steps
+            last = run.is_last_step()
             if last or (cfg.trainer.save_freq > 0 and run.global_step % cfg.trainer.save_freq == 0):
                 run.save_checkpoint({})
                 _fault_injection_point(run.global_step)
+            if last:
+                break
         run.finish()
         return metrics
 

@@ -60,7 +60,7 @@ class PPOTrainer:
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             metrics["training/global_step"] = run.global_step
             metrics["training/epoch"] = run.loader.epoch
-            last = run.global_step == run.total_steps
+            last = run.is_last_step()
             if run.val_records and (last or (cfg.trainer.test_freq > 0 and run.global_step % cfg.trainer.test_freq == 0)):
                 metrics.update(self.validate())
             run.tracker.log(metrics, step=run.global_step)
@@ -68,6 +68,8 @@ class PPOTrainer:
             if last or (cfg.trainer.save_freq > 0 and run.global_step % cfg.trainer.save_freq == 0):
                 run.save_checkpoint(self.kl_ctrl.state_dict())
                 _fault_injection_point(run.global_step)
+            if last:
+                break
         run.finish()
         return metrics
 
@@ -77,6 +79,7 @@ class PPOTrainer:
         timer, metrics = StageTimer(), {}
         with timer("gen"):
             batch = run.actor.generate(prompts, self.sampling)
+        metrics.update(batch.meta.pop(K.ROLLOUT_METRICS, {}))
         with timer("reward"):
             scores, reward_metrics = score(batch, run.compute_score)
             batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])

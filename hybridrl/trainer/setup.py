@@ -5,14 +5,16 @@ Kept apart from the loop so `ppo.py` reads as the algorithm and this file as the
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hybridrl.config import plan_batches, save_config, to_dict
+from hybridrl.config import ConfigError, plan_batches, save_config, to_dict
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
@@ -20,7 +22,7 @@ from hybridrl.data.dataset import PromptLoader, load_prompt_records, render_prom
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
-from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
+from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.tracking.tracker import Tracker, append_samples
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.workers.actor import ActorRolloutRefWorker
@@ -51,6 +53,13 @@ class RunContext:
     global_step: int = 0
     trainer_state: dict = field(default_factory=dict)
     closed: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+    def is_last_step(self) -> bool:
+        """The step just taken ends the run: the step count is reached, or the wall-clock budget
+        (`trainer.max_wall_time_s`, counted from when this process built the run) is spent."""
+        limit = self.cfg.trainer.max_wall_time_s
+        return self.global_step >= self.total_steps or (limit is not None and time.perf_counter() - self.started >= limit)
 
     @property
     def ckpt_root(self) -> Path:
@@ -109,8 +118,19 @@ def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
 def _reward_fn(cfg):
     c = cfg.custom_reward_function
     if c.path:
-        return load_custom_reward_fn(c.path, c.name), (lambda source: False)
-    return default_compute_score, needs_ground_truth
+        fn, need_gt = load_custom_reward_fn(c.path, c.name), (lambda source: False)
+    else:
+        fn, need_gt = default_compute_score, needs_ground_truth
+    return (functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn), need_gt
+
+
+def _check_reward_kwargs(cfg, records) -> None:
+    c = cfg.custom_reward_function
+    custom = load_custom_reward_fn(c.path, c.name) if c.path else None
+    try:
+        check_reward_kwargs(custom, c.reward_kwargs, {r.data_source for r in records})
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
 
 
 def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
@@ -211,6 +231,7 @@ def _prompt_data(cfg, tokenizer, need_gt):
         prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
         max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
     )  # fmt: skip
+    _check_reward_kwargs(cfg, records)
     val_records = []
     if cfg.data.val_files:
         val_records = load_prompt_records(

@@ -8,6 +8,7 @@ stopped; with `trainer.max_restarts: N` fresh groups resume from the last good c
 from __future__ import annotations
 
 import copy
+import time
 
 from hybridrl.distributed.groups import WorkerDiedError
 from hybridrl.trainer import checkpoint as ckpt
@@ -16,11 +17,13 @@ from hybridrl.trainer.setup import run_dir
 
 def fit_with_restarts(cfg, make_trainer) -> dict:
     """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths."""
-    limit = cfg.trainer.max_restarts
+    limit, launched = cfg.trainer.max_restarts, time.perf_counter()
     for attempt in range(limit + 1):
         trainer = None
         try:
             trainer = make_trainer(cfg)
+            # trainer.max_wall_time_s counts from this launch, not from the latest restart.
+            trainer.run.started = launched
             return trainer.fit()
         except WorkerDiedError as e:
             last = ckpt.latest_checkpoint(run_dir(cfg) / "checkpoints")

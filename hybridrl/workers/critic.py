@@ -10,12 +10,15 @@ import torch
 from hybridrl.algorithms import compute_value_loss
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.token_batching import restore_order
 from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
-from hybridrl.distributed.fsdp import dp_normalizer, place
+from hybridrl.distributed.fsdp import place
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.packing import pack
+from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype
+from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype, dp_micro_batches
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
 
 
@@ -36,26 +39,39 @@ class CriticWorker:
             what="critic.model.path",
             backbone_only=True,
         )
-        if c.model.enable_gradient_checkpointing:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # FSDP2 on several ranks; the critic is run through response_values, not forward.
-        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload, ("response_values",))
+        # Not compiled: unlike the actor's, the critic's layers were not measured compiled.
+        self.packing = prepare_model(backbone, self.device, remove_padding=c.model.use_remove_padding,
+                                     attn_backend=m.packed_attn_backend, checkpointing=c.model.enable_gradient_checkpointing)  # fmt: skip
+        # FSDP2 on several ranks; the critic is run through its response-value methods, not forward.
+        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload,
+                           ("response_values", "packed_response_values"))  # fmt: skip
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), c.optim)
         self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)
 
     def _values(self, micro: Batch) -> torch.Tensor:
+        """V (b, R) of a micro-batch; packed (padding-free) unless use_remove_padding=false."""
+        seqs = [micro[k] for k in SEQ_KEYS]
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-            return self.model.response_values(*(micro[k] for k in SEQ_KEYS))
+            if self.packing:
+                return self.model.packed_response_values(pack(*seqs))
+            return self.model.response_values(*seqs)
+
+    def _micro_batches(self, batch: Batch, budget: int, key: str):
+        c = self.cfg.critic
+        return dp_micro_batches(batch, micro_size=self.plan.critic.micro_batch, dynamic=c.use_dynamic_bsz,
+                                max_tokens=budget, what=key)  # fmt: skip
 
     @register(Dispatch.DP)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """Adds VALUES (B, R), zero outside the response."""
         self.model.eval()
-        out = [self._values(micro.to(self.device)).cpu() for micro in batch.select(SEQ_KEYS).split(self.plan.critic.micro_batch)]
+        micros, order = self._micro_batches(batch.select(SEQ_KEYS), self.cfg.critic.forward_max_token_len_per_gpu,
+                                            "critic.forward_max_token_len_per_gpu")  # fmt: skip
+        out = [self._values(micro.to(self.device)).cpu() for micro in micros]
         self.model.train()
-        batch[K.VALUES] = torch.cat(out) * batch[K.RESPONSE_MASK]
+        batch[K.VALUES] = restore_order(torch.cat(out), order) * batch[K.RESPONSE_MASK]
         return batch
 
     @register(Dispatch.DP)
@@ -65,10 +81,10 @@ class CriticWorker:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
-                # Normalizers over the whole mini-batch on every rank (see dp_normalizer).
-                global_tokens, global_seqs = dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), dp_normalizer(len(mini))
+                norms = ActorRolloutRefWorker._mini_batch_norms(mini)  # the one normalizer (global over dp), see there
                 vf_loss_total, clipfrac = 0.0, []
-                for micro in mini.split(self.plan.critic.micro_batch):
+                micros, _ = self._micro_batches(mini, c.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
+                for micro in micros:
                     micro = micro.to(self.device)
                     vpreds = self._values(micro)
                     out = compute_value_loss(
@@ -78,8 +94,7 @@ class CriticWorker:
                         response_mask=micro[K.RESPONSE_MASK],
                         cliprange_value=c.cliprange_value,
                         loss_agg_mode=c.loss_agg_mode,
-                        global_tokens=global_tokens,
-                        global_seqs=global_seqs,
+                        **norms,
                     )
                     out["vf_loss"].backward()
                     vf_loss_total += float(out["vf_loss"].detach())

@@ -142,6 +142,10 @@ BROKEN = [
     ([f"{A}.clip_ratio_c=1.0"], f"{A}.clip_ratio_c=1.0 must be > 1"),
     ([f"{A}.clip_ratio_low=-0.1"], f"{A}.clip_ratio_low=-0.1 must be > 0"),
     ([f"{R}.top_p=0"], f"{R}.top_p=0.0 must be in (0, 1]"),
+    ([f"{R}.gpu_memory_utilization=1.5"], f"{R}.gpu_memory_utilization=1.5 must be in (0, 1]"),
+    ([f"{R}.max_num_batched_tokens=0"], f"{R}.max_num_batched_tokens=0 must be >= 1"),
+    ([f"{R}.name=native", f"{R}.n=8", f"{R}.max_num_seqs=4"], f"{R}.max_num_seqs=4 must be >= rollout.n=8"),
+    ([f"{R}.name=natve"], f"use e.g. {R}.name=native"),
     ([f"{R}.top_k=0"], f"{R}.top_k=0 must be -1 (off) or >= 1"),
     ([f"{R}.temperature=-1"], f"{R}.temperature=-1.0 must be >= 0"),
     ([f"{R}.val_kwargs.top_p=1.5"], f"{R}.val_kwargs.top_p=1.5 must be in (0, 1]"),
@@ -163,7 +167,7 @@ BROKEN = [
     (["trainer.resume_mode=resume"], "use e.g. trainer.resume_mode=auto"),
     (["trainer.device=gpu"], "trainer.device=gpu is not one of auto, cpu, cuda"),
     (["trainer.logger=[console, wandbb]"], "has 'wandbb', not among console"),
-    ([f"{R}.name=sglang"], f"{R}.name=sglang is not one of hf, native, vllm"),
+    ([f"{R}.name=sglang"], f"{R}.name=sglang is not one of auto, native, hf, vllm"),
     ([f"{A}.optim.lr_scheduler_type=linear"], "is not one of constant, cosine"),
     # requirements
     (["actor_rollout_ref.model.path="], "actor_rollout_ref.model.path is empty"),
@@ -226,6 +230,8 @@ def test_split_placement_plans_each_role_on_its_own_devices():
      "no critic is trained", {"resource_pool.critic": None}),
     (["warmup.steps=5", "warmup.files=x.jsonl", "warmup.batch_size=5"], "must divide by the actor's data-parallel size 2",
      {"warmup.batch_size": 4}),
+    (["actor_rollout_ref.model.lora_rank=8"], "(LoRA) runs on one device only, not yet under FSDP with the actor's "
+     "data-parallel size 2", {"actor_rollout_ref.model.lora_rank": 0}),
 ])  # fmt: skip
 def test_placement_problems_name_the_keys_and_a_fix(overrides, message, fix):
     cfg = load("trainer.n_gpus_per_node=2", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", *overrides, check=False)
@@ -240,3 +246,35 @@ def test_split_critic_batch_must_divide_over_its_own_devices():
                "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", check=False)  # fmt: skip
     msgs = [p.message for p in find_problems(cfg)]
     assert any("critic" in m and "data-parallel size 3" in m and "resource_pool.critic=3" in m for m in msgs), msgs
+
+
+# --------------------------------------------------------------------------- token budgets, LoRA, packing
+
+
+def test_token_budget_below_the_longest_sequence_names_the_key_it_comes_from():
+    msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=600", check=False))
+    assert msgs == [f"{A}.ppo_max_token_len_per_gpu=600 is below the longest possible sequence, data.max_prompt_length "
+                    f"+ data.max_response_length = 1024 tokens, which must fit one micro-batch; use e.g. "
+                    f"{A}.ppo_max_token_len_per_gpu=1024"]  # fmt: skip
+    # Log-prob passes inherit the actor's switch and budget; their own values are reported as their own.
+    msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=512", check=False))
+    assert len(msgs) == 1 and msgs[0].startswith(f"{R}.log_prob_max_token_len_per_gpu=512 is below")
+    assert validate(load(f"{A}.ppo_max_token_len_per_gpu=600", check=False)) == []  # dynamic off: unused
+
+
+def test_dynamic_bsz_inheritance_is_resolved():
+    from hybridrl.config.schema import resolve
+
+    cfg = resolve(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=4096", "critic.ppo_max_token_len_per_gpu=8192"))
+    a = cfg.actor_rollout_ref
+    assert (a.rollout.log_prob_use_dynamic_bsz, a.rollout.log_prob_max_token_len_per_gpu) == (True, 4096)
+    assert (a.ref.log_prob_use_dynamic_bsz, a.ref.log_prob_max_token_len_per_gpu) == (True, 4096)
+    assert cfg.critic.forward_max_token_len_per_gpu == 8192
+
+
+def test_lora_and_packing_keys_are_checked():
+    msgs = validate(load("actor_rollout_ref.model.lora_rank=-1", "actor_rollout_ref.model.packed_attn_backend=flash",
+                         check=False))  # fmt: skip
+    assert any(m.startswith("actor_rollout_ref.model.lora_rank=-1 must be >= 0") for m in msgs)
+    assert any(m.startswith("actor_rollout_ref.model.packed_attn_backend=flash is not one of auto, varlen, flex, sdpa")
+               for m in msgs)  # fmt: skip

@@ -54,12 +54,13 @@ class RankEcho:
             raise ValueError("bad input on rank 1")
 
 
-def _cfg(model_dir, data, gpus, **trainer):
+def _cfg(model_dir, data, gpus, actor=None, rollout=None, **trainer):
     return config_from_dict({
         "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
         "actor_rollout_ref": {"model": {"path": model_dir},
-                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1},
-                              "rollout": {"n": 2}},
+                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1,
+                                        **(actor or {})},
+                              "rollout": {"n": 2, **(rollout or {})}},
         "algorithm": {"adv_estimator": "grpo"},
         "trainer": {"device": "cpu", "n_gpus_per_node": gpus, "logger": ["jsonl"], "val_before_train": False, **trainer},
     })  # fmt: skip
@@ -199,6 +200,61 @@ def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, t
         sft2, sft1 = two.update_sft(b2.select(b2.keys())), one.update_sft(b2.select(b2.keys()))
         for k in ("loss", "mean_token_accuracy", "num_tokens", "actor/grad_norm"):
             assert sft2[k] == pytest.approx(sft1[k], rel=1e-5), (k, sft1[k], sft2[k])
+    finally:
+        backend.shutdown()
+
+
+class TunableActor(ActorRolloutRefWorker):
+    """The actor worker with one extra method: change update keys between calls."""
+
+    @register(Dispatch.ALL)
+    def set_actor_keys(self, **keys) -> None:
+        for k, v in keys.items():
+            setattr(self.arr.actor, k, v)
+
+
+def test_fsdp2_token_budgets_every_loss_agg_mode_and_native_rollout_match_one_device(
+        ray_session, tiny_model_with_weights, arith_data):  # fmt: skip
+    """Packed passes (the default) with token-budget micro-batches on 2 ranks: rank 0's shard of
+    `_rollouts` needs 4 micro-batches of 12 tokens and rank 1's only 2, so the ranks must agree
+    on a count (FSDP runs collectives in every pass). Every loss_agg_mode gives the one-device
+    loss and gradient norm (global normalizers). The native engine gets the gathered full weights
+    after each update and generates what one device generates."""
+    from hybridrl.distributed.ray_backend import RayBackend
+    from hybridrl.rollout import SamplingParams
+
+    budget = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12}
+    cfgs = [_cfg(tiny_model_with_weights, arith_data, gpus, actor=budget, rollout={"name": "native"}) for gpus in (1, 2)]
+    assert cfgs[1].actor_rollout_ref.rollout.log_prob_use_dynamic_bsz  # inherited: log-prob passes by budget too
+    one = LocalWorkerGroup(TunableActor(cfgs[0], plan_batches(cfgs[0]), torch.device("cpu")))
+    backend = RayBackend(cfgs[1], plan_batches(cfgs[1]), {ACTOR: TunableActor})
+    two = backend.groups[ACTOR]
+    prompts = Batch({K.PROMPTS: torch.randint(2, 40, (4, 5), generator=torch.Generator().manual_seed(3)),
+                     K.PROMPT_MASK: torch.ones(4, 5, dtype=torch.long)})  # fmt: skip
+    greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=4)
+
+    def same_generations():
+        g1, g2 = one.generate(prompts.select(prompts.keys()), greedy), two.generate(prompts.select(prompts.keys()), greedy)
+        assert torch.equal(g2[K.RESPONSES], g1[K.RESPONSES])
+        torch.testing.assert_close(g2[K.ROLLOUT_LOG_PROBS], g1[K.ROLLOUT_LOG_PROBS], rtol=1e-5, atol=1e-5)
+        return g1
+
+    try:
+        for g in (one, two):
+            g.init_model(tiny_model_with_weights, False, 10, False)
+        first = same_generations()
+        b = _rollouts(0, 40)
+        lp1 = one.compute_log_prob(b.select(b.keys()))[K.OLD_LOG_PROBS]
+        torch.testing.assert_close(two.compute_log_prob(b.select(b.keys()))[K.OLD_LOG_PROBS], lp1, rtol=1e-5, atol=1e-6)
+        b = _with_old_log_probs(one, b, 10)
+        for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+            for g in (one, two):
+                g.set_actor_keys(loss_agg_mode=mode, entropy_coeff=0.01)
+            m1, m2 = one.update_actor(b.select(b.keys())), two.update_actor(b.select(b.keys()))
+            for k in ("actor/pg_loss", "actor/grad_norm"):
+                assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), (mode, k, m1[k], m2[k])
+        after = same_generations()  # the engines got the updated weights (full tensors on 2 ranks)
+        assert not torch.equal(after[K.ROLLOUT_LOG_PROBS], first[K.ROLLOUT_LOG_PROBS])
     finally:
         backend.shutdown()
 

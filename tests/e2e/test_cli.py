@@ -76,7 +76,13 @@ def test_train_changes_parameters_and_logs_finite_metrics(estimator, tiny_model_
     ev = cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],
              "--max-response-length", 4, "--output", tmp_path / "eval.jsonl")  # fmt: skip
     assert "arith: accuracy" in ev.stdout
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 16
+    rows = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert len(rows) == 16
+    if estimator == "grpo":  # the native engine decodes greedily to the same answers as HF generate
+        cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],
+            "--max-response-length", 4, "--output", tmp_path / "eval_native.jsonl", "--rollout", "native")  # fmt: skip
+        native = [json.loads(x) for x in (tmp_path / "eval_native.jsonl").read_text().splitlines()]
+        assert [r["response"] for r in native] == [r["response"] for r in rows]
 
 
 def _write_empty_yaml(tmp_path) -> Path:
@@ -155,3 +161,29 @@ def test_bad_data_and_raising_reward_function(tiny_model_with_weights, arith_dat
     rows = metrics(out)[1:]
     assert sum(r["reward/errors"] for r in rows) > 0
     assert "boom" in proc.stderr and proc.stderr.count("boom") <= 2  # the first traceback, once
+
+
+def test_reward_kwargs_reach_the_scorer_and_mismatches_fail_early(tiny_model_with_weights, arith_data, tmp_path):
+    cfg = _write_empty_yaml(tmp_path)
+    # The built-in arith scorer takes no options: a typo'd or foreign kwarg stops the run up front.
+    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
+               "custom_reward_function.reward_kwargs={format_score: 0.1}", check=False)  # fmt: skip
+    assert proc.returncode == 2 and "reward_kwargs" in proc.stderr and "'arith'" in proc.stderr
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus=0.0):\n"
+                      "    return bonus\n")  # fmt: skip
+    out = tmp_path / "r2"
+    cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1}),
+        f"custom_reward_function.path={reward}", "custom_reward_function.reward_kwargs={bonus: 0.375}")  # fmt: skip
+    assert metrics(out)[1]["critic/score/mean"] == 0.375
+
+
+def test_wall_time_budget_ends_the_run_like_its_last_step(tiny_model_with_weights, arith_data, tmp_path):
+    out = tmp_path / "run"
+    proc = cli("train", _write_empty_yaml(tmp_path),
+               *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1000,
+                                                                           "trainer.max_wall_time_s": 0.001}))  # fmt: skip
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1]  # one step, then stop
+    assert "val-core/arith/reward/mean@1" in rows[1]  # validated as a last step is
+    assert (out / "checkpoints" / "latest").read_text() == "step_1" and "step 1/1000" in proc.stdout

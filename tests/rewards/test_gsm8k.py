@@ -64,3 +64,19 @@ def test_compute_score_values():
     assert compute_score("#### 72.", "72") == 0.0  # exact string match, as in verl
     assert compute_score("I get 72", "72", method="flexible") == 1.0
     assert isinstance(compute_score("#### 72", "72"), float)
+
+
+def test_reward_kwargs_are_checked_against_the_scorers_in_use():
+    from hybridrl.rewards import check_reward_kwargs, default_compute_score
+
+    assert default_compute_score("gsm8k", "so #### 71", "72", format_score=0.25) == 0.25
+    check_reward_kwargs(None, {"format_score": 0.1, "method": "flexible"}, ["gsm8k", "openai/gsm8k"])
+    with pytest.raises(ValueError, match="'arith'"):
+        check_reward_kwargs(None, {"format_score": 0.1}, ["gsm8k", "arith"])
+
+    def custom(data_source, solution_str, ground_truth, extra_info):
+        return 0.0
+
+    with pytest.raises(ValueError, match="custom reward function"):
+        check_reward_kwargs(custom, {"bonus": 1}, ["anything"])
+    check_reward_kwargs(lambda data_source, solution_str, ground_truth, extra_info, **kw: 0.0, {"bonus": 1}, ["x"])

@@ -3,13 +3,16 @@ mini-batch does not depend on how it is split into micro-batches."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.data.token_batching import partition_by_tokens, sequence_lengths
+from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
 
 
 def make_worker(model_dir, **actor):
@@ -46,25 +49,65 @@ def random_batch(n=7, P=4, R=6, vocab=40, seed=0):
     )
 
 
-def grads_for_split(worker, batch, micro: int):
+def grads_for_split(worker, batch, micro: int | None = None, budget: int | None = None):
+    """The accumulated gradient of one optimizer step, split as the update splits it."""
+    a = worker.arr.actor
+    a.use_dynamic_bsz = budget is not None
+    a.ppo_max_token_len_per_gpu = budget or 0
+    worker.plan = dataclasses.replace(worker.plan, actor=dataclasses.replace(worker.plan.actor, micro_batch=micro or 7))
     worker.model.zero_grad(set_to_none=True)
-    tokens = float(batch[K.RESPONSE_MASK].sum())
-    for part in batch.split(micro):
-        loss, _ = worker._policy_loss(part, tokens, len(batch))
-        loss.backward()
+    worker._mini_batch_backward(batch)
     return {n: p.grad.clone() for n, p in worker.model.named_parameters() if p.grad is not None}
 
 
+def budget_for(batch, parts: int) -> int:
+    """The smallest token budget that splits `batch` into exactly `parts` micro-batches."""
+    lengths = sequence_lengths(batch).tolist()
+    for budget in range(max(lengths), sum(lengths) + 1):
+        if len(partition_by_tokens(lengths, budget)) == parts:
+            return budget
+    raise AssertionError(f"no budget gives {parts} micro-batches")
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_gradient_independent_of_micro_batch_split(tiny_model_dir, mode):
+@pytest.mark.parametrize("packed", [True, False])
+def test_gradient_independent_of_micro_batch_split(tiny_model_dir, mode, packed):
+    """1, 3 and 7 micro-batches, fixed or by token budget, give the single-batch gradient (float64)."""
     worker = make_worker(tiny_model_dir, loss_agg_mode=mode)
+    worker.model.double()
+    if not packed:
+        worker.packing = None
     batch = random_batch()
-    whole = grads_for_split(worker, batch, 7)
+    whole = grads_for_split(worker, batch, micro=7)
     assert sum(g.abs().sum() for g in whole.values()) > 0
-    for micro in (3, 1):
-        split = grads_for_split(worker, batch, micro)
-        for name, g in whole.items():
-            torch.testing.assert_close(split[name], g, rtol=1e-4, atol=1e-6, msg=f"{mode}, micro={micro}, {name}")
+    splits = {"fixed 3": dict(micro=3), "fixed 1": dict(micro=1),
+              "budget 3": dict(budget=budget_for(batch, 3)), "budget 7": dict(budget=budget_for(batch, 7))}  # fmt: skip
+    for name, split in splits.items():
+        got = grads_for_split(worker, batch, **split)
+        for pname, g in whole.items():
+            # The padded path computes log-probs in float32 (its logits are float32 at best).
+            tol = {} if packed else dict(rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(got[pname], g, **tol, msg=f"{mode}, {name}, {pname}")
+
+
+def test_packed_and_padded_log_probs_agree(tiny_model_dir):
+    worker = make_worker(tiny_model_dir)
+    batch = random_batch()
+    packed = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    backend, worker.packing = worker.packing, None
+    padded = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    assert backend == "sdpa"
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+
+
+def test_update_reports_pad_fraction(tiny_model_dir):
+    worker = make_worker(tiny_model_dir, ppo_micro_batch_size_per_gpu=7)
+    batch = random_batch()
+    assert worker.update_actor(batch)["actor/pad_fraction"] == 0.0  # packed: no padding computed
+    worker.packing = None
+    real = float(batch[K.PROMPT_MASK].sum() + batch[K.RESPONSE_MASK].sum())
+    want = 1 - real / (7 * (4 + 6))
+    assert worker.update_actor(batch)["actor/pad_fraction"] == pytest.approx(want)
 
 
 def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
@@ -79,3 +122,47 @@ def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 0 and m["actor/nonfinite_in_a_row"] == 0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+
+
+def test_reference_copy_has_its_own_layers(tiny_model_dir):
+    """freeze_reference after the layers were compiled: the copy must not call the policy's layers
+    through a copied torch.compile wrapper (compilation itself is lazy: nothing compiles here)."""
+    from hybridrl.models.prepare import compile_decoder_layers
+
+    worker = make_worker(tiny_model_dir)
+    worker.ref = None
+    compile_decoder_layers(worker.model)
+    worker.freeze_reference()
+    assert all(m._compiled_call_impl is None for m in worker.ref.modules())
+    assert worker.ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
+
+
+def test_loaded_reference_runs_packed(tiny_model_with_weights):
+    """A reference loaded from disk (resume) gets the packed-attention hook too."""
+    worker = make_worker(tiny_model_with_weights)
+    worker.ref = None
+    worker.init_model(tiny_model_with_weights, False, 10, need_ref=True, ref_path=tiny_model_with_weights)
+    assert worker.ref.config._attn_implementation == "hybridrl_packed_sdpa"
+    batch = random_batch()
+    ref = worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS]
+    policy = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    torch.testing.assert_close(ref, policy)  # same weights, same passes
+
+
+def test_generation_does_not_use_the_compiled_layers(tiny_model_dir):
+    from hybridrl.rollout import SamplingParams
+    from hybridrl.models.prepare import compile_decoder_layers
+
+    worker = make_worker(tiny_model_dir)
+    compile_decoder_layers(worker.model)
+    layers = worker.model.get_decoder().layers
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("generation called a compiled layer")
+
+    for layer in layers:
+        layer._compiled_call_impl = must_not_run  # stands for the compiled wrapper
+    prompts = Batch({K.PROMPTS: torch.randint(2, 40, (2, 3)), K.PROMPT_MASK: torch.ones(2, 3, dtype=torch.long)})
+    out = worker.generate(prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=3))
+    assert out[K.RESPONSES].shape[0] == 2
+    assert all(layer._compiled_call_impl is must_not_run for layer in layers)  # restored for the training passes

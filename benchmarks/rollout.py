@@ -1,0 +1,209 @@
+"""Rollout throughput: the native engine vs HF `generate`, same weights and prompts, one run.
+
+Command (one GPU):  PYTHONPATH=. python benchmarks/rollout.py --out $OUT
+CPU smoke test:     PYTHONPATH=. python benchmarks/rollout.py --tiny --out /tmp/rollout_bench
+
+For each model (Qwen2.5-0.5B and 1.5B architectures, random weights) and each batch (64 and 256
+prompts of 256 random tokens), both engines generate 512 new tokens per prompt with EOS ignored
+(HF: min_new_tokens = max_new_tokens), sampling at temperature 1, top-p 1, top-k off.
+- tokens/s: new tokens / wall time of the whole generate call (prefill included), after one
+  warm-up call (the native engine captures its CUDA graphs there);
+- decode ms/step: native: the engine's own per-step time (host work included); HF: (wall time -
+  prefill time) / (new tokens - 1), the prefill timed as a 1-token generate;
+- floor ms/step: bytes one decode step must read (bf16 weights once + the K/V of every sequence
+  at the mean context length) / the copy bandwidth measured here (a 1 GiB device-to-device copy);
+- peak memory: torch.cuda.max_memory_allocated during the timed call (it includes the HF model
+  kept for the baseline, listed beside it);
+- switch time: an fp32 "trainer" model on the same GPU; wake() + load_weights(all parameters,
+  fp32 -> bf16 copy in place) + sleep(), median of 5.
+Prints a table and writes rollout_bench.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hybridrl.data import keys as K  # noqa: E402
+from hybridrl.data.batch import Batch  # noqa: E402
+from hybridrl.rollout import SamplingParams  # noqa: E402
+from hybridrl.rollout.native.engine import NativeRolloutEngine  # noqa: E402
+
+COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+              tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"], eos_token_id=151643, pad_token_id=151643)  # fmt: skip
+MODELS = {
+    "Qwen2.5-0.5B": dict(COMMON, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864),
+    "Qwen2.5-1.5B": dict(COMMON, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960),
+    "tiny": dict(COMMON, vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, eos_token_id=1, pad_token_id=0),
+}  # fmt: skip
+
+
+class _Tok:
+    """Just what the engines need from a tokenizer (ids in, ids out): no vocabulary files."""
+
+    def __init__(self, eos, pad):
+        self.eos_token_id, self.pad_token_id = eos, pad
+
+    def batch_decode(self, seqs, skip_special_tokens=True):
+        return [" ".join(map(str, s.tolist())) for s in seqs]
+
+
+def hf_model(name: str, device):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**MODELS[name])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def make_prompts(n: int, length: int, vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(2, vocab, (n, length), generator=g)
+    return Batch({K.PROMPTS: ids, K.PROMPT_MASK: torch.ones_like(ids)}, {K.UID: [str(i) for i in range(n)]})
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted)."""
+    if device.type != "cuda":
+        return float("nan")
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    sync()
+    return 2 * 10 * x.numel() / (time.perf_counter() - t)
+
+
+def floor_ms(engine, n_seqs: int, mean_ctx: float, bandwidth: float) -> float:
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    m, cfg = engine.model, engine.hf_config
+    kv = n_seqs * mean_ctx * cfg.num_hidden_layers * 2 * m.n_kv_heads * m.head_dim * 2  # bf16 K and V
+    return 1000 * (weights + kv) / bandwidth
+
+
+def run_native(engine, prompts, new_tokens):
+    s = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens)
+    engine.generate(prompts, SamplingParams(n=1, temperature=1.0, max_new_tokens=4))  # capture graphs
+    sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    out = engine.generate(prompts, s)
+    sync()
+    wall = time.perf_counter() - t
+    tokens = int(out[K.RESPONSE_MASK].sum())
+    assert tokens == len(prompts) * new_tokens, "EOS was not ignored"
+    return dict(tokens_per_s=tokens / wall, decode_ms=engine.last_metrics["rollout/decode_ms_per_step"], wall_s=wall,
+                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"))  # fmt: skip
+
+
+def run_hf(model, prompts, new_tokens, device):
+    ids, mask = prompts[K.PROMPTS].to(device), prompts[K.PROMPT_MASK].to(device)
+
+    def gen(n):
+        sync()
+        t = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                             max_new_tokens=n, min_new_tokens=n, pad_token_id=0)  # fmt: skip
+        sync()
+        return time.perf_counter() - t, out
+
+    gen(2)  # warm-up
+    prefill, _ = gen(1)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    wall, out = gen(new_tokens)
+    assert out.shape[1] - ids.shape[1] == new_tokens
+    tokens = len(prompts) * new_tokens
+    return dict(tokens_per_s=tokens / wall, decode_ms=1000 * (wall - prefill) / (new_tokens - 1), wall_s=wall,
+                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"))  # fmt: skip
+
+
+def switch_time(engine, trainer_model) -> float:
+    times = []
+    for _ in range(5):
+        sync()
+        t = time.perf_counter()
+        engine.wake()
+        engine.load_weights(trainer_model.named_parameters())
+        engine.sleep()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny config")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--batches", nargs="*", type=int, default=None)
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.tiny else "cuda")
+    models = args.models or (["tiny"] if args.tiny else ["Qwen2.5-0.5B", "Qwen2.5-1.5B"])
+    batches = args.batches or ([4, 8] if args.tiny else [64, 256])
+    prompt_len, new_tokens = (16, 32) if args.tiny else (256, 512)
+    bw = copy_bandwidth(device)
+    results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                   copy_bandwidth_gb_s=bw / 1e9, prompt_len=prompt_len, new_tokens=new_tokens, rows=[], switch={})  # fmt: skip
+    print(f"device {results['device']}, copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    for name in models:
+        trainer = hf_model(name, device)  # fp32, as the trainer holds it
+        cfg = MODELS[name]
+        engine = NativeRolloutEngine(trainer.config, _Tok(cfg["eos_token_id"], cfg["pad_token_id"]), device=device,
+                                     max_model_len=prompt_len + new_tokens, max_num_seqs=max(batches),
+                                     gpu_memory_utilization=0.5, ignore_eos=True)  # fmt: skip
+        engine.load_weights(trainer.named_parameters())
+        results["switch"][name] = switch_time(engine, trainer)
+        print(f"{name}: switch (wake + load_weights fp32->{engine.dtype} + sleep) {1000 * results['switch'][name]:.1f} ms", flush=True)
+        baseline = trainer.to(torch.bfloat16) if device.type == "cuda" else trainer  # same weights, in place
+        for b in batches:
+            prompts = make_prompts(b, prompt_len, cfg["vocab_size"])
+            row = dict(model=name, prompts=b, native=run_native(engine, prompts, new_tokens))
+            row["floor_ms"] = floor_ms(engine, b, prompt_len + new_tokens / 2, bw)
+            row["kv_cache_gb"] = engine.cache.data.numel() * engine.cache.data.element_size() / 1e9
+            print(f"{name} x{b}: native {row['native']}", flush=True)
+            if not args.no_hf:
+                row["hf"] = run_hf(baseline, prompts, new_tokens, device)
+                row["speedup"] = row["native"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+                print(f"{name} x{b}: hf {row['hf']}", flush=True)
+            results["rows"].append(row)
+        del engine, trainer, baseline
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print("\n| model | prompts | native tok/s | HF tok/s | speedup | native decode ms/step | floor ms/step | HF decode ms/step | native peak GB | HF peak GB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results["rows"]:
+        n, h = r["native"], r.get("hf", {})
+        print(f"| {r['model']} | {r['prompts']} | {n['tokens_per_s']:.0f} | {h.get('tokens_per_s', float('nan')):.0f} | "
+              f"{r.get('speedup', float('nan')):.1f}x | {n['decode_ms']:.2f} | {r['floor_ms']:.2f} | "
+              f"{h.get('decode_ms', float('nan')):.1f} | {n['peak_gb']:.2f} | {h.get('peak_gb', float('nan')):.2f} |")  # fmt: skip
+    for name, t in results["switch"].items():
+        print(f"switch time {name}: {1000 * t:.1f} ms")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollout_bench.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""LoRA through peft: adapters on the policy, the base as the reference, merged weights out.
+
+- `apply_lora` wraps the loaded HF model; only the adapters require grad, so the optimizer
+  (which takes trainable parameters only) never sees the base weights.
+- The reference policy is the same module with adapters disabled (`reference_view`): no second
+  copy of the base in memory.
+- Engines that take weights (the native rollout engine's `load_weights`, exports) get the
+  merged policy from `merged_named_parameters`: HF base names -> W + (alpha / r) B A, so the
+  rollouts follow the current policy and not the stale base (the silent failure of verl #7495).
+
+Checkpoints (`save_lora_checkpoint`): `actor/` is a plain HF directory of the merged weights
+(from_pretrained-loadable, for eval and export) and `actor/adapter/` holds the peft adapter.
+Resume loads the base (model.path, or `lora_base/` for random-init bases) and the adapter, so it
+is exact; merged weights alone could not be split back into base and adapter.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+ADAPTER_DIR = "adapter"  # inside the checkpoint's actor/ directory
+BASE_DIR = "lora_base"  # a random-init base, saved beside actor/ so resume can rebuild it
+
+
+def apply_lora(model, rank: int, alpha: int, target_modules):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none",
+                        task_type="CAUSAL_LM")  # fmt: skip
+    return get_peft_model(model, config)
+
+
+def load_lora(model, adapter_dir: str | Path):
+    """The base `model` with a saved adapter, trainable (resume)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+@contextmanager
+def reference_view(model):
+    """The reference policy: the base model, adapters off (no copy)."""
+    with model.disable_adapter():
+        yield model
+
+
+def _lora_layers(base) -> dict[str, torch.nn.Module]:
+    from peft.tuners.lora import LoraLayer
+
+    return {name: mod for name, mod in base.named_modules() if isinstance(mod, LoraLayer)}
+
+
+def _delta(layer) -> torch.Tensor | None:
+    """Sum over active, unmerged adapters of scale * B @ A, in the base weight's layout."""
+    if layer.disable_adapters:
+        return None
+    delta = None
+    for name in layer.active_adapters:
+        if name not in layer.lora_A or name in layer.merged_adapters:
+            continue
+        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight  # (r, in), (out, r)
+        d = (b.float() @ a.float()) * layer.scaling[name]  # (out, in)
+        if getattr(layer, "fan_in_fan_out", False):
+            d = d.T
+        delta = d if delta is None else delta + d
+    return delta
+
+
+@torch.no_grad()
+def merged_named_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF base name, merged weight) for every parameter of the policy, adapters folded in.
+
+    Works on a plain (non-peft) model too, yielding its parameters unchanged.
+    """
+    base = model.get_base_model() if is_lora(model) else model
+    layers = _lora_layers(base) if is_lora(model) else {}
+    for name, p in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        if ".base_layer." not in name:
+            yield name, p.detach()
+            continue
+        owner, rest = name.split(".base_layer.", 1)
+        delta = _delta(layers[owner]) if rest == "weight" else None
+        yield f"{owner}.{rest}", p.detach() if delta is None else (p.float() + delta).to(p.dtype)
+
+
+def save_lora_checkpoint(model, actor_dir: Path, base_dir: Path | None) -> None:
+    """actor_dir: merged HF model (+ adapter/); base_dir: the unmodified base, when given."""
+    base = model.get_base_model()
+    base.save_pretrained(actor_dir, state_dict={k: v.contiguous() for k, v in merged_named_parameters(model)},
+                         safe_serialization=True)  # fmt: skip
+    model.save_pretrained(actor_dir / ADAPTER_DIR, safe_serialization=True)
+    if base_dir is not None:
+        with model.disable_adapter():
+            state = {k: v.contiguous() for k, v in merged_named_parameters(model)}
+        base.save_pretrained(base_dir, state_dict=state, safe_serialization=True)

@@ -1,0 +1,282 @@
+"""Padding-free forward passes: a micro-batch's sequences concatenated into one row.
+
+RL batches are ragged (responses of 20 to 1000 tokens), so a padded (B, P + R) forward spends
+most of its FLOPs on padding. Here every sequence (prompt + response, padding stripped) is
+laid end to end in one row of N tokens with per-sequence position ids, and attention is kept
+inside each sequence by a varlen attention backend hooked into transformers' attention-function
+registry, so any Hugging Face causal LM that uses the registry (Llama, Qwen2/3, Mistral, ...)
+runs packed without model code of our own:
+
+- `varlen`: torch's `torch.nn.attention.varlen.varlen_attn` (FlashAttention kernels, GPU);
+- `flex`:   FlexAttention with a causal document mask (compiled);
+- `sdpa`:   SDPA over per-sequence padded rows, rebuilt inside the attention call (any device;
+            the CPU default and the float64 exactness tests).
+
+Only positions that predict a response token leave the backbone: their final hidden states
+are gathered before the LM head (`fused_log_probs`) or the value head.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.models.logprobs import fused_log_probs
+
+ATTN_PREFIX = "hybridrl_packed"  # registered in transformers' AttentionInterface as hybridrl_packed_<backend>
+BACKENDS = ("auto", "varlen", "flex", "sdpa")
+
+
+def attn_name(backend: str) -> str:
+    # The backend lives in the registered name, i.e. in config._attn_implementation, which
+    # transformers never writes to config.json: checkpoints stay loadable anywhere.
+    return f"{ATTN_PREFIX}_{backend}"
+
+
+def is_packed(config) -> bool:
+    return str(config._attn_implementation).startswith(ATTN_PREFIX)
+
+
+# -- packing ---------------------------------------------------------------------------------
+@dataclass
+class Packed:
+    """One micro-batch laid out as one row; b sequences, N tokens, M response tokens."""
+
+    input_ids: torch.Tensor  # (1, N)
+    position_ids: torch.Tensor  # (1, N), restarting at 0 for every sequence
+    cu_seqlens: torch.Tensor  # (b + 1,) int32, sequence boundaries in the row
+    max_len: int  # longest sequence
+    target_index: torch.Tensor  # (M,) positions whose output predicts a response token
+    rows: torch.Tensor  # (M,) sequence of each response token
+    cols: torch.Tensor  # (M,) its column in the (b, R) response layout
+    labels: torch.Tensor  # (M,) the response tokens
+    shape: tuple[int, int]  # (b, R)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """(M,) per-response-token values -> (b, R), zero outside the response mask."""
+        out = values.new_zeros(self.shape)
+        out[self.rows, self.cols] = values
+        return out
+
+
+def pack(prompts, prompt_mask, responses, response_mask) -> Packed:
+    """Strip the padding of left-padded prompts (b, P) and right-padded responses (b, R)."""
+    seq = torch.cat([prompts, responses], dim=1)  # (b, T)
+    keep = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)  # (b, T)
+    lens = keep.sum(1)  # (b,)
+    prompt_lens = prompt_mask.bool().sum(1)  # (b,)
+    if bool((prompt_lens == 0).any()):
+        raise ValueError("packing needs at least one prompt token per sequence (the first response token's context)")
+    cu = F.pad(lens.cumsum(0), (1, 0))  # (b + 1,)
+    positions = keep.long().cumsum(1) - 1  # (b, T)
+    rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major = packed order
+    # Response token j of sequence i sits at cu[i] + prompt_len[i] + j; the output one before predicts it.
+    target = cu[rows] + prompt_lens[rows] + cols - 1
+    return Packed(
+        input_ids=seq[keep][None],
+        position_ids=positions[keep][None],
+        cu_seqlens=cu.to(torch.int32),
+        max_len=int(lens.max()),
+        target_index=target,
+        rows=rows,
+        cols=cols,
+        labels=responses[rows, cols],
+        shape=tuple(responses.shape),
+    )
+
+
+# -- the attention hook ----------------------------------------------------------------------
+def _sequence_index(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of the n packed tokens: (its sequence, its position in the sequence)."""
+    lens = (cu[1:] - cu[:-1]).long()
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens, output_size=n)  # (N,)
+    return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
+
+
+def _sdpa_padded(q, k, v, cu, max_len: int, scale):
+    """q (N, Hq, D), k/v (N, Hkv, D) -> (N, Hq, D): SDPA over the sequences re-padded to rows."""
+    n, b = q.shape[0], cu.shape[0] - 1
+    seq, pos = _sequence_index(cu, n)
+
+    def rows(x):  # (N, H, D) -> (b, H, L, D)
+        out = x.new_zeros(b, max_len, *x.shape[1:])
+        out[seq, pos] = x
+        return out.transpose(1, 2)
+
+    # Right padding inside each row: a causal mask already hides it from every real query.
+    out = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+    return out.transpose(1, 2)[seq, pos]
+
+
+_VARLEN_PARAMS: set[str] | None = None
+
+
+def varlen_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _varlen(q, k, v, cu, max_len: int, scale):
+    global _VARLEN_PARAMS
+    from torch.nn.attention.varlen import varlen_attn
+
+    if _VARLEN_PARAMS is None:
+        _VARLEN_PARAMS = set(inspect.signature(varlen_attn).parameters)
+    kw = {"scale": scale}
+    # torch 2.11 says `is_causal`, later versions a causal `window_size`.
+    kw.update({"window_size": (-1, 0)} if "window_size" in _VARLEN_PARAMS else {"is_causal": True})
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            kw["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+_FLEX = None
+
+
+def _flex_attention():
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=True)
+    return _FLEX
+
+
+def document_block_mask(cu: torch.Tensor, n: int):
+    """FlexAttention mask: causal, and only within a token's own sequence."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seq, _ = _sequence_index(cu, n)
+
+    def causal_document(b, h, q_idx, kv_idx):
+        return (seq[q_idx] == seq[kv_idx]) & (q_idx >= kv_idx)
+
+    return create_block_mask(causal_document, None, None, n, n, device=cu.device)
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, *,
+                             packed_backend: str = "sdpa", **kwargs):  # fmt: skip
+    """transformers attention function: varlen over the packed row when the forward carries
+    `cu_seq_lens_q` (our packed passes), plain SDPA otherwise (generation, padded passes)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise NotImplementedError("packed attention does not support sliding windows or softcapping; "
+                                  "set actor_rollout_ref.model.use_remove_padding=false")  # fmt: skip
+    if dropout and module.training:
+        raise NotImplementedError("packed attention does not apply attention dropout; set the model's attention_dropout=0")
+    backend = packed_backend
+    max_len = int(kwargs["max_length_q"])
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        # RoPE leaves q, k in the residual stream's float32; the fused kernels want one 16-bit
+        # dtype (SDPA gets the same cast from autocast itself).
+        dt = torch.get_autocast_dtype(dev)
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    if backend == "flex":
+        out = _flex_attention()(query, key, value, block_mask=attention_mask, scale=scaling,
+                                enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip  (1, Hq, N, D)
+        return out.transpose(1, 2), None
+    # (1, H, N, D) -> (N, H, D)
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    fn = _varlen if backend == "varlen" else _sdpa_padded
+    return fn(q, k, v, cu, max_len, scaling)[None], None  # (1, N, Hq, D)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    for backend in BACKENDS[1:]:
+        AttentionInterface.register(attn_name(backend), functools.partial(packed_attention_forward, packed_backend=backend))
+        # Unpacked calls (generation, the padded fallback) build SDPA masks as before.
+        AttentionMaskInterface.register(attn_name(backend), sdpa_mask)
+
+
+def base_model(model):
+    """The transformers model under a peft wrapper (LoRA layers are injected into it in place)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """`auto`: the faster kernel measured on the GPU (BENCHMARKS.md), SDPA rows on CPU."""
+    if backend == "auto":
+        if device.type != "cuda":
+            return "sdpa"
+        return "varlen" if varlen_available(device) else "flex"
+    if backend == "varlen" and not varlen_available(device):
+        raise ValueError("packed_attn_backend=varlen needs a CUDA device and torch.nn.attention.varlen; use auto")
+    return backend
+
+
+def enable_packing(model, backend: str, device: torch.device) -> str | None:
+    """Route the model's attention through the packed hook; returns the backend, or None
+    (with the reason printed once) when this model cannot run packed and stays padded."""
+    m = base_model(model)
+    config = m.config
+    reason = None
+    if config._attn_implementation != "sdpa" and not is_packed(config):
+        reason = f"attn_implementation={config._attn_implementation!r} (the hook wraps sdpa)"
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        reason = "sliding-window attention"
+    elif any(getattr(config, k, None) for k in ("final_logit_softcapping", "attn_logit_softcapping", "logit_scale")):
+        reason = "logit softcapping/scaling"
+    if reason:
+        print(f"[hybridrl] use_remove_padding: {type(m).__name__} runs padded ({reason})", flush=True)
+        return None
+    _register()
+    backend = resolve_backend(backend, device)
+    config._attn_implementation = attn_name(backend)  # the setter passes it on to sub-configs
+    return backend
+
+
+def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
+    """Final hidden states at the M response-predicting positions: (M, H)."""
+    config = backbone.config
+    if not is_packed(config):
+        # Plain SDPA would attend across the whole packed row: every sequence would see the others.
+        raise RuntimeError(f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
+                           "call hybridrl.models.packing.enable_packing on it before packed passes")  # fmt: skip
+    kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
+                  max_length_q=packed.max_len, max_length_k=packed.max_len)  # fmt: skip
+    if config._attn_implementation == attn_name("flex"):
+        mask = document_block_mask(packed.cu_seqlens, packed.num_tokens)
+    else:
+        # A 4-D placeholder: transformers passes a ready 4-D mask through untouched, so no
+        # (N, N) packed-sequence mask is built; the attention hook ignores it.
+        mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.input_ids.device)
+    out = backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask,
+                   use_cache=False, **kwargs)  # fmt: skip
+    return out.last_hidden_state[0, packed.target_index]  # (M, H)
+
+
+def packed_log_probs(model, packed: Packed, *, temperature: float = 1.0, with_entropy: bool = False):
+    """Response log-probs (b, R), entropy (b, R) or None, and argmax hits (b, R) of a packed micro-batch."""
+    m = base_model(model)
+    head = m.get_output_embeddings()
+    hidden = packed_hidden(m.get_decoder(), packed)  # (M, H)
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("packed log-probs need an LM head without bias; set use_remove_padding=false")
+    logp, ent, hit = fused_log_probs(hidden, head.weight, packed.labels, temperature=temperature, with_entropy=with_entropy)
+    return packed.unpack(logp), (packed.unpack(ent) if ent is not None else None), packed.unpack(hit)

@@ -1,0 +1,77 @@
+"""Attention over the paged KV cache.
+
+- Prefill: the new sequences' tokens are right-padded into (B, T); K/V are written to the cache
+  through a slot mapping and the queries attend causally over the new tokens (no prefix reuse), so
+  plain causal SDPA is exact and padding at the end never reaches a real token.
+- Decode: one query token per sequence attends over its cached context. `paged_decode_reference`
+  gathers each sequence's blocks and runs SDPA with a length mask (CPU, and the test oracle);
+  on CUDA the Triton kernel in `triton_kernels.py` walks the block table instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.models.llama import rotary
+from hybridrl.rollout.native.cache import KVCache, write_kv
+
+
+def paged_decode_reference(
+    q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+) -> torch.Tensor:
+    """q (B, H, D); cache (N, bs, Hkv, D); block_tables (B, M); context_lens (B,) -> (B, H, D)."""
+    bs = cache_k.shape[1]
+    nb = -(-int(context_lens.max()) // bs)
+    tables = block_tables[:, :nb].long()  # (B, nb)
+    B = q.shape[0]
+    k = cache_k[tables].reshape(B, nb * bs, *cache_k.shape[2:])  # (B, nb*bs, Hkv, D)
+    v = cache_v[tables].reshape(B, nb * bs, *cache_v.shape[2:])
+    valid = torch.arange(nb * bs, device=q.device)[None, :] < context_lens[:, None]  # (B, nb*bs)
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
+        enable_gqa=q.shape[1] != k.shape[2],
+    )  # fmt: skip
+    return out[:, :, 0, :]
+
+
+class PrefillAttention:
+    """attend() for a right-padded prefill batch: writes K/V at `slots` (valid tokens only)."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor):
+        self.cache, self.slots, self.valid = cache, slots, valid  # slots (N,), valid (B*T,) flat indices
+
+    def __call__(self, layer: int, q, k, v, cos, sin):
+        B, T = q.shape[:2]
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
+        write_kv(self.cache.k(layer), self.cache.v(layer), flat(k), flat(v), self.slots)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
+        )  # (B, H, T, D)
+        return out.transpose(1, 2)
+
+
+class DecodeAttention:
+    """attend() for one new token per row: write its K/V at `slots`, attend over `context_lens`.
+
+    With `kernels` (the Triton module, CUDA) the rotary embedding and the K/V store are one kernel
+    and the attention another; otherwise the torch code and the gather reference run.
+    """
+
+    def __init__(self, cache: KVCache | None, kernels=None):
+        self.cache, self.kernels = cache, kernels
+        self.slots = self.block_tables = self.context_lens = self.positions = None  # set per step (tensors)
+        self.rope_tables = None  # (cos, sin) (P, D) float32, for the fused kernel
+
+    def __call__(self, layer: int, q, k, v, cos, sin):
+        B = q.shape[0]  # q (B, 1, H, D), k/v (B, 1, Hkv, D), cos/sin (B, 1, 1, D)
+        ck, cv = self.cache.k(layer), self.cache.v(layer)
+        if self.kernels is not None:
+            q1 = self.kernels.rope_and_store(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots, ck, cv)
+            out = self.kernels.paged_decode(q1, ck, cv, self.block_tables, self.context_lens)  # (B, H, D)
+        else:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            write_kv(ck, cv, k[:, 0], v[:, 0], self.slots)
+            out = paged_decode_reference(q[:, 0], ck, cv, self.block_tables, self.context_lens)
+        return out.view(B, 1, *out.shape[1:])

@@ -1,0 +1,86 @@
+"""Sampling on the device with per-sequence seeds: a counter-based hash and the Gumbel-max trick.
+
+Each sequence carries a seed. The noise for vocabulary entry `v` at sequence position `p` is a
+pure function of (seed, p, v): a 32-bit integer hash -> uniform u -> Gumbel g = -log(-log u), and
+the sampled token is argmax(logits / T + g), an exact sample of softmax(logits / T) (the
+Gumbel-max trick). Nothing depends on a generator's state, so
+- the same seed gives the same tokens whatever else is in the batch and in whatever row, and
+- the whole step is a fixed sequence of kernels that a CUDA graph can capture and replay.
+
+The log-prob recorded for each sampled token is log softmax(logits / T) at that token, over the
+full vocabulary (before top-k/top-p), the same quantity the HF engine and the trainer compute.
+Greedy decoding takes argmax(logits) and records log softmax(logits) (T = 1).
+
+`sample` is the torch implementation (CPU, and GPU with top-k/top-p); on CUDA without top-k/top-p,
+`hybridrl.rollout.native.triton_kernels.fused_sample` computes the same in one pass over the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B  # multiplier of a well-mixing 32-bit integer hash (fits in 31 bits)
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2**32).
+
+    The products stay below 2**59, so int64 never overflows and the result equals the uint32
+    arithmetic of the Triton kernel bit for bit.
+    """
+    x = ((x >> 16) ^ x) * _MUL & MASK32
+    x = ((x >> 16) ^ x) * _MUL & MASK32
+    return (x >> 16) ^ x
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B,) seeds and (B,) positions of the token being sampled -> (B,) per-row hash keys."""
+    return mix32(mix32(seeds & MASK32) ^ (positions & MASK32))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B,) row keys -> (B, V) float32 Gumbel noise, a function of (key, vocab index) only."""
+    idx = torch.arange(vocab, device=keys.device, dtype=torch.int64)
+    h = mix32(keys[:, None] ^ idx[None, :])  # (B, V)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), 24 random bits
+    return -torch.log(-torch.log(u))
+
+
+def filter_top_k_top_p(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set to -inf the scaled logits (B, V) outside the top-k and the top-p nucleus."""
+    if top_k > 0 and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p (the first is kept).
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x
+
+
+def sample(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, V), seeds (B,), positions (B,) -> tokens (B,) int64, log-probs (B,) float32.
+
+    temperature == 0 means greedy.
+    """
+    greedy = temperature == 0
+    x = logits.float() if greedy else logits.float() / temperature  # (B, V)
+    lse = torch.logsumexp(x, dim=-1)  # (B,)
+    if greedy:
+        tokens = x.argmax(-1)
+    else:
+        z = filter_top_k_top_p(x, top_k, top_p) + gumbel_noise(row_keys(seeds, positions), x.shape[-1])
+        tokens = z.argmax(-1)
+    log_probs = x.gather(-1, tokens[:, None]).squeeze(-1) - lse
+    return tokens, log_probs

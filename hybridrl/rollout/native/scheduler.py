@@ -1,0 +1,120 @@
+"""Continuous batching: which prompts start now, which sequences run, which blocks they hold.
+
+Host-side bookkeeping only (Python lists and ints); the engine mirrors the running rows into
+device tensors incrementally. A prompt and its `n` samples form a group that is admitted as a
+whole, because the samples share the prompt's prefill and its full KV blocks.
+
+Admission reserves each group's worst case (prompt + max_new_tokens blocks per sample) against
+the free blocks, and blocks are then allocated lazily as sequences grow. A running sequence can
+therefore always get its next block: no preemption or recomputation is ever needed, at the
+price of admitting fewer sequences than an optimistic scheduler when responses end early.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hybridrl.rollout.native.cache import BlockAllocator, CacheFullError, blocks_for
+
+
+@dataclass
+class Group:
+    """One prompt and the output rows and seeds of its n samples."""
+
+    prompt: list[int]
+    out_rows: list[int]
+    seeds: list[int]
+
+
+@dataclass
+class Sequence:
+    out_row: int  # row of the output batch
+    prompt_len: int
+    seed: int
+    blocks: list[int]
+    reserved: int  # blocks it may still allocate (worst case)
+    generated: int = 0  # tokens sampled so far (kept up to date by the engine when it finishes)
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_num_batched_tokens: int):
+        self.allocator, self.block_size = allocator, block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Group] = deque()
+        self.running: list[Sequence] = []  # index = row of the device buffers
+        self.committed = 0  # blocks promised to running sequences, not yet allocated
+
+    def group_need(self, group: Group, max_new_tokens: int) -> int:
+        """Worst-case blocks of a group: shared full prompt blocks + each sample's own blocks."""
+        L, bs = len(group.prompt), self.block_size
+        per_seq = blocks_for(L + max_new_tokens - 1, bs)  # the last sampled token is never cached
+        return L // bs + len(group.out_rows) * (per_seq - L // bs)
+
+    def admit(self, max_new_tokens: int) -> list[Group]:
+        """Groups to prefill now: they fit in free rows, free blocks and the prefill token budget."""
+        out: list[Group] = []
+        rows = len(self.running)
+        budget = self.allocator.num_free - self.committed
+        longest = 0
+        while self.waiting:
+            g = self.waiting[0]
+            need = self.group_need(g, max_new_tokens)
+            if need > self.allocator.usable:
+                raise CacheFullError(
+                    f"one prompt of {len(g.prompt)} tokens with n={len(g.out_rows)} samples of up to "
+                    f"{max_new_tokens} tokens needs {need} KV blocks, but the cache has {self.allocator.usable}; "
+                    f"raise actor_rollout_ref.rollout.gpu_memory_utilization or lower rollout.n / max_response_length"
+                )
+            padded = (len(out) + 1) * max(longest, len(g.prompt))  # prefill runs right-padded
+            if rows + len(g.out_rows) > self.max_num_seqs or need > budget:
+                break
+            if out and padded > self.max_num_batched_tokens:
+                break
+            self.waiting.popleft()
+            out.append(g)
+            rows += len(g.out_rows)
+            budget -= need
+            longest = max(longest, len(g.prompt))
+        return out
+
+    def start_group(self, group: Group, max_new_tokens: int) -> tuple[list[Sequence], list[tuple[int, int]]]:
+        """Allocate the prompt's blocks, fork the samples (shared full blocks, own last block).
+
+        Returns the n sequences and the (source, destination) block copies the caller must make
+        after the prefill has written the prompt's partial last block.
+        """
+        L, bs, a = len(group.prompt), self.block_size, self.allocator
+        per_seq = blocks_for(L + max_new_tokens - 1, bs)
+        first = [a.allocate() for _ in range(blocks_for(L, bs))]
+        full = first[: L // bs]
+        seqs = [Sequence(group.out_rows[0], L, group.seeds[0], first, per_seq - len(first))]
+        copies: list[tuple[int, int]] = []
+        for row, seed in zip(group.out_rows[1:], group.seeds[1:]):
+            for b in full:
+                a.share(b)
+            blocks = list(full)
+            if L % bs:
+                blocks.append(a.allocate())
+                copies.append((first[-1], blocks[-1]))
+            seqs.append(Sequence(row, L, seed, blocks, per_seq - len(blocks)))
+        self.committed += sum(s.reserved for s in seqs)
+        return seqs, copies
+
+    def grow(self, seq: Sequence) -> int:
+        """Allocate one more block for `seq` (its next cached token starts a new block); its id.
+
+        A sequence holds ceil(cached / block_size) blocks, so it needs a new one exactly when the
+        position it is about to cache is a multiple of block_size."""
+        b = self.allocator.allocate()
+        seq.blocks.append(b)
+        seq.reserved -= 1
+        self.committed -= 1
+        return b
+
+    def finish(self, seq: Sequence) -> None:
+        for b in seq.blocks:
+            self.allocator.release(b)
+        self.committed -= seq.reserved
+        seq.reserved = 0
+        seq.blocks = []

@@ -1,0 +1,110 @@
+"""Packed (padding-free) passes equal the padded ones: log-probs, entropy, values and their
+gradients, in float64 on tiny Qwen2 and Llama models."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from hybridrl.models.logprobs import response_logits
+from hybridrl.models.packing import enable_packing, pack, packed_log_probs
+from hybridrl.models.value_model import ValueModel
+
+SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+
+
+def tiny(arch: str, backbone: bool = False):
+    torch.manual_seed(0)
+    cls, cfg_cls = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}[arch]
+    cfg = cfg_cls(**SMALL, tie_word_embeddings=arch == "qwen2")
+    cfg._attn_implementation = "sdpa"
+    model = cls(cfg).double()
+    return model.get_decoder() if backbone else model
+
+
+def ragged_batch(b=5, P=6, R=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = torch.randint(2, 50, (b, P), generator=g), torch.randint(2, 50, (b, R), generator=g)
+    prompt_lens = torch.tensor([6, 1, 3, 4, 2][:b])
+    response_lens = torch.tensor([7, 1, 3, 5, 6][:b])
+    prompt_mask = (torch.arange(P)[None] >= P - prompt_lens[:, None]).long()  # left-padded
+    response_mask = (torch.arange(R)[None] < response_lens[:, None]).double()  # right-padded
+    return prompts, prompt_mask, responses, response_mask
+
+
+def padded_reference(model, seqs, temperature):
+    logits = response_logits(model, *seqs, temperature=temperature).double()  # (b, R, V)
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, seqs[2][..., None])[..., 0]
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp * seqs[3], ent * seqs[3]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_packed_log_probs_entropy_and_gradients_equal_padded(arch):
+    model = tiny(arch)
+    seqs = ragged_batch()
+    params = [p for p in model.parameters()]
+    logp0, ent0 = padded_reference(model, seqs, 0.7)
+    w = torch.randn_like(logp0)
+    g0 = torch.autograd.grad((w * logp0).sum() + ent0.sum(), params)
+
+    assert enable_packing(model, "sdpa", torch.device("cpu")) == "sdpa"
+    packed = pack(*seqs)
+    assert packed.num_tokens == int(seqs[1].sum() + seqs[3].sum())  # no padding computed
+    logp, ent, _ = packed_log_probs(model, packed, temperature=0.7, with_entropy=True)
+    torch.testing.assert_close(logp, logp0)
+    torch.testing.assert_close(ent * seqs[3], ent0)
+    g1 = torch.autograd.grad((w * logp).sum() + (ent * seqs[3]).sum(), params)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_with_gradient_checkpointing_matches():
+    model = tiny("qwen2")
+    seqs = ragged_batch()
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    model.train()
+    params = list(model.parameters())
+    g0 = torch.autograd.grad(packed_log_probs(model, pack(*seqs))[0].sum(), params)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    g1 = torch.autograd.grad(packed_log_probs(model, pack(*seqs))[0].sum(), params)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_values_and_gradients_equal_padded():
+    critic = ValueModel(tiny("qwen2", backbone=True)).double()
+    seqs = ragged_batch()
+    params = list(critic.parameters())
+    v0 = critic.response_values(*seqs) * seqs[3]
+    g0 = torch.autograd.grad((v0**2).sum(), params)
+    enable_packing(critic.backbone, "sdpa", torch.device("cpu"))
+    v1 = critic.packed_response_values(pack(*seqs))
+    torch.testing.assert_close(v1, v0)
+    g1 = torch.autograd.grad((v1**2).sum(), params)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b)
+
+
+def test_generation_unchanged_by_the_hook():
+    """Unpacked calls (generate with padding) still run plain SDPA with its masks."""
+    model = tiny("qwen2").eval()
+    prompts, prompt_mask, _, _ = ragged_batch()
+    kw = dict(attention_mask=prompt_mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    before = model.generate(input_ids=prompts, **kw)
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    assert torch.equal(model.generate(input_ids=prompts, **kw), before)
+
+
+def test_eager_models_stay_padded():
+    model = tiny("qwen2")
+    model.config._attn_implementation = "eager"
+    assert enable_packing(model, "auto", torch.device("cpu")) is None
+
+
+def test_saved_config_does_not_mention_the_hook(tmp_path):
+    model = tiny("qwen2")
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    model.config.save_pretrained(tmp_path)
+    assert "hybridrl" not in (tmp_path / "config.json").read_text()

@@ -1,0 +1,73 @@
+"""The native engine on CUDA (skipped without a GPU): CUDA-graph decode equals eager decode and
+HF generate; run on the GPU machine (see docs/rollout.md)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.rollout import SamplingParams
+from hybridrl.rollout.hf import HFRolloutEngine
+from hybridrl.rollout.native.engine import NativeRolloutEngine
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+sys.path.insert(0, str(Path(__file__).parent))  # the CPU tests' tiny models and prompts
+
+
+@pytest.fixture
+def setup():
+    from test_native_engine import GREEDY, TOK, hf_model, prompts
+
+    return hf_model("qwen2", seed=0).cuda(), TOK, prompts, GREEDY
+
+
+def test_graphs_equal_eager_and_hf_in_float32(setup):
+    model, tok, prompts, greedy = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=8)
+    graphs = NativeRolloutEngine.from_hf_model(model, tok, **kw)
+    eager = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw)
+    assert graphs.use_graphs and not eager.use_graphs
+    want = HFRolloutEngine(model, tok).generate(prompts(), greedy)[K.RESPONSES]
+    assert torch.equal(graphs.generate(prompts(), greedy)[K.RESPONSES], want)
+    s = SamplingParams(n=3, temperature=1.0, max_new_tokens=12)
+    seeds = list(range(15))
+    a, b = graphs.generate(prompts(), s, seeds=seeds), eager.generate(prompts(), s, seeds=seeds)
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])
+    torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=0)
+    assert len(graphs.graphs) >= 2  # rows left mid-run: smaller batch sizes were captured too
+    # sleep / wake: a re-allocated cache at the same address keeps the graphs, otherwise they go
+    graphs.sleep()
+    graphs.wake()
+    assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
+    # memory taken while asleep moves the cache: the graphs are dropped and captured again
+    held = graphs.cache.data  # still alive while asleep: the new cache cannot take its address
+    old = held.data_ptr()
+    graphs.sleep()
+    graphs.wake()
+    assert graphs.cache.data.data_ptr() != old and not graphs.graphs
+    assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
+
+
+def test_bf16_engine_matches_trainer_log_probs_loosely(setup):
+    model, tok, prompts, _ = setup
+    from test_native_engine import trainer_log_probs
+
+    eng = NativeRolloutEngine.from_hf_model(model, tok, device="cuda", max_model_len=64, max_num_seqs=16)
+    assert eng.dtype == torch.bfloat16
+    out = eng.generate(prompts(), SamplingParams(n=2, temperature=1.0, max_new_tokens=12)).to("cuda")
+    want = trainer_log_probs(model, out, 1.0)
+    diff = (out[K.ROLLOUT_LOG_PROBS].exp() - want.exp()).abs().sum() / out[K.RESPONSE_MASK].sum()
+    assert diff < 0.02, diff  # bf16 engine vs fp32 trainer: probabilities agree to ~1e-2
+
+
+def test_top_k_top_p_under_graphs_equal_eager(setup):
+    """The torch top-k/top-p sampler inside a captured graph (not yet run on a GPU when written)."""
+    model, tok, prompts, _ = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=8)
+    s = SamplingParams(n=2, temperature=0.8, top_k=5, top_p=0.9, max_new_tokens=10)
+    seeds = list(range(10))
+    a = NativeRolloutEngine.from_hf_model(model, tok, **kw).generate(prompts(), s, seeds=seeds)
+    b = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw).generate(prompts(), s, seeds=seeds)
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])

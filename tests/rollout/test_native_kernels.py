@@ -1,0 +1,177 @@
+"""Paged attention and sampling: the gather reference against plain attention, and the Triton
+kernels (run by the Triton interpreter on CPU) against the torch references."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridrl.rollout.native.attention import paged_decode_reference
+from hybridrl.rollout.native.sampling import row_keys, sample
+
+
+def paged_setup(seed=0, B=3, H=4, n_kv=2, D=16, bs=4, lens=(5, 12, 1)):
+    """Random K/V for B sequences scattered over shuffled blocks, plus the same K/V unpaged."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // bs) for n in lens)
+    num_blocks = 1 + B * max_blocks
+    cache_k = torch.randn(num_blocks, bs, n_kv, D, generator=g)
+    cache_v = torch.randn(num_blocks, bs, n_kv, D, generator=g)
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).view(B, max_blocks)  # (B, M) block ids, not in order
+    q = torch.randn(B, H, D, generator=g)
+    return q, cache_k, cache_v, perm.int(), torch.tensor(lens, dtype=torch.int32)
+
+
+def unpaged(q, cache_k, cache_v, tables, lens):
+    """Each sequence's K/V laid out contiguously, then plain SDPA over its length."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        k = torch.cat([cache_k[int(i)] for i in tables[b]])[:n]  # (n, Hkv, D)
+        v = torch.cat([cache_v[int(i)] for i in tables[b]])[:n]
+        o = F.scaled_dot_product_attention(q[b][:, None], k.transpose(0, 1), v.transpose(0, 1), enable_gqa=True)
+        outs.append(o[:, 0])
+    return torch.stack(outs)
+
+
+def test_paged_reference_equals_unpaged_attention():
+    args = paged_setup()
+    torch.testing.assert_close(paged_decode_reference(*args), unpaged(*args), atol=1e-5, rtol=0)
+
+
+def test_sampling_reproducible_and_row_independent():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    seeds = torch.tensor([1, 2, 3, 4])
+    pos = torch.tensor([7, 7, 9, 9])
+    t1, lp1 = sample(logits, seeds, pos, 1.0)
+    # the same row alone, and in another row order, samples the same token
+    t2, _ = sample(logits[[2, 0]], seeds[[2, 0]], pos[[2, 0]], 1.0)
+    assert t2.tolist() == [t1[2].item(), t1[0].item()]
+    # log-prob of the sampled token under softmax(logits / T)
+    torch.testing.assert_close(lp1, torch.log_softmax(logits, -1).gather(-1, t1[:, None])[:, 0])
+    # other seeds give other tokens (over many draws)
+    many = torch.stack([sample(logits, seeds + s, pos, 1.0)[0] for s in range(20)])
+    assert len({tuple(r.tolist()) for r in many}) > 10
+
+
+def test_gumbel_sampling_follows_the_distribution():
+    """Empirical frequencies over 20k seeds match softmax(logits / T), top-k and top-p respected."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
+    N = 20000
+    seeds = torch.arange(N)
+    toks, _ = sample(logits.expand(N, -1), seeds, torch.zeros(N, dtype=torch.long), 0.7)
+    freq = torch.bincount(toks, minlength=5).float() / N
+    torch.testing.assert_close(freq, torch.softmax(logits[0] / 0.7, -1), atol=0.015, rtol=0)
+    toks, _ = sample(logits.expand(N, -1), seeds, torch.zeros(N, dtype=torch.long), 1.0, top_k=2)
+    assert set(toks.tolist()) == {0, 1}
+    # probabilities 0.563, 0.207, 0.126, ...: a 0.7 nucleus is tokens {0, 1}, renormalized
+    toks, _ = sample(logits.expand(N, -1), seeds, torch.zeros(N, dtype=torch.long), 1.0, top_p=0.7)
+    assert set(toks.tolist()) == {0, 1}
+    assert abs((toks == 0).float().mean().item() - 0.563 / (0.563 + 0.207)) < 0.015
+
+
+# Triton reads TRITON_INTERPRET when it is imported, so on a CPU-only machine the kernel tests
+# run in a child pytest with the variable set (test_kernels_under_the_triton_interpreter).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# The kernels run on CUDA tensors on a GPU machine, on CPU tensors under the interpreter.
+KDEV = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+
+
+@pytest.fixture
+def kernels():
+    pytest.importorskip("triton")
+    if not (INTERPRETED or torch.cuda.is_available()):
+        pytest.skip("run by test_kernels_under_the_triton_interpreter")
+    from hybridrl.rollout.native import triton_kernels
+
+    return triton_kernels
+
+
+@pytest.mark.slow  # a child pytest: ~10 s
+@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the kernel tests run directly here")
+def test_kernels_under_the_triton_interpreter():
+    pytest.importorskip("triton")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 9, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])
+def test_triton_paged_decode_matches_reference(kernels, H, n_kv, D, bs):
+    paged_decode = kernels.paged_decode
+    args = [a.to(KDEV) for a in paged_setup(H=H, n_kv=n_kv, D=D, bs=bs, lens=(5, 70, 1, 33), B=4)]  # D=8: padded
+    torch.testing.assert_close(paged_decode(*args), paged_decode_reference(*args), atol=1e-4, rtol=0)
+    if KDEV == "cuda":  # bf16, as the engine runs it
+        bf = [a.bfloat16() if a.is_floating_point() else a for a in args]
+        torch.testing.assert_close(paged_decode(*bf).float(), paged_decode_reference(*bf).float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_triton_sampler_matches_torch(kernels, greedy):
+    fused_sample = kernels.fused_sample
+    torch.manual_seed(0)
+    B, V = 6, 9000  # several vocabulary chunks
+    logits = (torch.randn(B, V) * 3).to(KDEV)
+    seeds, pos = (torch.arange(B) * 1000 + 7).to(KDEV), (torch.arange(B) + 3).to(KDEV)
+    temp = 0.0 if greedy else 0.8
+    want_t, want_lp = sample(logits, seeds, pos, temp)
+    toks, lps = torch.empty(B, dtype=torch.long, device=KDEV), torch.empty(B, device=KDEV)
+    inv_t = torch.tensor(1.0 if greedy else 1 / temp, device=KDEV)
+    fused_sample(logits, row_keys(seeds, pos), inv_t, toks, lps, greedy)
+    assert toks.tolist() == want_t.tolist()
+    torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=0)
+
+
+def test_triton_rope_and_store_matches_torch(kernels):
+    from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables, rotary
+    from hybridrl.rollout.native.cache import write_kv
+
+    torch.manual_seed(0)
+    N, H, n_kv, D, bs, nb = 5, 6, 2, 16, 4, 6
+    cos, sin = (t.to(KDEV) for t in rope_tables(Qwen2Config(rope_theta=10000.0), D, 64))
+    q, k, v = (torch.randn(N, h, D, device=KDEV) for h in (H, n_kv, n_kv))
+    pos = torch.tensor([0, 3, 17, 40, 63], device=KDEV)
+    slots = torch.tensor([4, 9, 10, 23, 5], device=KDEV)
+    ck, cv = torch.zeros(nb, bs, n_kv, D, device=KDEV), torch.zeros(nb, bs, n_kv, D, device=KDEV)
+    q_out = kernels.rope_and_store(q, k, v, cos, sin, pos, slots, ck, cv)
+    c, s_ = cos[pos][:, None, None], sin[pos][:, None, None]  # (N, 1, 1, D)
+    want_q, want_k = rotary(q[:, None], c, s_)[:, 0], rotary(k[:, None], c, s_)[:, 0]
+    rk, rv = torch.zeros_like(ck), torch.zeros_like(cv)
+    write_kv(rk, rv, want_k, v, slots)
+    torch.testing.assert_close(q_out, want_q, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ck, rk, atol=1e-5, rtol=0)
+    assert torch.equal(cv, rv)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_triton_add_rms_norm_matches_torch(kernels, with_residual):
+    from hybridrl.models.llama import RMSNorm
+    from hybridrl.models.triton_ops import fused_add_rms_norm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(48, 1e-6).to(KDEV)
+    with torch.no_grad():
+        norm.weight.normal_()
+    res, delta = torch.randn(3, 5, 48, device=KDEV), torch.randn(3, 5, 48, device=KDEV)
+    got_res, got = fused_add_rms_norm(res if with_residual else None, delta, norm.weight, 1e-6)
+    want_res = res + delta if with_residual else delta
+    torch.testing.assert_close(got_res, want_res)
+    torch.testing.assert_close(got, norm(want_res), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_silu_mul_matches_torch(kernels):
+    from hybridrl.models.triton_ops import silu_mul
+
+    gate_up = torch.randn(3, 2, 2 * 1500, device=KDEV)  # two column tiles
+    g, u = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(gate_up), torch.nn.functional.silu(g) * u, atol=1e-5, rtol=1e-5)

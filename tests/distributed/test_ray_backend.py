@@ -214,12 +214,12 @@ class TunableActor(ActorRolloutRefWorker):
 
 
 def test_fsdp2_token_budgets_every_loss_agg_mode_and_native_rollout_match_one_device(
-        ray_session, tiny_model_with_weights, arith_data):  # fmt: skip
+        ray_session, tiny_model_with_weights, arith_data, tmp_path):  # fmt: skip
     """Packed passes (the default) with token-budget micro-batches on 2 ranks: rank 0's shard of
     `_rollouts` needs 4 micro-batches of 12 tokens and rank 1's only 2, so the ranks must agree
     on a count (FSDP runs collectives in every pass). Every loss_agg_mode gives the one-device
     loss and gradient norm (global normalizers). The native engine gets the gathered full weights
-    after each update and generates what one device generates."""
+    after each update, and after a resume, and generates what one device generates."""
     from hybridrl.distributed.ray_backend import RayBackend
     from hybridrl.rollout import SamplingParams
 
@@ -255,6 +255,11 @@ def test_fsdp2_token_budgets_every_loss_agg_mode_and_native_rollout_match_one_de
                 assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), (mode, k, m1[k], m2[k])
         after = same_generations()  # the engines got the updated weights (full tensors on 2 ranks)
         assert not torch.equal(after[K.ROLLOUT_LOG_PROBS], first[K.ROLLOUT_LOG_PROBS])
+        # resume: the model is rebuilt with random weights, then loaded from DCP; the engine follows
+        two.save_checkpoint(str(tmp_path / "ws2"), False)
+        two.init_model(str(tmp_path / "ws2" / "actor"), True, 10, False)
+        two.load_checkpoint(str(tmp_path / "ws2"))
+        same_generations()
     finally:
         backend.shutdown()
 

@@ -1,10 +1,11 @@
-"""`hybridrl` command line: train, explain, data, eval."""
+"""`hybridrl` command line: train, explain, data, eval, export."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -16,7 +17,9 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
+    from hybridrl.trainer.supervise import fit_with_restarts
 
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer
@@ -25,11 +28,11 @@ def cmd_train(args) -> int:
     else:
         Trainer = PPOTrainer
     try:
-        Trainer(cfg).fit()
+        fit_with_restarts(cfg, Trainer)
     except ConfigError as e:  # found once the data is loaded (e.g. reward_kwargs vs the data's scorers)
         print(e, file=sys.stderr)
         return 2
-    except NonFiniteError as e:
+    except (NonFiniteError, WorkerDiedError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
@@ -75,8 +78,10 @@ def cmd_eval(args) -> int:
     from hybridrl.workers.actor import autocast_dtype
 
     device = pick_device(args.device)
-    tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model, what="--model").to(device).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
+        tokenizer = load_tokenizer(model_dir)
+        model = load_causal_lm(model_dir, what="--model").to(device).eval()
     if args.reward_path:
         compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
     else:
@@ -126,6 +131,70 @@ def _eval_summary(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _hf_dir(path: str, tmp: str) -> str:
+    """`path` if it is an HF model directory; a checkpoint's policy exported into `tmp`, or a
+    LoRA checkpoint's actor/ (already the merged HF model), otherwise."""
+    from hybridrl.distributed.checkpoint import export_hf
+
+    role_dir = checkpoint_role_dir(path)
+    if role_dir:
+        return str(export_hf(role_dir, tmp))
+    return str(lora_actor_dir(path) or path)
+
+
+def _find_step_dir(path: str, holds) -> Path | None:
+    """The first of `path`, its latest checkpoint, its checkpoints/ dir's latest, for which
+    `holds(step_dir)` is true."""
+    from hybridrl.trainer.checkpoint import latest_checkpoint
+
+    p = Path(path)
+    for step in (p, latest_checkpoint(p), latest_checkpoint(p / "checkpoints")):
+        if step is not None and holds(step):
+            return step
+    return None
+
+
+def checkpoint_role_dir(path: str, role: str = "actor") -> Path | None:
+    """The sharded `role` directory meant by `path`: a role dir, a step_N dir, a checkpoints/
+    dir (its latest) or a run dir (its latest); None for anything else (an HF directory)."""
+    from hybridrl.distributed.checkpoint import is_sharded_checkpoint
+
+    step = _find_step_dir(path, lambda s: is_sharded_checkpoint(s / role))
+    if step is not None:
+        return step / role
+    return Path(path) if is_sharded_checkpoint(path) else None
+
+
+def lora_actor_dir(path: str) -> Path | None:
+    """A LoRA checkpoint's actor/ directory (the merged policy, HF format) meant by `path`."""
+    from hybridrl.models.lora import ADAPTER_DIR
+
+    if (Path(path) / ADAPTER_DIR).is_dir():
+        return Path(path)
+    step = _find_step_dir(path, lambda s: (s / "actor" / ADAPTER_DIR).is_dir())
+    return step / "actor" if step is not None else None
+
+
+def cmd_export(args) -> int:
+    from hybridrl.distributed.checkpoint import export_hf
+
+    role_dir = checkpoint_role_dir(args.checkpoint)
+    if role_dir is None and lora_actor_dir(args.checkpoint) is not None:
+        print(f"hybridrl export: {lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF "
+              "model directory (the merged weights; the adapter in its adapter/): load or copy it as it is",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if role_dir is None:
+        print(f"hybridrl export: error: {args.checkpoint} is not a hybridrl checkpoint (a run directory, its "
+              "checkpoints/ directory, a checkpoints/step_N directory or step_N/actor)", file=sys.stderr)  # fmt: skip
+        return 2
+    import torch
+
+    out = export_hf(role_dir, args.output, getattr(torch, args.dtype))
+    print(f"wrote {out} (from {role_dir}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybridrl", description="Post-training for LLMs: RL (PPO, GRPO, ...), DPO, KTO, SFT.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
+    s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
+    s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the written weights (training keeps float32 master weights)")
+    s.set_defaults(fn=cmd_export)
     return p
 
 
@@ -174,6 +250,7 @@ def _quiet_libraries() -> None:
 
 def main(argv=None) -> int:
     from hybridrl.data.dataset import DataError
+    from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
 
     args = build_parser().parse_args(argv)
@@ -181,7 +258,7 @@ def main(argv=None) -> int:
         _quiet_libraries()
     try:
         return args.fn(args)
-    except (DataError, ModelLoadError, FileNotFoundError, NotImplementedError) as e:
+    except (DataError, ModelLoadError, BackendError, FileNotFoundError, NotImplementedError) as e:
         # Bad input: the message says what to change; a traceback would only bury it.
         print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
         return 2

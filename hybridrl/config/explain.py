@@ -30,6 +30,7 @@ def explain_text(cfg: Config) -> str:
     a = cfg.actor_rollout_ref
     lines = [
         f"Batch plan (data-parallel size {p.dp} = {p.nnodes} node(s) x {p.devices_per_node} device(s))",
+        *_placement(cfg, p),
         _row("prompts per step", "data.train_batch_size", p.prompts_per_step),
         _row("sequences per step", f"x actor_rollout_ref.rollout.n ({a.rollout.n})", p.sequences_per_step),
         _row("...per device", f"{p.sequences_per_step} / dp {p.dp}", p.sequences_per_device,
@@ -63,6 +64,16 @@ def explain_text(cfg: Config) -> str:
     else:
         lines.append("  reference: off (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)")
     return "\n".join(lines + _length_rows(cfg, p, "prompts"))
+
+
+def _placement(cfg: Config, p: BatchPlan) -> list[str]:
+    """Where the roles run, when that is more than one device (docs/distributed.md)."""
+    if p.critic is not None and cfg.resource_pool.critic:
+        return [f"placement: split (resource_pool): actor, rollout, reference on {p.devices_per_node} device(s) "
+                f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})"]
+    if p.dp > 1:
+        return ["placement: colocated: every role on every device, one worker process per device (Ray, FSDP2)"]
+    return []
 
 
 def _length_rows(cfg: Config, p: BatchPlan, rows: str) -> list[str]:
@@ -125,7 +136,7 @@ def _role_rows(cfg: Config, p: BatchPlan, r: RolePlan, micro: int | None) -> lis
     return [
         _row("mini-batches", f"{p.prompts_per_step} / ppo_mini_batch_size ({r.mini_batch_prompts})",
              r.num_mini_batches, steps),
-        _row("...per device", f"{r.mini_batch_prompts} x {cfg.actor_rollout_ref.rollout.n} / dp {p.dp}",
+        _row("...per device", f"{r.mini_batch_prompts} x {cfg.actor_rollout_ref.rollout.n} / dp {r.dp}",
              r.per_device_mini_batch, "sequences"),
         _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "
              f"({_given(micro, r.micro_batch)})", r.grad_accum, f"(gradient accumulation {r.grad_accum})"),

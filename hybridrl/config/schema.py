@@ -98,6 +98,20 @@ def _critic_optim() -> OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """FSDP2 sharding of a model over several devices (no effect on one device or on CPU)."""
+
+    param_offload: bool = option(
+        False, "Keep the sharded weights and gradients in CPU memory (FSDP2 CPUOffloadPolicy); each block is copied "
+        "to the GPU for its forward/backward, and the optimizer step runs on the CPU. Saves the most GPU memory."
+    )
+    optimizer_offload: bool = option(
+        False, "Keep the optimizer state (Adam moments) in CPU memory between optimizer steps; it is copied to the "
+        "GPU for each step only. Implied by param_offload."
+    )
+
+
+@dataclass
 class ActorConfig:
     """The policy update: PPO-style clipped loss, optional KL loss and entropy bonus."""
 
@@ -129,6 +143,7 @@ class ActorConfig:
         True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
     )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
+    fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the policy over several devices.")
 
 
 @dataclass
@@ -183,6 +198,7 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass for reference log-probs; null = all of a device's sequences."
     )
+    fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the reference (only param_offload applies: no optimizer).")
     log_prob_use_dynamic_bsz: bool | None = option(
         None, "Reference log-prob passes by token budget; null = actor.use_dynamic_bsz."
     )
@@ -211,6 +227,7 @@ class CriticModelConfig:
     path: str | None = option(None, "Local Hugging Face model directory; null = the actor's model path.")
     tokenizer_path: str | None = option(None, "Tokenizer directory; null = the actor's tokenizer.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
+    fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the value model over several devices.")
     use_remove_padding: bool = option(True, "Padding-free value and update passes (see actor_rollout_ref.model).")
 
 
@@ -310,6 +327,33 @@ class TrainerConfig:
         None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
         "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
     )
+    max_restarts: int = option(
+        0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
+    )
+
+
+@dataclass
+class ResourcePoolConfig:
+    """Which devices each role runs on (docs/distributed.md). All null = colocated: every role
+    shares every device, in one process per device."""
+
+    actor_rollout_ref: int | None = option(
+        None, "Devices per node for the actor, rollout and reference; null = all of trainer.n_gpus_per_node."
+    )
+    critic: int | None = option(
+        None, "Devices per node for the critic, apart from the actor's (split placement); null = share the actor's."
+    )
+
+
+@dataclass
+class RayInitConfig:
+    """How the driver joins Ray (used when there is more than one device or an address)."""
+
+    address: str | None = option(
+        None, "Address of a running Ray cluster (ray start --head prints it), or auto; null = the RAY_ADDRESS "
+        "environment variable, else start a local cluster when trainer.nnodes x n_gpus_per_node > 1."
+    )
+    num_cpus: int | None = option(None, "CPUs of a local cluster the driver starts; null = all of the machine's.")
 
 
 @dataclass
@@ -350,6 +394,8 @@ class Config:
     trainer: TrainerConfig = option(TrainerConfig, "Run length, devices, logging, checkpoints.")
     warmup: WarmupConfig = option(WarmupConfig, "Supervised warm-up before RL.")
     preference: PreferenceConfig = option(PreferenceConfig, "DPO / KTO loss (algorithm.name=dpo|kto).")
+    resource_pool: ResourcePoolConfig = option(ResourcePoolConfig, "Devices of each role: colocated or split.")
+    ray_init: RayInitConfig = option(RayInitConfig, "Joining or starting a Ray cluster.")
 
     @property
     def critic_enabled(self) -> bool:

@@ -126,6 +126,10 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.max_nonfinite_steps", _AT_LEAST_0),
     ("trainer.log_samples", _AT_LEAST_0),
     ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
+    ("trainer.max_restarts", _AT_LEAST_0),
+    ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
+    ("resource_pool.critic", _AT_LEAST_1),
+    ("ray_init.num_cpus", _AT_LEAST_1),
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
     ("warmup.lr", _POSITIVE),
@@ -147,12 +151,13 @@ _DEFAULTS = {e.path: e.value for e in walk(Config())}
 # The keys the batch plan is computed from.
 _TRAIN, _N = "data.train_batch_size", f"{_R}.n"
 _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
+_POOL = {"actor": "resource_pool.actor_rollout_ref", "critic": "resource_pool.critic"}
 _MINI = {"actor": f"{_A}.ppo_mini_batch_size", "critic": "critic.ppo_mini_batch_size"}
 _MICRO = {"actor": f"{_A}.ppo_micro_batch_size_per_gpu", "critic": "critic.ppo_micro_batch_size_per_gpu"}
 _LOG_PROB_MICRO = {"rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
                    "ref": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"}
-_PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values()}
-_BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(),
+_PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_POOL.values()}
+_BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(), *_POOL.values(),
                "data.max_prompt_length", "data.max_response_length", f"{_R}.max_num_seqs",
                f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator", "algorithm.name"}
 
@@ -286,6 +291,45 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
                             f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
                             "together in the native engine)", n))
     out += _offline_problems(cfg)
+    out += _placement_problems(cfg)
+    return out
+
+
+def _placement_problems(cfg: Config) -> list[Problem]:
+    """resource_pool against the devices there are, and warm-up batches against the dp size."""
+    pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
+    actor, critic = pool.actor_rollout_ref, pool.critic
+    if actor is not None and actor > gpus:
+        out.append(_suggest("resource_pool.actor_rollout_ref", actor, f"is more than trainer.n_gpus_per_node={gpus}", None))
+    if critic is not None:
+        if not cfg.critic_enabled:
+            out.append(Problem(
+                f"resource_pool.critic={critic} but no critic is trained (algorithm.adv_estimator="
+                f"{cfg.algorithm.adv_estimator}); use resource_pool.critic=null",
+                ("resource_pool.critic", "algorithm.adv_estimator"), {"resource_pool.critic": None}))
+        elif actor is None:
+            fix = max(gpus - critic, 1)
+            out.append(Problem(
+                f"resource_pool.critic={critic} splits the devices, so resource_pool.actor_rollout_ref must say how many "
+                f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
+                ("resource_pool.actor_rollout_ref", "resource_pool.critic"), {"resource_pool.actor_rollout_ref": fix}))
+        elif actor + critic > gpus:
+            out.append(Problem(
+                f"resource_pool.actor_rollout_ref={actor} + resource_pool.critic={critic} devices per node is more than "
+                f"trainer.n_gpus_per_node={gpus}; use e.g. trainer.n_gpus_per_node={actor + critic}",
+                ("resource_pool.critic", "resource_pool.actor_rollout_ref", "trainer.n_gpus_per_node"),
+                {"trainer.n_gpus_per_node": actor + critic}))
+    w, dp = cfg.warmup, cfg.trainer.nnodes * (actor or gpus)
+    if w.steps > 0 and w.batch_size % dp:
+        fix = max(dp, w.batch_size - w.batch_size % dp)
+        out.append(_suggest("warmup.batch_size", w.batch_size,
+                            f"must divide by the actor's data-parallel size {dp}", fix))
+    rank = cfg.actor_rollout_ref.model.lora_rank
+    if rank > 0 and dp > 1:
+        # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
+        out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
+                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
+                            f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device", 0))
     return out
 
 
@@ -340,6 +384,7 @@ class RolePlan:
     epochs: int  # ppo_epochs
     optimizer_steps_per_step: int  # num_mini_batches x epochs
     tokens_per_micro_batch: int  # micro_batch x (max_prompt_length + max_response_length), padded bound
+    dp: int = 1  # this role's data-parallel size (its own devices with split placement)
 
 
 @dataclass(frozen=True)
@@ -347,8 +392,8 @@ class BatchPlan:
     """Per-step and per-device batch sizes derived from the global ones."""
 
     nnodes: int
-    devices_per_node: int
-    dp: int  # data-parallel size: nnodes x devices_per_node
+    devices_per_node: int  # the actor's: resource_pool.actor_rollout_ref or n_gpus_per_node
+    dp: int  # the actor's data-parallel size: nnodes x devices_per_node
     prompts_per_step: int  # data.train_batch_size
     sequences_per_step: int  # x rollout.n
     sequences_per_device: int  # / dp
@@ -373,18 +418,19 @@ def plan_batches(cfg: Config) -> BatchPlan:
     if r.algorithm.name != "rl":
         _as_offline_plan(r)
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
-    dp = r.trainer.nnodes * r.trainer.n_gpus_per_node
+    sizes = _sizes(r)
+    dp = _dp(sizes, "actor")  # the actor's data-parallel size: rollout and log-probs run there
     per_device = r.data.train_batch_size * rollout.n // dp
     seq_tokens = r.data.max_prompt_length + r.data.max_response_length
 
-    def role(mini: int, micro: int | None, epochs: int) -> RolePlan:
+    def role(mini: int, micro: int | None, epochs: int, dp: int) -> RolePlan:
         per_device_mini = mini * rollout.n // dp
         micro = micro or per_device_mini
         steps = r.data.train_batch_size // mini
         return RolePlan(
             mini_batch_prompts=mini, mini_batch_sequences=mini * rollout.n, per_device_mini_batch=per_device_mini,
             micro_batch=micro, grad_accum=per_device_mini // micro, num_mini_batches=steps, epochs=epochs,
-            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens,
+            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens, dp=dp,
         )
 
     def log_prob_micro(configured: int | None) -> int:
@@ -395,7 +441,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
     critic = r.critic
     return BatchPlan(
         nnodes=r.trainer.nnodes,
-        devices_per_node=r.trainer.n_gpus_per_node,
+        devices_per_node=dp // r.trainer.nnodes,
         dp=dp,
         prompts_per_step=r.data.train_batch_size,
         sequences_per_step=r.data.train_batch_size * rollout.n,
@@ -403,8 +449,9 @@ def plan_batches(cfg: Config) -> BatchPlan:
         max_num_seqs=rollout.max_num_seqs,
         generation_rounds=math.ceil(per_device / rollout.max_num_seqs),
         tokens_per_sequence=seq_tokens,
-        actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs),
-        critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs)
+        actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs, dp),
+        critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
+                    _dp(sizes, "critic"))
         if r.critic_enabled else None,
         rollout_log_prob_micro_batch=rollout_micro,
         rollout_log_prob_passes=math.ceil(per_device / rollout_micro),
@@ -421,11 +468,18 @@ _Context = tuple[bool, bool]  # (critic trained, estimator needs groups)
 
 
 def _sizes(cfg: Config) -> _Sizes:
-    keys = [_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values()]
+    keys = [_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_POOL.values()]
     s = {k: _get(cfg, k) for k in keys}
     if s[_MINI["critic"]] == s[_MINI["actor"]]:  # as after `resolve`: treat as inherited, one report
         s[_MINI["critic"]] = None
     return s
+
+
+def _dp(s: _Sizes, role: str) -> int:
+    """A role's data-parallel size: its devices per node (resource_pool) x nodes. The critic
+    shares the actor's devices unless it has its own."""
+    per_node = s[_POOL[role]] if role == "critic" and s[_POOL["critic"]] else s[_POOL["actor"]] or s[_GPUS]
+    return s[_NODES] * per_node
 
 
 def _mini(s: _Sizes, role: str) -> int:
@@ -434,7 +488,7 @@ def _mini(s: _Sizes, role: str) -> int:
 
 
 def _role_failure(s: _Sizes, role: str) -> str | None:
-    train, n, dp, mini, micro = s[_TRAIN], s[_N], s[_NODES] * s[_GPUS], _mini(s, role), s[_MICRO[role]]
+    train, n, dp, mini, micro = s[_TRAIN], s[_N], _dp(s, role), _mini(s, role), s[_MICRO[role]]
     if train % mini:
         return "divides"
     if mini * n % dp:
@@ -452,7 +506,8 @@ def _failures(s: _Sizes, ctx: _Context) -> set[tuple[str, str]]:
         out.add(("actor", actor))
     if critic_on:
         critic = _role_failure(s, "critic")
-        inherited = s[_MINI["critic"]] is None and critic in ("divides", "split")  # reported for the actor
+        same_dp = _dp(s, "critic") == _dp(s, "actor")
+        inherited = s[_MINI["critic"]] is None and (critic == "divides" or critic == "split" and same_dp)  # reported for the actor
         if critic and not inherited:
             out.add(("critic", critic))
     if grouped and s[_N] < 2:
@@ -491,8 +546,7 @@ def _batch_problems(cfg: Config) -> list[Problem]:
 
 
 def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Problem:
-    train, n, nodes, gpus = s[_TRAIN], s[_N], s[_NODES], s[_GPUS]
-    dp = nodes * gpus
+    train, n, nodes = s[_TRAIN], s[_N], s[_NODES]
     failure = (role, kind)
     if kind == "group":
         values = [5] if _removes(s, {_N: 5}, failure, ctx) else []
@@ -501,6 +555,9 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
                 f"prompt, so it needs {_N} > 1 (got {n})")
         return _with_fix(text, (_N, "algorithm.adv_estimator"), _N, values, f"use {_N}=")
 
+    dp = _dp(s, role)
+    gpus_key = _POOL["critic"] if role == "critic" and s[_POOL["critic"]] else _POOL["actor"] if s[_POOL["actor"]] else _GPUS
+    gpus = s[gpus_key]
     mini_key = _MINI[role] if s[_MINI[role]] is not None else _MINI["actor"]
     mini, micro_key = _mini(s, role), _MICRO[role]
     mini_text = f"{mini_key}={mini}"
@@ -520,7 +577,7 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
         return Problem(f"{text}; change several of {', '.join(keys)} together", keys)
     if kind == "split":
         text = (f"{mini_text} x {_N}={n} = {mini * n} sequences per mini-batch cannot be split evenly over "
-                f"data-parallel size {dp} ({_NODES}={nodes} x {_GPUS}={gpus})")
+                f"data-parallel size {dp} ({_NODES}={nodes} x {gpus_key}={gpus})")
         keys = (mini_key, _N, _NODES, _GPUS)
         values = _working_values(s, mini_key, _divisors(train), failure, ctx)
         if values:
@@ -544,7 +601,7 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
 def _joint_fix(s: _Sizes, role: str, mini_key: str, failure: tuple[str, str], ctx: _Context) -> dict | None:
     """When no single key can change: the mini-batch with the micro-batch; failing that, the
     train batch too. Mini-batch sizes nearest the current one first."""
-    train, n, dp, micro_key = s[_TRAIN], s[_N], s[_NODES] * s[_GPUS], _MICRO[role]
+    train, n, dp, micro_key = s[_TRAIN], s[_N], _dp(s, role), _MICRO[role]
 
     def with_micro(fix: dict[str, int]) -> dict[str, int]:
         micro, per_device = s[micro_key], fix[mini_key] * n // dp
@@ -588,7 +645,7 @@ def _as_offline_plan(r: Config) -> None:
 
 def _offline_batch_problems(cfg: Config) -> list[Problem]:
     train, micro_key = cfg.data.train_batch_size, _MICRO["actor"]
-    micro, nodes, gpus = _get(cfg, micro_key), cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+    micro, nodes, gpus = _get(cfg, micro_key), cfg.trainer.nnodes, cfg.resource_pool.actor_rollout_ref or cfg.trainer.n_gpus_per_node
     dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples"}[cfg.algorithm.name]
     if train % dp:
         fixes = [v for v in range(train - train % dp, train + dp + 1, dp) if v > 0]

@@ -131,6 +131,7 @@ def collate_prompts(records: list[PromptRecord], pad_token_id: int, uids: list[s
             K.EXTRA_INFO: [r.extra_info for r in records],
             K.RAW_PROMPT: [r.raw_prompt for r in records],
         },
+        {K.PAD_TOKEN_ID: pad_token_id},
     )
 
 

@@ -13,6 +13,7 @@ DATA_SOURCE = "data_source"  # non-tensor str: picks the reward function
 GROUND_TRUTH = "ground_truth"  # non-tensor: the reference answer (may be None)
 EXTRA_INFO = "extra_info"  # non-tensor dict: passed through to the reward function
 RAW_PROMPT = "raw_prompt"  # non-tensor str: the prompt text after the chat template
+PAD_TOKEN_ID = "pad_token_id"  # meta int: the tokenizer's pad id (to right-pad ragged responses)
 
 # -- written by the rollout engine ------------------------------------------------------------
 RESPONSES = "responses"  # (B, R) int64, right-padded sampled token ids

@@ -1,14 +1,25 @@
 """How a worker method's input is spread over a group's ranks and its outputs gathered.
 
 A worker class marks its public methods with `@register(Dispatch.DP)` etc.; a worker group
-(the in-process one here, the Ray one for several devices) reads the mark and does the
-splitting, so the controller calls `group.method(batch)` and never sees ranks.
+(the in-process one for one device, the Ray one for several) reads the mark and applies
+`split_inputs` / `collect_outputs`, so the controller calls `group.method(batch)` and never
+sees ranks.
+
+Metrics: a DP method that returns a dict of numbers gets the mean over ranks. Workers make
+that mean the global value: their loss terms are normalized with `fsdp.dp_normalizer` (the
+global count / dp size), so each rank's loss is dp x its share and the mean is the total;
+gradient norms are already global (the same on every rank).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from typing import Any, Callable
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
 
 DISPATCH_ATTR = "_hybridrl_dispatch"
 
@@ -29,3 +40,73 @@ def register(mode: Dispatch) -> Callable:
 
 def dispatch_mode(fn) -> Dispatch | None:
     return getattr(fn, DISPATCH_ATTR, None)
+
+
+def split_inputs(mode: Dispatch, world: int, args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], int]:
+    """Per-rank (args, kwargs) and the number of padding rows added to each Batch argument.
+
+    DP: every `Batch` argument is padded to a multiple of `world` (leading rows repeated at the
+    end) and cut into `world` consecutive chunks; other arguments go to every rank unchanged.
+    """
+    if mode is not Dispatch.DP or world == 1:
+        return [args] * world, [kwargs] * world, 0
+    pads = {len(v) for v in (*args, *kwargs.values()) if isinstance(v, Batch)}
+    if len(pads) > 1:
+        raise ValueError(f"a DP method got Batch arguments of different lengths {sorted(pads)}")
+
+    def chunks(v):
+        return v.pad_to_multiple(world)[0].chunk(world) if isinstance(v, Batch) else [v] * world
+
+    arg_chunks = [chunks(a) for a in args]
+    kw_chunks = {k: chunks(v) for k, v in kwargs.items()}
+    pad = (-pads.pop()) % world if pads else 0
+    per_args = [tuple(c[r] for c in arg_chunks) for r in range(world)]
+    per_kwargs = [{k: c[r] for k, c in kw_chunks.items()} for r in range(world)]
+    return per_args, per_kwargs, pad
+
+
+def collect_outputs(mode: Dispatch, outputs: list, pad: int) -> Any:
+    """One result from the per-rank results, in rank order (see the module docstring)."""
+    if mode is Dispatch.RANK0:
+        return outputs[0]
+    if mode is Dispatch.ALL:
+        return outputs
+    first = outputs[0]
+    if isinstance(first, Batch):
+        out = Batch.concat(_common_width(outputs))
+        return out.index(slice(0, len(out) - pad)) if pad else out
+    if isinstance(first, dict):
+        if pad:
+            # Padding rows are copies of real ones: fine for outputs per row, wrong for an
+            # update, which would train on them twice.
+            raise ValueError(f"a DP method returning metrics got a batch that needed {pad} padding rows; "
+                             "its batch size must divide by the data-parallel size")
+        return {k: sum(o[k] for o in outputs) / len(outputs) for k in first}
+    if first is None:
+        return None
+    return outputs
+
+
+def _common_width(outputs: list[Batch]) -> list[Batch]:
+    """Right-pad (B, R, ...) tensors whose R differs between ranks to the widest rank's.
+
+    Each rank's generation ends at its own longest response, so RESPONSES and the tensors
+    aligned with it come back ragged; one device would have padded them to the longest of
+    all, which is what this gives (token ids with the prompts' pad id, everything else 0).
+    """
+    ragged = [k for k, v in outputs[0].tensors.items()
+              if v.dim() >= 2 and len({o.tensors[k].shape[1] for o in outputs}) > 1]  # fmt: skip
+    if not ragged:
+        return outputs
+    pad_id = outputs[0].meta.get(K.PAD_TOKEN_ID, 0)
+    padded = []
+    for o in outputs:
+        tensors = dict(o.tensors)
+        for k in ragged:
+            width = max(x.tensors[k].shape[1] for x in outputs)
+            t = tensors[k]
+            fill = pad_id if not t.is_floating_point() and t.dtype != torch.bool else 0
+            extra = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), fill)
+            tensors[k] = torch.cat([t, extra], dim=1)
+        padded.append(Batch(tensors, o.non_tensors, o.meta))
+    return padded

@@ -1,12 +1,13 @@
 """Checkpoint directories: written atomically, found again by `resume_mode=auto`.
 
-Layout of `<run>/checkpoints/step_N/`:
-  actor/            a plain HF model directory (loadable by `hybridrl eval` / from_pretrained)
-  actor_optim.pt    optimizer + LR scheduler (loaded with weights_only=True)
-  critic/, critic_optim.pt   when there is a critic
+Layout of `<run>/checkpoints/step_N/` (the role directories: hybridrl/distributed/checkpoint.py):
+  actor/            HF config + tokenizer; model/ and optim/ sharded by torch.distributed.checkpoint
+                    (any world size loads them); scheduler.pt. `hybridrl export` makes an HF dir of it
+  critic/           the same for the value model, when there is a critic
   ref/              only when the reference policy is not `model.path` (random init, warm-up)
   trainer_state.json  step, data position, KL controller, counters
-  rng.pt            python / numpy / torch / cuda RNG states
+  rng.pt            the controller's python / numpy / torch / cuda RNG states
+  rng_<pool>_<rank>.pt  each Ray worker process's RNG states
 
 A checkpoint is written into `.tmp_step_N` and renamed into place only when complete, and
 `latest` is replaced atomically after that: a crash mid-save never leaves a broken latest.
@@ -98,7 +99,11 @@ def rng_state() -> dict:
 
 
 def restore_rng(path: Path) -> None:
-    state = torch.load(path / "rng.pt", weights_only=True)
+    restore_rng_file(path / "rng.pt")
+
+
+def restore_rng_file(file: Path) -> None:
+    state = torch.load(file, weights_only=True)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]

@@ -3,8 +3,8 @@
 One step is the algorithm box of the papers:
     generate -> score -> old log-probs -> reference log-probs -> values -> advantages
     -> critic update -> actor update
-Each stage is a call on a worker group (in-process on one device); this file knows the
-order of the stages and nothing about devices or sharding.
+Each stage is a call on a worker group (in-process on one device, Ray processes on several);
+this file knows the order of the stages and nothing about devices or sharding.
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ class PPOTrainer:
             batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])
             if algo.adv_estimator == "remax":
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
+        # Critic calls are submitted first: with split placement they run while the actor works.
+        if run.critic is not None:
+            with timer("values"):
+                values = run.critic.submit("compute_values", batch)
         with timer("old_log_prob"):
             batch = run.actor.compute_log_prob(batch)
         if run.need_ref:
@@ -92,14 +96,17 @@ class PPOTrainer:
                 batch = run.actor.compute_ref_log_prob(batch)
         if run.critic is not None:
             with timer("values"):
-                batch = run.critic.compute_values(batch)
+                batch[K.VALUES] = values.get()[K.VALUES]
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         if run.critic is not None:
             with timer("update_critic"):
-                metrics.update(run.critic.update_critic(batch))
+                critic_update = run.critic.submit("update_critic", batch)
         with timer("update_actor"):
             metrics.update(run.actor.update_actor(batch))
+        if run.critic is not None:
+            with timer("update_critic"):
+                metrics.update(critic_update.get())
         metrics.update(reward_metrics)
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
         metrics.update(timer.metrics())

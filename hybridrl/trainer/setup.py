@@ -19,8 +19,9 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
 from hybridrl.data.dataset import PromptLoader, load_prompt_records, render_prompt
-from hybridrl.distributed.local import LocalWorkerGroup
-from hybridrl.models.loading import load_tokenizer, pick_device
+from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
+from hybridrl.distributed.resource_pool import ACTOR, CRITIC
+from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.tracking.tracker import Tracker, append_samples
 from hybridrl.trainer import checkpoint as ckpt
@@ -48,8 +49,10 @@ class RunContext:
     total_steps: int
     pad_token_id: int
     val_batch_size: int
+    workers: WorkerGroups | None = None
     global_step: int = 0
     trainer_state: dict = field(default_factory=dict)
+    closed: bool = False
     started: float = field(default_factory=time.perf_counter)
 
     def is_last_step(self) -> bool:
@@ -67,6 +70,8 @@ class RunContext:
         self.actor.save_checkpoint(str(tmp), self.save_ref)
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp))
+        if self.workers.backend is not None:  # each worker process's RNG (sampling, shuffles)
+            self.workers.backend.run_on_hosts(_save_worker_rng, str(tmp))
         state = {"global_step": self.global_step, "data": self.loader.state_dict(), "kl_ctrl": kl_ctrl_state}
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
 
@@ -76,7 +81,38 @@ class RunContext:
             append_samples(self.dir / "samples.jsonl", self.global_step, batch[K.RAW_PROMPT], batch[K.RESPONSE_TEXT], scores.tolist(), n)
 
     def finish(self) -> None:
-        self.tracker.close()
+        """Close the loggers and stop the workers; safe to call twice."""
+        if not self.closed:
+            self.tracker.close()
+            self.closed = True
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the worker processes (Ray) or drop the in-process workers."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
+
+def _save_worker_rng(pool: str, rank: int, path: str) -> None:
+    torch.save(ckpt.rng_state(), Path(path) / f"rng_{pool}_{rank}.pt")
+
+
+def _load_worker_rng(pool: str, rank: int, path: str) -> None:
+    ckpt.restore_rng_file(Path(path) / f"rng_{pool}_{rank}.pt")
+
+
+def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
+    """Each worker process's RNG, when the checkpoint was written by the same pools; after a
+    change of world size the ranks keep their fresh seeds (the data order is the controller's)."""
+    if workers.backend is None:
+        return  # in-process: the controller's rng.pt covers the worker
+    sizes = workers.backend.world_sizes()
+    saved = {pool: len(list(path.glob(f"rng_{pool}_*.pt"))) for pool in sizes}
+    if saved == sizes:
+        workers.backend.run_on_hosts(_load_worker_rng, str(path))
+    else:
+        print(f"[hybridrl] note: {path} was saved by other worker pools ({saved} vs {sizes} ranks); "
+              "worker RNG streams restart from the seed", flush=True)
 
 
 def _reward_fn(cfg):
@@ -105,12 +141,6 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     reference policy); the rest (workers, checkpoints, resume, tracking) is shared.
     """
     plan = plan_batches(cfg)
-    if plan.dp > 1:
-        raise NotImplementedError(
-            f"trainer.nnodes x trainer.n_gpus_per_node = {plan.dp} workers needs the Ray backend, which is not in "
-            f"this version; set trainer.n_gpus_per_node=1 trainer.nnodes=1"
-        )
-    device = pick_device(cfg.trainer.device)
     out = run_dir(cfg)
     resume_from = _find_resume(cfg, out)
     ckpt.seed_everything(cfg.trainer.seed)
@@ -119,16 +149,26 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
     compute_score, need_gt = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt)
-    total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * len(loader)
-
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
-    # The reference is the initial policy; save it with checkpoints when it cannot be reloaded
-    # from model.path (random weights, or weights changed by the warm-up).
+    # The reference is the initial policy; `_start` saves it with checkpoints when it cannot be
+    # reloaded from model.path (random weights, or weights changed by the warm-up).
+    roles = {ACTOR: ActorRolloutRefWorker, **({CRITIC: CriticWorker} if cfg.critic_enabled else {})}
+    workers = create_worker_groups(cfg, plan, roles)
+    try:
+        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score)
+    except BaseException:
+        workers.shutdown()
+        raise
+
+
+def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score) -> RunContext:
+    """Load or resume the workers' models, open tracking, run the warm-up."""
+    m = cfg.actor_rollout_ref.model
+    total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * len(loader)
     save_ref = need_ref and (m.random_init or cfg.warmup.steps > 0)
-    actor = LocalWorkerGroup(ActorRolloutRefWorker(cfg, plan, device))
-    critic = LocalWorkerGroup(CriticWorker(cfg, plan, device)) if cfg.critic_enabled else None
+    actor, critic = workers[ACTOR], workers.get(CRITIC)
     actor_steps = total_steps * plan.actor.optimizer_steps_per_step
     critic_steps = total_steps * plan.critic.optimizer_steps_per_step if critic else 0
 
@@ -138,15 +178,18 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
         if critic:
             critic.init_model(cfg.critic.model.path, m.random_init and cfg.critic.model.path == m.path, critic_steps)
     else:
-        ref_path = str(resume_from / "ref") if (resume_from / "ref").exists() else m.path
-        actor.init_model(str(resume_from / "actor"), False, actor_steps, need_ref, ref_path=ref_path)
-        actor.load_optimizer(str(resume_from))
+        # Built from the checkpoint's config.json, then the (sharded) weights and optimizer are
+        # loaded by name: any world size can resume any checkpoint.
+        ref_path = None if (resume_from / "ref").exists() else m.path  # a saved ref comes with load_checkpoint
+        actor.init_model(str(resume_from / "actor"), True, actor_steps, need_ref, ref_path=ref_path)
+        actor.load_checkpoint(str(resume_from))
         if critic:
-            critic.init_model(str(resume_from / "critic"), False, critic_steps, head_path=resume_from / "critic" / "value_head.safetensors")
-            critic.load_optimizer(str(resume_from))
+            critic.init_model(str(resume_from / "critic"), True, critic_steps)
+            critic.load_checkpoint(str(resume_from))
         state = ckpt.load_trainer_state(resume_from)
         loader.load_state_dict(state["data"])
         ckpt.restore_rng(resume_from)
+        _restore_worker_rng(workers, resume_from)
 
     global_step = state.get("global_step", 0)
     tracker = Tracker(
@@ -159,7 +202,7 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
         if cfg.warmup.steps > 0:
             state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
         actor.freeze_reference()
-        print(f"[hybridrl] run dir {out} | {total_steps} steps | device {device}", flush=True)
+        print(f"[hybridrl] run dir {out} | {total_steps} steps | {_where(cfg, workers)}", flush=True)
     else:
         _truncate_jsonl(out / "samples.jsonl", global_step)
         print(f"[hybridrl] resumed from {resume_from} at step {global_step}/{total_steps}", flush=True)
@@ -170,8 +213,15 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
         compute_score=compute_score, need_ref=need_ref, save_ref=save_ref, tracker=tracker,
         total_steps=total_steps, pad_token_id=tokenizer.pad_token_id,
         val_batch_size=cfg.data.val_batch_size or max(1, len(val_records)),
-        global_step=global_step, trainer_state=state,
+        workers=workers, global_step=global_step, trainer_state=state,
     )  # fmt: skip
+
+
+def _where(cfg, workers: WorkerGroups) -> str:
+    if workers.backend is None:
+        return f"device {cfg.trainer.device}"
+    pools = ", ".join(f"{pool}: {n} ranks" for pool, n in workers.backend.world_sizes().items())
+    return f"Ray, device {cfg.trainer.device} ({pools})"
 
 
 def _prompt_data(cfg, tokenizer, need_gt):
@@ -228,7 +278,9 @@ def run_warmup(cfg, actor, tokenizer) -> dict:
     rng = np.random.default_rng(cfg.trainer.seed)
     pad = tokenizer.pad_token_id
     for step in range(1, w.steps + 1):
-        idx = rng.choice(len(pairs), size=min(w.batch_size, len(pairs)), replace=False)
+        # Equal shares for the data-parallel ranks: an update must not train on padding rows.
+        size = min(w.batch_size, len(pairs) - len(pairs) % actor.world_size)
+        idx = rng.choice(len(pairs), size=size, replace=False)
         m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
         if step == w.steps or step % max(1, w.steps // 5) == 0:
             print(f"warm-up {step}/{w.steps} | loss {m['warmup/loss']:.3f} | token_acc {m['warmup/token_acc']:.3f}", flush=True)

@@ -23,7 +23,10 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF
 from hybridrl.data.token_batching import micro_batches, restore_order, sequence_lengths
+from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.fsdp import (clip_grad_norm, copy_weights, dp_max_min, dp_normalizer, dp_size,
+                                       full_named_parameters, full_weights, is_sharded, place, run_as_forward)  # fmt: skip
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.models import lora
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
@@ -40,6 +43,25 @@ LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def dp_micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str):
+    """`micro_batches`, with the same number of micro-batches on every data-parallel rank: FSDP
+    gathers weights in every forward (and reduces gradients in every backward), so the ranks
+    must run as many passes. Fixed splits agree already (every rank has as many rows); token
+    budgets are raised to the largest count over the ranks, until all ranks agree (a split into
+    more parts never fails: one row per part always fits)."""
+    micros, order = micro_batches(batch, micro_size=micro_size, dynamic=dynamic, max_tokens=max_tokens, what=what)
+    if not dynamic:
+        return micros, order
+    while True:
+        most, fewest = dp_max_min(len(micros))
+        if most == fewest:
+            return micros, order
+        if most > len(batch):
+            raise RuntimeError(f"{what}: another rank needs {most} micro-batches but this one has {len(batch)} rows")
+        micros, order = micro_batches(batch, micro_size=micro_size, dynamic=True, max_tokens=max_tokens, what=what,
+                                      min_parts=most)  # fmt: skip
 
 
 class ActorRolloutRefWorker:
@@ -59,8 +81,11 @@ class ActorRolloutRefWorker:
         """Load the policy (and reference); `ref_path=None` means a copy of the initial policy."""
         m = self.arr.model
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
-        self.model = self._load_policy(model_path, random_init)
-        self.packing = self._prepare(self.model, checkpointing=m.enable_gradient_checkpointing)
+        model = self._load_policy(model_path, random_init)
+        # Hooks and compiled layers first, then FSDP2 around them (torchtitan's order): fully_shard
+        # adds its own hooks to the blocks; compiled blocks run them eagerly (dynamo skips FSDP hooks).
+        self.packing = self._prepare(model, checkpointing=m.enable_gradient_checkpointing)
+        self.model = place(model, self.device, self.arr.actor.fsdp_config.param_offload)  # FSDP2 on several ranks
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), self.arr.actor.optim)
         self.scheduler = build_scheduler(self.optimizer, self.arr.actor.optim, total_optimizer_steps)
@@ -68,15 +93,20 @@ class ActorRolloutRefWorker:
         self.rollout = make_rollout_engine(
             r.name, self.model, self.tokenizer, max_num_seqs=r.max_num_seqs, autocast_dtype=self.amp, rollout=r,
             max_model_len=data.max_prompt_length + data.max_response_length,
-            # LoRA: an engine with its own weights starts from the merged policy and never aliases the base
-            named_weights=self._policy_weights() if self.lora else None,
+            # LoRA: an engine with its own weights starts from the merged policy and never aliases the base;
+            # FSDP: from the gathered full tensors (it cannot alias shards)
+            named_weights=self._policy_weights() if self.lora or is_sharded(self.model) else None,
         )  # fmt: skip
         self.weights_dirty = False  # the engine holds the current weights until an optimizer step
         self.need_ref, self._ref_path = need_ref, ref_path
         self.ref = None
         if need_ref and ref_path is not None and not self.lora:
-            self.ref = self._freeze(load_causal_lm(ref_path, trust_remote_code=m.trust_remote_code).to(self.device))
-            self._prepare(self.ref)  # the same (packed, compiled) passes as the policy
+            self.ref = self._load_ref(ref_path)
+
+    def _load_ref(self, path: str, random_init: bool = False):
+        ref = load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code)
+        self._prepare(ref)  # the same (packed, compiled) passes as the policy
+        return self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
 
     def _prepare(self, model, checkpointing: bool = False) -> str | None:
         m = self.arr.model
@@ -96,7 +126,7 @@ class ActorRolloutRefWorker:
             base_path = model_path
         model = load_causal_lm(
             base_path, random_init=random_init, override_config=m.override_config, trust_remote_code=m.trust_remote_code
-        ).to(self.device)
+        )  # moved to the device (or sharded) by `place`
         if not self.lora:
             return model
         if adapter.is_dir():
@@ -107,12 +137,23 @@ class ActorRolloutRefWorker:
     def freeze_reference(self) -> None:
         """Take the current weights as the reference policy (after loading or a warm-up).
         With LoRA the reference is the base model, adapters disabled: nothing to copy."""
-        if self.need_ref and self.ref is None and not self.lora:
-            ref = copy.deepcopy(self.model)
-            drop_compiled(ref)  # copied wrappers would call the *policy's* layers
-            if self.arr.actor.use_torch_compile and self.device.type == "cuda":
-                compile_decoder_layers(ref)
-            self.ref = self._freeze(ref)
+        if not (self.need_ref and self.ref is None and not self.lora):
+            return
+        if is_sharded(self.model):
+            # An FSDP module cannot be deep-copied: build the same sharded model, copy the shards.
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32,
+                                                   trust_remote_code=self.arr.model.trust_remote_code)  # fmt: skip
+            self._prepare(ref)
+            self.ref = self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
+            copy_weights(self.model, self.ref)
+            return
+        ref = copy.deepcopy(self.model)
+        drop_compiled(ref)  # copied wrappers would call the *policy's* layers
+        if self.arr.actor.use_torch_compile and self.device.type == "cuda":
+            compile_decoder_layers(ref)
+        self.ref = self._freeze(ref)
 
     def _reference(self):
         """Context giving the reference policy: the frozen copy, or the LoRA base."""
@@ -142,7 +183,11 @@ class ActorRolloutRefWorker:
             metrics["timing_s/update_weights"] = time.perf_counter() - t0
             self.weights_dirty = False
         self.rollout.wake()
-        with eager_layers(self.model):
+        # The hf engine runs on the policy module itself: under FSDP it needs the gathered weights
+        # for the whole generate (ranks may decode different numbers of steps, no collectives).
+        # Engines with their own weights got them through load_weights above.
+        on_policy = getattr(self.rollout, "model", None) is self.model
+        with full_weights(self.model) if on_policy else nullcontext(), eager_layers(self.model):
             out = self.rollout.generate(prompts, sampling)
         if self.arr.rollout.free_cache_engine:
             self.rollout.sleep()
@@ -152,8 +197,9 @@ class ActorRolloutRefWorker:
 
     def _policy_weights(self):
         """(HF name, tensor) of the current policy for engines that hold weights: with LoRA the
-        merged W + scale * B @ A under the base names (the HF engine runs on this module itself)."""
-        return lora.merged_named_parameters(self.model) if self.lora else self.model.named_parameters()
+        merged W + scale * B @ A under the base names (the HF engine runs on this module itself);
+        under FSDP the full tensors, gathered one at a time (every rank consumes it in step)."""
+        return lora.merged_named_parameters(self.model) if self.lora else full_named_parameters(self.model)
 
     # -- log-probs -----------------------------------------------------------------------------
     def _forward(self, model, micro: Batch, key: str = K.RESPONSES, with_entropy: bool = False, temperature=None,
@@ -169,7 +215,8 @@ class ActorRolloutRefWorker:
                 packed = pack(*seqs)
                 self._slots[0] += packed.num_tokens
                 self._slots[1] += real
-                return packed_log_probs(model, packed, temperature=temp, with_entropy=with_entropy)
+                # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
+                return run_as_forward(model, packed_log_probs, packed, temperature=temp, with_entropy=with_entropy)
             logits = response_logits(model, *seqs, temperature=temp)  # (b, R, V)
         self._slots[0] += micro[K.PROMPTS].numel() + micro[key].numel()
         self._slots[1] += real
@@ -178,7 +225,7 @@ class ActorRolloutRefWorker:
         return log_probs_from_logits(logits, micro[key]), entropy, logits.argmax(-1) == micro[key]
 
     def _micro_batches(self, batch: Batch, size: int, dynamic: bool, budget: int, key: str):
-        return micro_batches(batch, micro_size=size, dynamic=dynamic, max_tokens=budget, what=key)
+        return dp_micro_batches(batch, micro_size=size, dynamic=dynamic, max_tokens=budget, what=key)
 
     @torch.no_grad()
     def _log_probs(self, model, batch: Batch, micro_batch: int, dynamic: bool = False, budget: int = 0, key: str = "") -> torch.Tensor:
@@ -237,7 +284,8 @@ class ActorRolloutRefWorker:
             for mini in batch.index(order).split(self.plan.actor.per_device_mini_batch):
                 for k, v in self._mini_batch_backward(mini).items():
                     metrics[k].extend(v)
-                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip)
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip,
+                                                  a.fsdp_config.optimizer_offload)  # fmt: skip
                 self.weights_dirty = True
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
@@ -273,12 +321,12 @@ class ActorRolloutRefWorker:
     def _mini_batch_norms(mini: Batch) -> dict[str, float]:
         """The loss normalizers of one optimizer step: response tokens and sequences of the
         whole mini-batch, passed to every micro-batch's loss so that the sum over micro-batches
-        is the mini-batch loss whatever the split. The one place to change for data parallelism:
-        all-reduce (sum) these over the data-parallel ranks and scale the loss by the world size
-        when the gradients are averaged (FSDP), and each rank's gradient adds up to the global one.
+        is the mini-batch loss whatever the split. Under data parallelism they are the counts of
+        the mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages the
+        ranks' gradients, and the average is then the single-device one for every loss_agg_mode.
         ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch
-        keeps since micro-batches are row subsets of the step's batch.)"""
-        return {"global_tokens": float(mini[K.RESPONSE_MASK].sum()), "global_seqs": float(len(mini))}
+        and every rank keeps since they are row subsets of the step's batch.)"""
+        return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
 
     def _perf_start(self) -> float:
         if self.device.type == "cuda":
@@ -343,7 +391,7 @@ class ActorRolloutRefWorker:
             params = [p for p in self.model.parameters() if p.requires_grad]
             self._sft_optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         loss, correct, tokens = self._sft_backward(batch)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        clip_grad_norm(list(self.model.parameters()), 1.0)
         self._sft_optimizer.step()
         self.weights_dirty = True
         self._sft_optimizer.zero_grad(set_to_none=True)
@@ -352,7 +400,7 @@ class ActorRolloutRefWorker:
     def _sft_backward(self, batch: Batch) -> tuple[float, float, float]:
         """Backward of the token-mean NLL of RESPONSES over the whole batch, micro-batch by
         micro-batch; returns (loss, correctly predicted tokens, response tokens)."""
-        tokens = float(batch[K.RESPONSE_MASK].sum())
+        tokens = dp_normalizer(float(batch[K.RESPONSE_MASK].sum()))  # global / dp: see dp_normalizer
         loss_sum, correct = 0.0, 0.0
         for micro in batch.split(self.plan.actor.micro_batch):
             micro = micro.to(self.device)
@@ -367,31 +415,42 @@ class ActorRolloutRefWorker:
     # -- checkpoints ---------------------------------------------------------------------------
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str, save_ref: bool) -> None:
-        """`path/actor` is a plain HF model directory (weights + tokenizer), plus optimizer state."""
+        """Sharded (DCP) weights, optimizer and scheduler under `path/actor` (and `path/ref`);
+        every rank writes its shards; `hybridrl export` makes an HF directory of it. LoRA (one
+        device): `actor/` is the merged HF model with the adapter in `actor/adapter` (models/lora.py)."""
         path = Path(path)
-        if self.lora:  # merged HF weights in actor/, the adapter in actor/adapter (models/lora.py)
+        if self.lora:
             base = path / lora.BASE_DIR if self.arr.model.random_init else None
             lora.save_lora_checkpoint(self.model, path / "actor", base)
+            self.tokenizer.save_pretrained(path / "actor")
         else:
-            self.model.save_pretrained(path / "actor", safe_serialization=True)
-        self.tokenizer.save_pretrained(path / "actor")
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "actor_optim.pt")
+            dckpt.save_model(self.model, path / "actor", self.model.config, self.tokenizer)
+        dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, path / "actor")
         if save_ref and self.ref is not None:
-            self.ref.save_pretrained(path / "ref", safe_serialization=True)
+            dckpt.save_model(self.ref, path / "ref", self.ref.config)
 
     @register(Dispatch.ALL)
-    def load_optimizer(self, path: str) -> None:
-        state = torch.load(Path(path) / "actor_optim.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def load_checkpoint(self, path: str) -> None:
+        """Weights, optimizer and scheduler from `path/actor`, saved at any world size; the
+        reference from `path/ref` when it was saved (random init or warm-up). With LoRA the
+        weights (base + adapter) were loaded by `init_model(path/actor)` already."""
+        path = Path(path)
+        if not self.lora:
+            dckpt.load_model(self.model, path / "actor")
+        dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path / "actor")
+        self.weights_dirty = True  # an engine with its own weights still holds the initial ones
+        if self.need_ref and self.ref is None and (path / "ref").exists():
+            self.ref = self._load_ref(str(path / "ref"), random_init=True)
+            dckpt.load_model(self.ref, path / "ref")
 
     @register(Dispatch.RANK0)
     def save_model(self, path: str) -> None:
+        """The current policy as a plain HF model directory (LoRA: merged, adapter in path/adapter)."""
         if self.lora:
             lora.save_lora_checkpoint(self.model, Path(path), None)
+            self.tokenizer.save_pretrained(path)
         else:
-            self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+            dckpt.save_hf(self.model, path, self.tokenizer)
 
     # -- preference and supervised updates (algorithm.name = dpo | kto | sft) -----------------
     # Rows are pairs (DPO) or examples (KTO, SFT) as laid out by hybridrl.data.preference. Each
@@ -450,7 +509,7 @@ class ActorRolloutRefWorker:
                 out = kto_loss(logps, micro[K.REF_LOGPS], micro[K.LABEL], kl_ref_point, p.beta,
                                p.desirable_weight, p.undesirable_weight)  # fmt: skip
                 out.update(logps=logps, labels=micro[K.LABEL])
-            (out["losses"].sum() / len(batch)).backward()
+            (out["losses"].sum() / dp_normalizer(len(batch))).backward()
             for k, v in out.items():
                 parts[k].append(v.detach().cpu())
         s = {k: torch.cat(v) for k, v in parts.items()}
@@ -481,11 +540,12 @@ class ActorRolloutRefWorker:
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step: token-mean NLL of RESPONSES (prompt tokens carry no loss)."""
         loss_sum, correct, tokens = self._sft_backward(batch)
-        return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens,
+        return {"loss": loss_sum, "mean_token_accuracy": correct / max(tokens, 1.0), "num_tokens": tokens * dp_size(),
                 **self._offline_step()}  # fmt: skip
 
     def _offline_step(self) -> dict[str, float]:
-        grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip)
+        grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip,
+                                          self.arr.actor.fsdp_config.optimizer_offload)  # fmt: skip
         self.weights_dirty = True
         self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],

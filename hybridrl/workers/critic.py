@@ -6,18 +6,19 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from hybridrl.algorithms import compute_value_loss
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.data.token_batching import micro_batches, restore_order
+from hybridrl.data.token_batching import restore_order
+from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.fsdp import place
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype
+from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype, dp_micro_batches
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
 
 
@@ -28,7 +29,7 @@ class CriticWorker:
         self.nonfinite_in_a_row = 0
 
     @register(Dispatch.ALL)
-    def init_model(self, backbone_path: str, random_init: bool, total_optimizer_steps: int, head_path=None):
+    def init_model(self, backbone_path: str, random_init: bool, total_optimizer_steps: int):
         c, m = self.cfg.critic, self.cfg.actor_rollout_ref.model
         backbone = load_causal_lm(
             backbone_path,
@@ -38,12 +39,12 @@ class CriticWorker:
             what="critic.model.path",
             backbone_only=True,
         )
-        self.model = ValueModel(backbone).to(self.device)
-        if head_path is not None:
-            self.model.value_head.load_state_dict(load_file(str(head_path), device=str(self.device)))
         # Not compiled: unlike the actor's, the critic's layers were not measured compiled.
-        self.packing = prepare_model(self.model.backbone, self.device, remove_padding=c.model.use_remove_padding,
+        self.packing = prepare_model(backbone, self.device, remove_padding=c.model.use_remove_padding,
                                      attn_backend=m.packed_attn_backend, checkpointing=c.model.enable_gradient_checkpointing)  # fmt: skip
+        # FSDP2 on several ranks; the critic is run through its response-value methods, not forward.
+        self.model = place(ValueModel(backbone), self.device, c.model.fsdp_config.param_offload,
+                           ("response_values", "packed_response_values"))  # fmt: skip
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), c.optim)
         self.scheduler = build_scheduler(self.optimizer, c.optim, total_optimizer_steps)
@@ -58,8 +59,8 @@ class CriticWorker:
 
     def _micro_batches(self, batch: Batch, budget: int, key: str):
         c = self.cfg.critic
-        return micro_batches(batch, micro_size=self.plan.critic.micro_batch, dynamic=c.use_dynamic_bsz,
-                             max_tokens=budget, what=key)  # fmt: skip
+        return dp_micro_batches(batch, micro_size=self.plan.critic.micro_batch, dynamic=c.use_dynamic_bsz,
+                                max_tokens=budget, what=key)  # fmt: skip
 
     @register(Dispatch.DP)
     @torch.no_grad()
@@ -80,7 +81,7 @@ class CriticWorker:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
-                norms = ActorRolloutRefWorker._mini_batch_norms(mini)  # the one normalizer, see there
+                norms = ActorRolloutRefWorker._mini_batch_norms(mini)  # the one normalizer (global over dp), see there
                 vf_loss_total, clipfrac = 0.0, []
                 micros, _ = self._micro_batches(mini, c.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
                 for micro in micros:
@@ -98,7 +99,7 @@ class CriticWorker:
                     out["vf_loss"].backward()
                     vf_loss_total += float(out["vf_loss"].detach())
                     clipfrac.append(float(out["vf_clipfrac"]))
-                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip)
+                grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip, c.model.fsdp_config.optimizer_offload)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["critic/vf_loss"].append(vf_loss_total)
                 metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
@@ -112,13 +113,13 @@ class CriticWorker:
 
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
-        path = Path(path)
-        self.model.backbone.save_pretrained(path / "critic", safe_serialization=True)
-        save_file({k: v.contiguous() for k, v in self.model.value_head.state_dict().items()}, str(path / "critic" / "value_head.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "critic_optim.pt")
+        """Sharded (DCP) backbone + value head, optimizer and scheduler under `path/critic`."""
+        role = Path(path) / "critic"
+        dckpt.save_model(self.model, role, self.model.config)
+        dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, role)
 
     @register(Dispatch.ALL)
-    def load_optimizer(self, path: str) -> None:
-        state = torch.load(Path(path) / "critic_optim.pt", map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def load_checkpoint(self, path: str) -> None:
+        role = Path(path) / "critic"
+        dckpt.load_model(self.model, role)
+        dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, role)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from hybridrl.distributed.fsdp import clip_grad_norm, move_optimizer_state
+
 
 def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
@@ -38,20 +40,24 @@ def build_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_sc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def guarded_step(module, optimizer, scheduler, grad_clip: float) -> tuple[float, bool]:
+def guarded_step(module, optimizer, scheduler, grad_clip: float, offload_state: bool = False) -> tuple[float, bool]:
     """Clip, then step only if the gradient norm is finite; returns (grad_norm, stepped).
 
     A NaN/inf gradient would poison the weights and Adam's moments for good, so the update
     is dropped instead (the caller counts these and stops after too many in a row).
+    `offload_state` (fsdp_config.optimizer_offload) keeps Adam's moments in CPU memory
+    between steps: they come to the parameters' device for the step only.
     """
-    params = [p for p in module.parameters() if p.grad is not None]
     max_norm = grad_clip if grad_clip and grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
-    norm = float(norm)
+    norm = clip_grad_norm(list(module.parameters()), max_norm)  # global over FSDP shards: same on every rank
     if not math.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         return norm, False
+    if offload_state:
+        move_optimizer_state(optimizer, next(module.parameters()).device)
     optimizer.step()
+    if offload_state:
+        move_optimizer_state(optimizer, "cpu")
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, True

@@ -209,6 +209,45 @@ def test_critic_keys_are_ignored_without_a_critic():
     assert plan_batches(cfg).critic is None
 
 
+# --------------------------------------------------------------------------- placement (resource_pool)
+
+
+def test_split_placement_plans_each_role_on_its_own_devices():
+    cfg = load("trainer.n_gpus_per_node=8", "trainer.nnodes=2", "resource_pool.actor_rollout_ref=6", "resource_pool.critic=2",
+               "data.train_batch_size=96", f"{R}.n=4", f"{A}.ppo_mini_batch_size=24")  # fmt: skip
+    p = plan_batches(cfg)
+    assert (p.dp, p.sequences_per_device) == (12, 32)  # 2 nodes x 6 actor devices
+    assert p.actor.per_device_mini_batch == 96 // 12 and p.critic.per_device_mini_batch == 96 // 4
+
+
+@pytest.mark.parametrize("overrides, message, fix", [
+    (["resource_pool.actor_rollout_ref=3"], "resource_pool.actor_rollout_ref=3 is more than trainer.n_gpus_per_node=2", None),
+    (["resource_pool.critic=1"], "resource_pool.actor_rollout_ref must say how many of the 2 per node the actor gets",
+     {"resource_pool.actor_rollout_ref": 1}),
+    (["resource_pool.actor_rollout_ref=2", "resource_pool.critic=1"], "more than trainer.n_gpus_per_node=2",
+     {"trainer.n_gpus_per_node": 3}),
+    (["resource_pool.actor_rollout_ref=1", "resource_pool.critic=1", "algorithm.adv_estimator=grpo", f"{R}.n=2"],
+     "no critic is trained", {"resource_pool.critic": None}),
+    (["warmup.steps=5", "warmup.files=x.jsonl", "warmup.batch_size=5"], "must divide by the actor's data-parallel size 2",
+     {"warmup.batch_size": 4}),
+    (["actor_rollout_ref.model.lora_rank=8"], "(LoRA) runs on one device only, not yet under FSDP with the actor's "
+     "data-parallel size 2", {"actor_rollout_ref.model.lora_rank": 0}),
+])  # fmt: skip
+def test_placement_problems_name_the_keys_and_a_fix(overrides, message, fix):
+    cfg = load("trainer.n_gpus_per_node=2", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", *overrides, check=False)
+    problems = [p for p in find_problems(cfg) if message in p.message]
+    assert problems, [p.message for p in find_problems(cfg)]
+    if fix is not None:
+        assert problems[0].fix == fix
+
+
+def test_split_critic_batch_must_divide_over_its_own_devices():
+    cfg = load("trainer.n_gpus_per_node=4", "resource_pool.actor_rollout_ref=1", "resource_pool.critic=3",
+               "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", check=False)  # fmt: skip
+    msgs = [p.message for p in find_problems(cfg)]
+    assert any("critic" in m and "data-parallel size 3" in m and "resource_pool.critic=3" in m for m in msgs), msgs
+
+
 # --------------------------------------------------------------------------- token budgets, LoRA, packing
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -30,6 +31,12 @@ def metrics(out) -> list[dict]:
 
 
 def weights(path) -> dict[str, torch.Tensor]:
+    """The weights of an HF directory, or of a sharded checkpoint's role directory (exported)."""
+    from hybridrl.distributed.checkpoint import export_hf, is_sharded_checkpoint
+
+    if is_sharded_checkpoint(path):
+        with tempfile.TemporaryDirectory() as tmp:
+            return load_file(str(export_hf(path, tmp) / "model.safetensors"))
     return load_file(str(Path(path) / "model.safetensors"))
 
 

@@ -40,3 +40,9 @@ def test_lora_dynamic_bsz_run_logs_perf_metrics_and_saves_a_loadable_policy(tiny
     base = AutoModelForCausalLM.from_pretrained(step / "lora_base")
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(merged.state_dict()[q], base.state_dict()[q])  # the adapters are folded in
+    # `hybridrl eval` takes the run directory (its latest LoRA checkpoint's merged actor/) as it is;
+    # `hybridrl export` says that actor/ is already an HF directory.
+    ev = cli("eval", "--model", out, "--data", arith_data["test"], "--max-response-length", 4, "--limit", 4)
+    assert "accuracy" in ev.stdout
+    exp = cli("export", out, tmp_path / "hf", check=False)
+    assert exp.returncode == 2 and "already a plain HF model directory" in exp.stderr and str(step / "actor") in exp.stderr

@@ -111,7 +111,7 @@ def test_checkpoint_resume_is_exact_and_actor_dir_loads_merged(tiny_model_dir, t
     assert (tmp_path / "actor" / "adapter" / "adapter_config.json").exists() and (tmp_path / "lora_base").is_dir()
 
     resumed = lora_worker(tiny_model_dir, path=str(tmp_path / "actor"))
-    resumed.load_optimizer(str(tmp_path))
+    resumed.load_checkpoint(str(tmp_path))  # the optimizer (DCP); weights came with init_model(actor/)
     want = dict(w.model.named_parameters())
     for n, p in resumed.model.named_parameters():
         assert torch.equal(p, want[n]), n

@@ -1,0 +1,205 @@
+"""FSDP2 for the trainable roles, applied from outside the model, and the few collectives the
+workers need so that a data-parallel run computes what one device would.
+
+Nothing here runs collectives unless `torch.distributed` is initialized with more than one
+rank: on one device (the in-process backend) every function is the single-device identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def dp_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def dp_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def dp_normalizer(local_count: float) -> float:
+    """The loss normalizer of one rank: the mini-batch's global count (tokens or sequences) / dp.
+
+    FSDP averages gradients over ranks. A rank that divides its loss sum by global/dp
+    contributes dp * sum_r / global; the average over ranks is then sum / global, the
+    single-device gradient, however unevenly the tokens fall on the ranks.
+    """
+    world = dp_size()
+    if world == 1:
+        return local_count
+    t = torch.tensor([float(local_count)], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t) / world
+
+
+def dp_max_min(local: int) -> tuple[int, int]:
+    """(largest, smallest) of an integer over the data-parallel ranks (one all-reduce)."""
+    if dp_size() == 1:
+        return local, local
+    t = torch.tensor([local, -local], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t[0]), -int(t[1])
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of an HF model (the unit FSDP gathers at a time)."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} to shard "
+                         "(its _no_split_modules names none of its modules)")
+    return blocks
+
+
+def place(model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = ()) -> nn.Module:
+    """The model on its device: moved there on one rank, FSDP2-sharded over several.
+
+    `forward_methods`: methods other than `forward` that callers run the model through (the
+    critic's `response_values`); FSDP gathers the root's weights around them too.
+    """
+    if dp_size() == 1:
+        return model.to(device)
+    if not (param_offload and device.type == "cuda"):
+        model.to(device)
+    broadcast_from_rank0(model, device)
+    model = apply_fsdp(model, device, param_offload=param_offload)
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in forward_methods:
+        register_fsdp_forward_method(model, name)
+    return model
+
+
+def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:
+    """Every rank gets rank 0's weights before sharding: ranks build their models alone, and a
+    random init (or a freshly initialized value head) differs per rank's RNG stream."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            buf = t.data if t.device.type == device.type else t.data.to(device)
+            dist.broadcast(buf, src=0)
+            if buf is not t.data:
+                t.data.copy_(buf)
+
+
+def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None) -> nn.Module:
+    """Shard `model` over all ranks with FSDP2: each transformer block, then the root.
+
+    GPU: parameters are gathered in bf16 for compute, gradients reduced in fp32, the sharded
+    master weights stay fp32. CPU (gloo): everything fp32. `param_offload` keeps the sharded
+    parameters (and so their gradients and the optimizer step) in CPU memory; each block's
+    parameters are copied to the device for its forward/backward (FSDP2's CPUOffloadPolicy).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dp_size(),))
+    if device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if param_offload and device.type == "cuda" else OffloadPolicy()
+    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
+    for block in (blocks_of or _blocks)(model):
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+@contextlib.contextmanager
+def full_weights(model: nn.Module):
+    """Inside: every FSDP unit of `model` holds its full (gathered) parameters and keeps them
+    across forward calls, so a rank can run `generate` on its own prompts with no further
+    collectives; ranks may then make different numbers of decoding steps. Resharded on exit."""
+    if not is_sharded(model):
+        yield model
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for u in units:
+        u.set_reshard_after_forward(False, recurse=False)
+        u.unshard()
+    try:
+        yield model
+    finally:
+        for u in units:
+            u.reshard()
+            u.set_reshard_after_forward(True, recurse=False)
+
+
+def run_as_forward(model: nn.Module, fn, *args, **kwargs):
+    """`fn(model, *args, **kwargs)` run as a forward of `model`. A pass that calls the model's
+    submodules directly (the packed log-probs: decoder, then the LM head's weight) would find the
+    root unit's weights (embeddings, final norm, LM head) still sharded; FSDP2 gathers them,
+    and reduce-scatters their gradients after the backward, around `forward` and around methods
+    registered with `register_fsdp_forward_method`, so `fn` is registered as one. Plain call
+    when `model` is not sharded."""
+    if not is_sharded(model):
+        return fn(model, *args, **kwargs)
+    name = f"_hybridrl_forward_{fn.__name__}"
+    if name not in model.__dict__:
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        setattr(model, name, functools.partial(fn, model))
+        register_fsdp_forward_method(model, name)
+    return getattr(model, name)(*args, **kwargs)
+
+
+def full_named_parameters(model: nn.Module):
+    """(name, tensor) of every parameter, FSDP shards gathered into full tensors one parameter
+    at a time (`DTensor.full_tensor`, a collective: every rank must consume the iterator, in the
+    same order); the parameters themselves when not sharded."""
+    from torch.distributed.tensor import DTensor
+
+    for name, p in model.named_parameters():
+        p = p.detach()
+        yield name, (p.full_tensor() if isinstance(p, DTensor) else p)
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Clip to `max_norm` by the global L2 norm of all gradients (over every rank's shards);
+    returns that norm, the same number on every rank."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if math.isfinite(max_norm):
+        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
+    if hasattr(total, "full_tensor"):  # DTensor grads: combine the ranks' partial norms
+        total = total.full_tensor()
+    return float(total)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move the optimizer's state tensors (Adam moments) to `device` (optimizer_offload)."""
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                state[k] = v.to(device, non_blocking=True)
+
+
+def copy_weights(src: nn.Module, dst: nn.Module) -> None:
+    """Copy parameters and buffers of `src` into `dst`, built and sharded the same way (each
+    rank copies its own shards: no communication)."""
+    with torch.no_grad():
+        for a, b in zip(src.parameters(), dst.parameters(), strict=True):
+            b.copy_(a)
+        for a, b in zip(src.buffers(), dst.buffers(), strict=True):
+            b.copy_(a)

@@ -1,0 +1,283 @@
+"""The Ray backend: one Ray actor (`WorkerHost`) per device, worker groups over them.
+
+A host process joins the `torch.distributed` group of its pool (gloo on CPU, NCCL on GPU;
+rendezvous at rank 0's node on a free port) and holds one worker object per role of its
+pool, built from the unchanged worker classes. A `RayWorkerGroup` is one role on one pool:
+`group.method(batch)` splits and gathers by the method's dispatch mode, and
+`group.submit("method", batch)` returns at once with a `.get()`, so independent stages
+(the critic's and the actor's in split placement) overlap.
+
+Failures: every wait is on all ranks at once, so a dead process is seen as soon as Ray
+reports it, even while the live ranks hang in a collective with it; the error names the
+role, rank, node and pid (`WorkerDiedError`), and `RayBackend.shutdown` kills the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridrl.distributed.dispatch import collect_outputs, dispatch_mode, split_inputs
+from hybridrl.distributed.groups import BackendError, WorkerDiedError
+from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
+
+PG_TIMEOUT_S = 120
+
+
+class WorkerHost:
+    """One process of a pool (a Ray actor): its rank's workers, one per role."""
+
+    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict):
+        self.pool, self.rank, self.world, self.device_type = pool, rank, world, device_type
+        self.workers: dict = {}
+        # Ray gives an actor with num_gpus=1 exactly one visible GPU: it is cuda:0 here.
+        os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        import random
+
+        import numpy as np
+        import torch
+
+        if device_type == "cuda":
+            torch.cuda.set_device(0)
+        # Each rank its own stream (sampling differs per shard); rank 0 = the one-device run's.
+        random.seed(seed + rank)
+        np.random.seed(seed + rank)
+        torch.manual_seed(seed + rank)
+
+    def info(self) -> dict:
+        return {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}  # fmt: skip
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def init_process_group(self, addr: str, port: int, timeout_s: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device_type == "cuda" else "gloo"
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))  # for libraries that read them
+        kw = {"device_id": torch.device("cuda", 0)} if self.device_type == "cuda" else {}
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world,
+                                timeout=timedelta(seconds=timeout_s), **kw)  # fmt: skip
+
+    def add_role(self, role: str, cls, cfg, plan) -> None:
+        from hybridrl.models.loading import pick_device
+
+        self.workers[role] = cls(cfg, plan, pick_device(cfg.trainer.device))
+
+    def call(self, role: str, method: str, args: tuple, kwargs: dict):
+        _fault_injection_point(method, self.rank)
+        return getattr(self.workers[role], method)(*args, **kwargs)
+
+    def run(self, fn, *args):
+        """`fn(pool, rank, *args)` in this process (per-rank checkpoint files, tests)."""
+        return fn(self.pool, self.rank, *args)
+
+
+_CALLS: dict[str, int] = {}
+
+
+def _fault_injection_point(method: str, rank: int) -> None:
+    """Tests kill a worker process for real: HYBRIDRL_KILL_WORKER=method:rank:nth:flag_file
+    SIGKILLs rank `rank` at its nth call of `method`, once (the flag file marks it done)."""
+    spec = os.environ.get("HYBRIDRL_KILL_WORKER")
+    if not spec:
+        return
+    name, kill_rank, nth, flag = spec.split(":", 3)
+    _CALLS[method] = _CALLS.get(method, 0) + 1
+    if method == name and rank == int(kill_rank) and _CALLS[method] == int(nth) and not os.path.exists(flag):
+        with open(flag, "w") as f:
+            f.write(f"{os.getpid()} {time.time()}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Pending:
+    """A submitted group call; `.get()` waits for every rank and gathers the outputs."""
+
+    def __init__(self, group: RayWorkerGroup, refs: list, mode, pad: int):
+        self.group, self.refs, self.mode, self.pad = group, refs, mode, pad
+
+    def get(self):
+        return collect_outputs(self.mode, self.group.wait(self.refs), self.pad)
+
+
+class RayWorkerGroup:
+    """One role on one pool of hosts; calls are dispatched by the worker class's marks."""
+
+    def __init__(self, role: str, cls, hosts: list, infos: list[dict]):
+        self.role, self.cls, self.hosts, self.infos = role, cls, hosts, infos
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    def submit(self, name: str, *args, **kwargs) -> Pending:
+        mode = dispatch_mode(getattr(self.cls, name, None))
+        if mode is None:
+            raise AttributeError(f"{self.cls.__name__}.{name} is not a registered worker method (@register(Dispatch...))")
+        per_args, per_kwargs, pad = split_inputs(mode, self.world_size, args, kwargs)
+        refs = [h.call.remote(self.role, name, a, kw) for h, a, kw in zip(self.hosts, per_args, per_kwargs)]
+        return Pending(self, refs, mode, pad)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.submit(name, *args, **kwargs).get()
+
+    def wait(self, refs: list) -> list:
+        return wait_all(refs, [(self.role, r, info) for r, info in enumerate(self.infos)])
+
+
+def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
+    """Results of `refs` in order; raises at the first failure instead of waiting for every rank.
+
+    A worker exception on one rank often makes the others fail or hang in a collective, so
+    the reported error is a process death if one happened (the cause), else the first
+    exception raised.
+    """
+    index = {ref: i for i, ref in enumerate(refs)}
+    results, pending = [None] * len(refs), list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            results[index[ready[0]]] = ray.get(ready[0])
+        except RayActorError as e:
+            raise _died(who[index[ready[0]]], e) from None
+        except RayTaskError as e:
+            # Give a dead peer a moment to be reported: it is the cause, the rest are echoes.
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0) if pending else ([], [])
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as dead:
+                    raise _died(who[index[ref]], dead) from None
+                except RayTaskError:
+                    pass
+            role, rank, info = who[index[ready[0]]]
+            cause = e.as_instanceof_cause()  # the worker's exception type, with its traceback text
+            if isinstance(e.cause, BaseException) and isinstance(cause, type(e.cause)):
+                raise cause from None
+            raise RuntimeError(f"{role} rank {rank} on node {info['ip']} failed:\n{e}") from None
+    return results
+
+
+def _died(who: tuple[str, int, dict], error: Exception) -> WorkerDiedError:
+    role, rank, info = who
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return WorkerDiedError(
+        f"the {role} worker process of rank {rank} on node {info['ip']} ({info['host']}, pid {info['pid']}) died: "
+        f"{reason}", role, rank, info["ip"])  # fmt: skip
+
+
+class RayBackend:
+    """The hosts and placement groups of a run, and the worker groups over them."""
+
+    def __init__(self, cfg, plan, roles: dict):
+        init_ray(cfg)
+        device_type = _device_type(cfg)
+        self.specs = pool_specs(cfg, list(roles))
+        problem = missing_resources(self.specs, device_type, ray.nodes())
+        if problem:
+            raise BackendError(f"not enough resources on the Ray cluster: {problem}")
+        self.pgs, self.pools, self.groups = [], {}, {}
+        try:
+            for spec in self.specs:
+                self.pools[spec.name] = self._start_pool(spec, cfg, device_type)
+            refs, who = [], []
+            for spec in self.specs:
+                hosts, infos = self.pools[spec.name]
+                for role in spec.roles:
+                    refs += [h.add_role.remote(role, roles[role], cfg, plan) for h in hosts]
+                    who += [(role, r, info) for r, info in enumerate(infos)]
+                    self.groups[role] = RayWorkerGroup(role, roles[role], hosts, infos)
+            wait_all(refs, who)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_pool(self, spec: PoolSpec, cfg, device_type: str) -> tuple[list, list[dict]]:
+        per_node = [placement_group([bundle(device_type)] * spec.per_node, strategy="STRICT_PACK") for _ in range(spec.nnodes)]
+        self.pgs += per_node
+        ready, _ = ray.wait([pg.ready() for pg in per_node], num_returns=len(per_node), timeout=PG_TIMEOUT_S)
+        if len(ready) < len(per_node):
+            raise BackendError(
+                f"Ray could not place {spec.name}: {len(per_node) - len(ready)} of {spec.nnodes} node(s) with "
+                f"{spec.per_node} free {'GPU' if device_type == 'cuda' else 'CPU'}s were not found within "
+                f"{PG_TIMEOUT_S}s (other jobs on the cluster?); see `ray status`"
+            )
+        remote = ray.remote(max_restarts=0)(WorkerHost)
+        # The driver's HYBRIDRL_* settings reach the workers even on a cluster started elsewhere.
+        env = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}
+        res = {"num_gpus": 1, "num_cpus": 1} if device_type == "cuda" else {"num_cpus": 1}
+        hosts = [
+            remote.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **res
+            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env)
+            for n, pg in enumerate(per_node) for i in range(spec.per_node)
+        ]  # fmt: skip
+        unknown = {"ip": "?", "host": "?", "pid": "?"}
+        infos = wait_all([h.info.remote() for h in hosts], [(spec.name, r, unknown) for r in range(len(hosts))])
+        if spec.world > 1:
+            addr, port = infos[0]["ip"], ray.get(hosts[0].free_port.remote())
+            wait_all([h.init_process_group.remote(addr, port, 600.0) for h in hosts],
+                     [(spec.name, r, info) for r, info in enumerate(infos)])  # fmt: skip
+        return hosts, infos
+
+    def run_on_hosts(self, fn, *args) -> list:
+        """`fn(pool, rank, *args)` on every process of every pool, in pool and rank order."""
+        refs, who = [], []
+        for name, (hosts, infos) in self.pools.items():
+            refs += [h.run.remote(fn, *args) for h in hosts]
+            who += [(name, r, info) for r, info in enumerate(infos)]
+        return wait_all(refs, who)
+
+    def world_sizes(self) -> dict[str, int]:
+        return {name: len(hosts) for name, (hosts, _) in self.pools.items()}
+
+    def pids(self) -> dict[str, list[int]]:
+        return {name: [i["pid"] for i in infos] for name, (_, infos) in self.pools.items()}
+
+    def shutdown(self) -> None:
+        for hosts, _ in self.pools.values():
+            for h in hosts:
+                ray.kill(h, no_restart=True)
+        for pg in self.pgs:
+            remove_placement_group(pg)
+        self.pools, self.pgs = {}, []
+
+
+def _device_type(cfg) -> str:
+    if cfg.trainer.device == "auto":
+        # The driver may have no GPU while the cluster has: ask the cluster.
+        return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+    return cfg.trainer.device
+
+
+def init_ray(cfg) -> None:
+    """Join the configured cluster, or start a local one on this node (`ray.init` does)."""
+    if ray.is_initialized():
+        return
+    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except (ConnectionError, RuntimeError) as e:
+            raise BackendError(
+                f"cannot join the Ray cluster at {address} (ray_init.address or RAY_ADDRESS): {e}; start it with "
+                "`ray start --head` on the head node (docs/distributed.md), or unset the address for a local cluster"
+            ) from None
+        return
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    num_cpus = cfg.ray_init.num_cpus or max(os.cpu_count() or 1, world)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)

@@ -1,0 +1,71 @@
+"""Which processes each role gets, and where they go on the Ray cluster.
+
+A pool is a set of ranks (one process per device) forming one `torch.distributed` group.
+Colocated (the default): one pool holds every role, so each process carries the actor,
+rollout, reference and critic of its device. Split (`resource_pool.critic` set): the actor
+roles and the critic get separate pools on separate devices, and their calls can overlap.
+
+Each pool takes `per_node` devices on each of `nnodes` nodes: one Ray placement group per
+node (STRICT_PACK), so ranks r*per_node .. (r+1)*per_node-1 share a node and NCCL can use
+its links. On `trainer.device=cpu` a device is a CPU worker process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACTOR, CRITIC = "actor_rollout_ref", "critic"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    roles: tuple[str, ...]
+    per_node: int
+    nnodes: int
+
+    @property
+    def world(self) -> int:
+        return self.per_node * self.nnodes
+
+
+def pool_specs(cfg, roles: list[str]) -> list[PoolSpec]:
+    """The pools of a run with these roles (ACTOR, and CRITIC when a critic is trained)."""
+    t, pool = cfg.trainer, cfg.resource_pool
+    actor_per_node = pool.actor_rollout_ref or t.n_gpus_per_node
+    if CRITIC in roles and pool.critic:
+        return [PoolSpec(ACTOR, (ACTOR,), actor_per_node, t.nnodes), PoolSpec(CRITIC, (CRITIC,), pool.critic, t.nnodes)]
+    return [PoolSpec("colocated", tuple(roles), actor_per_node, t.nnodes)]
+
+
+def bundle(device_type: str) -> dict[str, float]:
+    """The resources of one rank's process."""
+    return {"GPU": 1.0, "CPU": 1.0} if device_type == "cuda" else {"CPU": 1.0}
+
+
+def missing_resources(specs: list[PoolSpec], device_type: str, nodes: list[dict]) -> str | None:
+    """What the cluster lacks for these pools, in words; None when it fits.
+
+    `nodes` are `ray.nodes()` entries. Every pool wants `per_node` devices on each of
+    `nnodes` nodes, so each of `nnodes` nodes must hold the pools' per-node total.
+    """
+    kind = "GPU" if device_type == "cuda" else "CPU"
+    need_per_node = sum(s.per_node for s in specs)
+    nnodes = max(s.nnodes for s in specs)
+    alive = [n for n in nodes if n.get("Alive", True)]
+    have = sorted(((int(n.get("Resources", {}).get(kind, 0)), n.get("NodeManagerAddress", "?")) for n in alive), reverse=True)
+    fitting = [h for h in have if h[0] >= need_per_node]
+    if len(fitting) >= nnodes:
+        return None
+    layout = " + ".join(f"{s.per_node} ({s.name})" for s in specs)
+    seen = ", ".join(f"{addr}: {n} {kind}" for n, addr in have) or "none"
+    most = have[0][0] if have else 0
+    if nnodes > 1:
+        hint = "start Ray on the missing nodes with `ray start --address=<head>:6379` (docs/distributed.md)"
+    elif most == 0:
+        hint = f"the cluster has no {kind}s: use trainer.device=cpu, or join a cluster that has them (ray_init.address)"
+    else:
+        hint = f"lower trainer.n_gpus_per_node to at most {most} (with resource_pool, their sum)"
+    return (f"the config asks for {nnodes} node(s) with {layout} = {need_per_node} {kind}s each (trainer.nnodes x "
+            f"trainer.n_gpus_per_node, resource_pool), but the Ray cluster has {len(fitting)} such node(s); "
+            f"nodes seen: {seen}. Missing: {nnodes - len(fitting)} node(s) with {need_per_node} {kind}s; {hint}")

@@ -1,0 +1,51 @@
+"""Run a trainer to the end, restarting its worker groups when a worker process dies.
+
+A dead worker leaves the others of its group stuck in a collective, so the whole group is
+stopped; with `trainer.max_restarts: N` fresh groups resume from the last good checkpoint
+(the data position, optimizer and RNG states make the continuation the same run).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from hybridrl.distributed.groups import WorkerDiedError
+from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer.setup import run_dir
+
+
+def fit_with_restarts(cfg, make_trainer) -> dict:
+    """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths."""
+    limit, launched = cfg.trainer.max_restarts, time.perf_counter()
+    for attempt in range(limit + 1):
+        trainer = None
+        try:
+            trainer = make_trainer(cfg)
+            # trainer.max_wall_time_s counts from this launch, not from the latest restart.
+            trainer.run.started = launched
+            return trainer.fit()
+        except WorkerDiedError as e:
+            last = ckpt.latest_checkpoint(run_dir(cfg) / "checkpoints")
+            where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
+            if attempt == limit:
+                raise WorkerDiedError(
+                    f"{e}; {where}. Resume with trainer.resume_mode=auto, or set trainer.max_restarts=N to "
+                    "restart automatically", e.role, e.rank, e.node) from None  # fmt: skip
+            print(f"[hybridrl] {e}; {where}: restarting the worker groups "
+                  f"({attempt + 1}/{limit}, trainer.max_restarts)", flush=True)  # fmt: skip
+            cfg = resume_config(cfg, last)
+        finally:
+            if trainer is not None:
+                trainer.run.finish()  # stops the worker processes still alive
+    raise AssertionError("unreachable")
+
+
+def resume_config(cfg, checkpoint):
+    """The config that continues from `checkpoint` (None: from the start)."""
+    cfg = copy.deepcopy(cfg)
+    if checkpoint is None:
+        cfg.trainer.resume_mode = "disable"
+    else:
+        cfg.trainer.resume_mode, cfg.trainer.resume_from_path = "resume_path", str(checkpoint)
+    return cfg

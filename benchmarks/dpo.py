@@ -27,13 +27,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import REPO, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
               intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0,
@@ -229,16 +228,6 @@ def run_trl(work: Path, s: dict) -> dict:
 
 
 # -- driver ----------------------------------------------------------------------------------------------------------
-def versions() -> dict:
-    import torch
-    import transformers
-
-    v = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
-    if torch.cuda.is_available():
-        v["gpu"] = torch.cuda.get_device_name(0)
-    return v
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "dpo_bench_out"))
@@ -262,24 +251,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="dpo_bench_"))
     prepare(work, s)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     results: dict = {"settings": {k: v for k, v in s.items()}, "versions": versions()}
     for name in args.only or ["hybridrl", "trl"]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--work", str(work)]
         cmd += ["--tiny"] if args.tiny else []
         cmd += [f"--{k}={v}" for k, v in (("steps", args.steps), ("warmup", args.warmup), ("pairs", args.pairs)) if v is not None]
-        print(f"[dpo-bench] running {name} ...", flush=True)
-        t0 = time.perf_counter()
-        with (out / f"{name}.log").open("w") as log:
-            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        wall = time.perf_counter() - t0
-        if rc != 0:
-            tail = (out / f"{name}.log").read_text().splitlines()[-40:]
-            print(f"[dpo-bench] {name} failed (rc={rc}); last lines of {out / (name + '.log')}:\n" + "\n".join(tail))
-            results[name] = {"error": f"rc={rc}", "wall_s": wall}
-            continue
-        results[name] = {**json.loads((work / f"{name}.json").read_text()), "wall_s": wall}
+        results[name] = run_child("dpo-bench", name, cmd, out, work)
 
     (out / "dpo_bench.json").write_text(json.dumps(results, indent=1))
     print_table(results, s)

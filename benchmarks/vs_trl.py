@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import REPO, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
             max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
 
@@ -262,30 +262,14 @@ def run_eval(work: Path, s: dict, model_dir: str, tag: str) -> dict:
     cmd = [sys.executable, "-m", "hybridrl", "eval", "--model", model_dir, "--data", str(work / "test.rows.jsonl"),
            "--limit", str(s["eval_limit"]), "--max-response-length", str(s["eval_max_response"]),
            "--batch-size", "1024" if s["device"] == "cuda" else "16", "--device", s["device"],
-           "--output", f"{out}.jsonl", "--summary", f"{out}.json"]  # fmt: skip
-    if "--rollout" in _eval_help():
-        cmd += ["--rollout", s["rollout"]]
+           "--output", f"{out}.jsonl", "--summary", f"{out}.json", "--rollout", s["rollout"]]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO)
     summary = json.loads(Path(f"{out}.json").read_text())
     return {"eval_s": time.perf_counter() - t0, **next(iter(summary.values()))}
 
 
-def _eval_help() -> str:
-    return subprocess.run([sys.executable, "-m", "hybridrl", "eval", "--help"], capture_output=True, text=True, cwd=REPO).stdout
-
-
 # -- driver ----------------------------------------------------------------------------------------------------------
-def versions() -> dict:
-    import torch
-    import transformers
-
-    v = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
-    if torch.cuda.is_available():
-        v["gpu"] = torch.cuda.get_device_name(0)
-    return v
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "vs_trl_out"))
@@ -333,26 +317,14 @@ def main() -> int:
         for r in trl_rows(work / "model_link", work / "train.rows.jsonl", s["max_prompt"]):
             f.write(json.dumps(r) + "\n")
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     results: dict = {"settings": s, "versions": versions()}
     if not args.skip_eval:
         results["base_eval"] = run_eval(work, s, str(work / "model_link"), "base")
         print(f"[vs-trl] base model: {results['base_eval']}", flush=True)
     for name in args.only or ["hybridrl", "trl"]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--work", str(work), *sys.argv[1:]]
-        print(f"[vs-trl] running {name} ...", flush=True)
-        t0 = time.perf_counter()
-        with (out / f"{name}.log").open("w") as log:
-            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-        wall = time.perf_counter() - t0
-        if rc != 0:
-            tail = (out / f"{name}.log").read_text().splitlines()[-40:]
-            print(f"[vs-trl] {name} failed (rc={rc}); last lines of {out / (name + '.log')}:\n" + "\n".join(tail))
-            results[name] = {"error": f"rc={rc}", "wall_s": wall}
-            continue
-        results[name] = {**json.loads((work / f"{name}.json").read_text()), "wall_s": wall}
-        if not args.skip_eval:
+        results[name] = run_child("vs-trl", name, cmd, out, work)
+        if "error" not in results[name] and not args.skip_eval:
             results[name]["eval"] = run_eval(work, s, results[name]["model_dir"], name)
         (out / "vs_trl.json").write_text(json.dumps(results, indent=1))
     (out / "vs_trl.json").write_text(json.dumps(results, indent=1))

@@ -64,6 +64,17 @@ def dp_micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens
                                       min_parts=most)  # fmt: skip
 
 
+def mini_batch_norms(mini: Batch) -> dict[str, float]:
+    """The loss normalizers of one optimizer step (actor and critic): response tokens and
+    sequences of the whole mini-batch, passed to every micro-batch's loss so that the sum over
+    micro-batches is the mini-batch loss whatever the split. Under data parallelism they are the
+    counts of the mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages
+    the ranks' gradients, and the average is then the single-device one for every loss_agg_mode.
+    ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch and
+    every rank keeps since they are row subsets of the step's batch.)"""
+    return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
+
+
 class ActorRolloutRefWorker:
     def __init__(self, cfg, plan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
@@ -272,7 +283,7 @@ class ActorRolloutRefWorker:
 
         Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (and REF_LOG_PROBS with use_kl_loss).
         Micro-batch losses are normalized by the mini-batch's token/sequence count
-        (`_mini_batch_norms`), so the accumulated gradient equals the mini-batch's whatever the
+        (`mini_batch_norms`), so the accumulated gradient equals the mini-batch's whatever the
         micro-batch split (fixed or by token budget).
         """
         a = self.arr.actor
@@ -300,7 +311,7 @@ class ActorRolloutRefWorker:
     def _mini_batch_backward(self, mini: Batch) -> dict[str, list[float]]:
         """Accumulate one optimizer step's gradient, micro-batch by micro-batch; its metrics."""
         a, metrics = self.arr.actor, defaultdict(list)
-        norms = self._mini_batch_norms(mini)
+        norms = mini_batch_norms(mini)
         shares: dict[str, float] = defaultdict(float)
         micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
                                         a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
@@ -316,17 +327,6 @@ class ActorRolloutRefWorker:
         for k, v in shares.items():
             metrics[k].append(v)
         return metrics
-
-    @staticmethod
-    def _mini_batch_norms(mini: Batch) -> dict[str, float]:
-        """The loss normalizers of one optimizer step: response tokens and sequences of the
-        whole mini-batch, passed to every micro-batch's loss so that the sum over micro-batches
-        is the mini-batch loss whatever the split. Under data parallelism they are the counts of
-        the mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages the
-        ranks' gradients, and the average is then the single-device one for every loss_agg_mode.
-        ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch
-        and every rank keeps since they are row subsets of the step's batch.)"""
-        return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
 
     def _perf_start(self) -> float:
         if self.device.type == "cuda":

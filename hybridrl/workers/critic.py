@@ -18,7 +18,7 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype, dp_micro_batches
+from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, mini_batch_norms
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
 
 
@@ -81,7 +81,7 @@ class CriticWorker:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
-                norms = ActorRolloutRefWorker._mini_batch_norms(mini)  # the one normalizer (global over dp), see there
+                norms = mini_batch_norms(mini)  # the actor's normalizers (global over dp), see there
                 vf_loss_total, clipfrac = 0.0, []
                 micros, _ = self._micro_batches(mini, c.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
                 for micro in micros:

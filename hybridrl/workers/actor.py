@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -43,6 +43,18 @@ LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside (no dropout: log-probs and values must be deterministic),
+    back in its previous mode after, also when the pass raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def dp_micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str):
@@ -250,30 +262,21 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
-        was_training = self.model.training
-        self.model.eval()  # no dropout: old log-probs must be deterministic
-        try:
-            r = self.arr.rollout
+        r = self.arr.rollout
+        with eval_mode(self.model):
             batch[K.OLD_LOG_PROBS] = self._log_probs(
                 self.model, batch, self.plan.rollout_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
                 r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")  # fmt: skip
-        finally:
-            self.model.train(was_training)
         return batch
 
     @register(Dispatch.DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """Adds REF_LOG_PROBS from the frozen reference policy (the LoRA base, adapters off)."""
         r = self.arr.ref
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._reference() as ref:
-                batch[K.REF_LOG_PROBS] = self._log_probs(
-                    ref, batch, self.plan.ref_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
-                    r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
-        finally:
-            self.model.train(was_training)
+        with eval_mode(self.model), self._reference() as ref:
+            batch[K.REF_LOG_PROBS] = self._log_probs(
+                ref, batch, self.plan.ref_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
+                r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
         return batch
 
     # -- update --------------------------------------------------------------------------------
@@ -467,16 +470,11 @@ class ActorRolloutRefWorker:
         """For each `completion field -> output field` in `outputs`, adds the output (B,): the
         completion's log-prob summed over its tokens, under the frozen reference or (with
         `reference=False`) the current policy in eval mode, without gradients."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), (self._reference() if reference else nullcontext(self.model)) as model:
-                for key, out in outputs.items():
-                    sums = [self._completion_log_probs(model, micro.to(self.device), key)[0].sum(-1).cpu()
-                            for micro in batch.split(self.plan.ref_log_prob_micro_batch)]  # fmt: skip
-                    batch[out] = torch.cat(sums)  # (B,)
-        finally:
-            self.model.train(was_training)
+        with torch.no_grad(), eval_mode(self.model), (self._reference() if reference else nullcontext(self.model)) as model:
+            for key, out in outputs.items():
+                sums = [self._completion_log_probs(model, micro.to(self.device), key)[0].sum(-1).cpu()
+                        for micro in batch.split(self.plan.ref_log_prob_micro_batch)]  # fmt: skip
+                batch[out] = torch.cat(sums)  # (B,)
         return batch
 
     @register(Dispatch.ALL)

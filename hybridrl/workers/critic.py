@@ -18,7 +18,7 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, mini_batch_norms
+from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, eval_mode, mini_batch_norms
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
 
 
@@ -66,11 +66,10 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """Adds VALUES (B, R), zero outside the response."""
-        self.model.eval()
         micros, order = self._micro_batches(batch.select(SEQ_KEYS), self.cfg.critic.forward_max_token_len_per_gpu,
                                             "critic.forward_max_token_len_per_gpu")  # fmt: skip
-        out = [self._values(micro.to(self.device)).cpu() for micro in micros]
-        self.model.train()
+        with eval_mode(self.model):
+            out = [self._values(micro.to(self.device)).cpu() for micro in micros]
         batch[K.VALUES] = restore_order(torch.cat(out), order) * batch[K.RESPONSE_MASK]
         return batch
 

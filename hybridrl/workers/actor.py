@@ -45,6 +45,13 @@ def autocast_dtype(device: torch.device):
     return torch.bfloat16 if device.type == "cuda" else None
 
 
+def to_floats(values: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors as Python floats with one device sync for all of them (exact: the stack
+    promotes to the widest dtype). A `float()` per micro-batch metric would make the host wait
+    for each forward pass before it could queue the backward."""
+    return torch.stack([v.detach() for v in values]).tolist() if values else []
+
+
 @contextmanager
 def eval_mode(model):
     """`model` in eval mode inside (no dropout: log-probs and values must be deterministic),
@@ -96,7 +103,7 @@ class ActorRolloutRefWorker:
         # Log-probs are those of the distribution the rollout sampled from (temperature-scaled).
         self.temperature = rollout_temp if rollout_temp > 0 else 1.0
         self.nonfinite_in_a_row = 0
-        self._slots = [0.0, 0.0]  # (computed token slots, real tokens) since the last reset: actor/pad_fraction
+        self._slots = 0  # token slots computed (padding included) since the last reset: actor/pad_fraction
 
     # -- setup ---------------------------------------------------------------------------------
     @register(Dispatch.ALL)
@@ -232,17 +239,14 @@ class ActorRolloutRefWorker:
         mask = micro[MASK_OF[key]]
         seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], mask)
         temp = self.temperature if temperature is None else temperature
-        real = float(micro[K.PROMPT_MASK].sum() + mask.sum())
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
             if self.packing:
                 packed = pack(*seqs)
-                self._slots[0] += packed.num_tokens
-                self._slots[1] += real
+                self._slots += packed.num_tokens
                 # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
                 return run_as_forward(model, packed_log_probs, packed, temperature=temp, with_entropy=with_entropy)
             logits = response_logits(model, *seqs, temperature=temp)  # (b, R, V)
-        self._slots[0] += micro[K.PROMPTS].numel() + micro[key].numel()
-        self._slots[1] += real
+        self._slots += micro[K.PROMPTS].numel() + micro[key].numel()
         with nullcontext() if entropy_grad else torch.no_grad():  # a (b, R, V) float32 graph only when needed
             entropy = entropy_from_logits(logits) if with_entropy else None
         return log_probs_from_logits(logits, micro[key]), entropy, logits.argmax(-1) == micro[key]
@@ -291,7 +295,7 @@ class ActorRolloutRefWorker:
         """
         a = self.arr.actor
         metrics: dict[str, list[float]] = defaultdict(list)
-        self._slots = [0.0, 0.0]
+        self._slots = 0
         start = self._perf_start()
         for _ in range(a.ppo_epochs):
             order = torch.randperm(len(batch)) if a.shuffle else torch.arange(len(batch))
@@ -318,15 +322,17 @@ class ActorRolloutRefWorker:
         shares: dict[str, float] = defaultdict(float)
         micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
                                         a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
+        pending: list[tuple[str, torch.Tensor]] = []
         for micro in micros:
             loss, m = self._policy_loss(micro.to(self.device), norms["global_tokens"], norms["global_seqs"])
             loss.backward()
-            for k, v in m.items():
-                # Loss terms are this micro-batch's share of the mini-batch loss: add them.
-                if k in LOSS_SHARE_KEYS:
-                    shares[k] += v
-                else:
-                    metrics[k].append(v)
+            pending.extend(m.items())
+        for (k, _), v in zip(pending, to_floats([t for _, t in pending])):
+            # Loss terms are this micro-batch's share of the mini-batch loss: add them.
+            if k in LOSS_SHARE_KEYS:
+                shares[k] += v
+            else:
+                metrics[k].append(v)
         for k, v in shares.items():
             metrics[k].append(v)
         return metrics
@@ -343,12 +349,14 @@ class ActorRolloutRefWorker:
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         passes = (2.0 if self.lora else 3.0) * epochs  # forward + backward (LoRA: no weight gradients of the base)
-        out = perf.update_metrics(self.model, sequence_lengths(batch), int(batch[K.RESPONSE_MASK].sum()), passes,
+        lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
+        out = perf.update_metrics(self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes,
                                   seconds, self.device, role="actor")  # fmt: skip
-        out["actor/pad_fraction"] = 1.0 - self._slots[1] / max(self._slots[0], 1.0)
+        out["actor/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self._slots, 1)
         return out
 
     def _policy_loss(self, micro: Batch, global_tokens: float, global_seqs: float):
+        """The micro-batch's share of the mini-batch loss, and its metrics as 0-dim tensors."""
         a = self.arr.actor
         mask = micro[K.RESPONSE_MASK]
         log_prob, entropy, _ = self._forward(self.model, micro, with_entropy=True, entropy_grad=a.entropy_coeff != 0)  # (b, R)
@@ -370,17 +378,17 @@ class ActorRolloutRefWorker:
         if a.entropy_coeff != 0:
             loss = loss - a.entropy_coeff * entropy_loss
         metrics = {
-            "actor/pg_loss": float(pg["pg_loss"].detach()),
-            "actor/pg_clipfrac": float(pg["pg_clipfrac"]),
-            "actor/pg_clipfrac_lower": float(pg["pg_clipfrac_lower"]),
-            "actor/ppo_kl": float(pg["ppo_kl"]),
-            "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1)),
+            "actor/pg_loss": pg["pg_loss"].detach(),
+            "actor/pg_clipfrac": pg["pg_clipfrac"],
+            "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
+            "actor/ppo_kl": pg["ppo_kl"],
+            "actor/entropy": (entropy.detach() * mask).sum() / mask.sum().clamp(min=1),
         }
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
             kl_loss = agg_loss(kl, mask, **norm)
             loss = loss + a.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = float(kl_loss.detach())
+            metrics["actor/kl_loss"] = kl_loss.detach()
         return loss, metrics
 
     # -- supervised warm-up ------------------------------------------------------------------
@@ -404,16 +412,16 @@ class ActorRolloutRefWorker:
         """Backward of the token-mean NLL of RESPONSES over the whole batch, micro-batch by
         micro-batch; returns (loss, correctly predicted tokens, response tokens)."""
         tokens = dp_normalizer(float(batch[K.RESPONSE_MASK].sum()))  # global / dp: see dp_normalizer
-        loss_sum, correct = 0.0, 0.0
+        losses, hits = [], []
         for micro in batch.split(self.plan.actor.micro_batch):
             micro = micro.to(self.device)
             log_prob, hit = self._completion_log_probs(self.model, micro, K.RESPONSES)
             loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=tokens)
             loss.backward()
-            loss_sum += float(loss.detach())
-            hit = hit.float() * micro[K.RESPONSE_MASK]
-            correct += float(hit.sum())
-        return loss_sum, correct, tokens
+            losses.append(loss.detach())
+            hits.append((hit.float() * micro[K.RESPONSE_MASK]).sum())
+        values = to_floats(losses + hits)  # one sync, summed in the same order as before
+        return sum(values[: len(losses)], 0.0), sum(values[len(losses) :], 0.0), tokens
 
     # -- checkpoints ---------------------------------------------------------------------------
     @register(Dispatch.RANK0)
@@ -509,8 +517,8 @@ class ActorRolloutRefWorker:
                 out.update(logps=logps, labels=micro[K.LABEL])
             (out["losses"].sum() / dp_normalizer(len(batch))).backward()
             for k, v in out.items():
-                parts[k].append(v.detach().cpu())
-        s = {k: torch.cat(v) for k, v in parts.items()}
+                parts[k].append(v.detach())  # moved to the host once, after the loop: no sync per micro-batch
+        s = {k: torch.cat(v).cpu() for k, v in parts.items()}
         metrics = {"loss": float(s["losses"].mean())}
         if kind == "dpo":
             metrics.update({

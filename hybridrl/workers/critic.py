@@ -18,7 +18,7 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, eval_mode, mini_batch_norms
+from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, eval_mode, mini_batch_norms, to_floats
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
 
 
@@ -81,7 +81,7 @@ class CriticWorker:
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
                 norms = mini_batch_norms(mini)  # the actor's normalizers (global over dp), see there
-                vf_loss_total, clipfrac = 0.0, []
+                losses, clipfracs = [], []
                 micros, _ = self._micro_batches(mini, c.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
                 for micro in micros:
                     micro = micro.to(self.device)
@@ -96,11 +96,13 @@ class CriticWorker:
                         **norms,
                     )
                     out["vf_loss"].backward()
-                    vf_loss_total += float(out["vf_loss"].detach())
-                    clipfrac.append(float(out["vf_clipfrac"]))
+                    losses.append(out["vf_loss"].detach())
+                    clipfracs.append(out["vf_clipfrac"])
+                values = to_floats(losses + clipfracs)  # one sync per mini-batch
+                loss, clipfrac = values[: len(losses)], values[len(losses) :]
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip, c.model.fsdp_config.optimizer_offload)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
-                metrics["critic/vf_loss"].append(vf_loss_total)
+                metrics["critic/vf_loss"].append(sum(loss, 0.0))  # the micro-batches' shares of the loss
                 metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
                 metrics["critic/grad_norm"].append(grad_norm)
                 metrics["critic/nonfinite_skipped"].append(0.0 if stepped else 1.0)

@@ -294,6 +294,8 @@ class ActorRolloutRefWorker:
         micro-batch split (fixed or by token budget).
         """
         a = self.arr.actor
+        # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
+        batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *([K.REF_LOG_PROBS] if a.use_kl_loss else [])])
         metrics: dict[str, list[float]] = defaultdict(list)
         self._slots = 0
         start = self._perf_start()

@@ -77,6 +77,7 @@ class CriticWorker:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Clipped value regression onto RETURNS; reads SEQ_KEYS, VALUES, RETURNS."""
         c = self.cfg.critic
+        batch = batch.select([*SEQ_KEYS, K.VALUES, K.RETURNS])  # only these are copied to the device
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):

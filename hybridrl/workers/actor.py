@@ -306,7 +306,7 @@ class ActorRolloutRefWorker:
                     metrics[k].extend(v)
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip,
                                                   a.fsdp_config.optimizer_offload)  # fmt: skip
-                self.weights_dirty = True
+                self.weights_dirty |= stepped  # a skipped (non-finite) step leaves the engine's weights current
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
                 metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
@@ -554,7 +554,7 @@ class ActorRolloutRefWorker:
     def _offline_step(self) -> dict[str, float]:
         grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip,
                                           self.arr.actor.fsdp_config.optimizer_offload)  # fmt: skip
-        self.weights_dirty = True
+        self.weights_dirty |= stepped
         self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],
                 "actor/nonfinite_skipped": 0.0 if stepped else 1.0, "actor/nonfinite_in_a_row": self.nonfinite_in_a_row}  # fmt: skip

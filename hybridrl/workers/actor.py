@@ -251,14 +251,12 @@ class ActorRolloutRefWorker:
             entropy = entropy_from_logits(logits) if with_entropy else None
         return log_probs_from_logits(logits, micro[key]), entropy, logits.argmax(-1) == micro[key]
 
-    def _micro_batches(self, batch: Batch, size: int, dynamic: bool, budget: int, key: str):
-        return dp_micro_batches(batch, micro_size=size, dynamic=dynamic, max_tokens=budget, what=key)
-
     @torch.no_grad()
     def _log_probs(self, model, batch: Batch, micro_batch: int, dynamic: bool = False, budget: int = 0, key: str = "") -> torch.Tensor:
         """Response log-probs (B, R) in the batch's row order, by micro-batch or token budget."""
         out = []
-        micros, order = self._micro_batches(batch.select(SEQ_KEYS), micro_batch, dynamic, budget, key)
+        micros, order = dp_micro_batches(batch.select(SEQ_KEYS), micro_size=micro_batch, dynamic=dynamic,
+                                         max_tokens=budget, what=key)  # fmt: skip
         for micro in micros:
             out.append(self._forward(model, micro.to(self.device))[0].float().cpu())
         return restore_order(torch.cat(out), order) * batch[K.RESPONSE_MASK]
@@ -322,8 +320,9 @@ class ActorRolloutRefWorker:
         a, metrics = self.arr.actor, defaultdict(list)
         norms = mini_batch_norms(mini)
         shares: dict[str, float] = defaultdict(float)
-        micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
-                                        a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
+        micros, _ = dp_micro_batches(mini, micro_size=self.plan.actor.micro_batch, dynamic=a.use_dynamic_bsz,
+                                     max_tokens=a.ppo_max_token_len_per_gpu,
+                                     what="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
         pending: list[tuple[str, torch.Tensor]] = []
         for micro in micros:
             loss, m = self._policy_loss(micro.to(self.device), norms["global_tokens"], norms["global_seqs"])

@@ -134,8 +134,12 @@ class ActorRolloutRefWorker:
             self.ref = self._load_ref(ref_path)
 
     def _load_ref(self, path: str, random_init: bool = False):
-        ref = load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code)
-        self._prepare(ref)  # the same (packed, compiled) passes as the policy
+        return self._place_ref(load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code))
+
+    def _place_ref(self, ref):
+        """A freshly built reference: the same (packed, compiled) passes as the policy, placed
+        (sharded) like it, frozen."""
+        self._prepare(ref)
         return self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
 
     def _prepare(self, model, checkpointing: bool = False) -> str | None:
@@ -175,8 +179,7 @@ class ActorRolloutRefWorker:
 
             ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32,
                                                    trust_remote_code=self.arr.model.trust_remote_code)  # fmt: skip
-            self._prepare(ref)
-            self.ref = self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
+            self.ref = self._place_ref(ref)
             copy_weights(self.model, self.ref)
             return
         ref = copy.deepcopy(self.model)

@@ -34,7 +34,7 @@ from hybridrl.models.packing import pack, packed_log_probs
 from hybridrl.models.prepare import compile_decoder_layers, drop_compiled, eager_layers, prepare_model
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking import perf
-from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)
 LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
@@ -311,10 +311,7 @@ class ActorRolloutRefWorker:
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
                 metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["actor/nonfinite_skipped"] = sum(metrics["actor/nonfinite_skipped"])
-        out["actor/nonfinite_in_a_row"] = self.nonfinite_in_a_row
-        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out = summarize_steps(metrics, "actor", self.nonfinite_in_a_row, self.scheduler)
         out.update(self._perf_metrics(batch, start, a.ppo_epochs))
         return out
 

@@ -19,7 +19,7 @@ from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
 from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, eval_mode, mini_batch_norms, to_floats
-from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 
 class CriticWorker:
@@ -107,11 +107,7 @@ class CriticWorker:
                 metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
                 metrics["critic/grad_norm"].append(grad_norm)
                 metrics["critic/nonfinite_skipped"].append(0.0 if stepped else 1.0)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["critic/nonfinite_skipped"] = sum(metrics["critic/nonfinite_skipped"])
-        out["critic/nonfinite_in_a_row"] = self.nonfinite_in_a_row
-        out["critic/lr"] = self.scheduler.get_last_lr()[0]
-        return out
+        return summarize_steps(metrics, "critic", self.nonfinite_in_a_row, self.scheduler)
 
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:

@@ -674,7 +674,7 @@ def _offline_problems(cfg: Config) -> list[Problem]:
             ("preference.label_smoothing", "preference.loss_type"), {"preference.label_smoothing": 0.0}))
     if cfg.algorithm.name != "rl" and cfg.data.val_files:
         out.append(Problem(
-            f"data.val_files is not used with algorithm.name={cfg.algorithm.name} in this version "
-            "(no validation pass for dpo/kto/sft yet); use data.val_files=null",
+            f"data.val_files is not used with algorithm.name={cfg.algorithm.name} "
+            "(dpo/kto/sft have no validation pass); use data.val_files=null",
             ("data.val_files", "algorithm.name"), {"data.val_files": None}))
     return out

@@ -1,7 +1,8 @@
-"""Token log-probs and entropy from logits, and the forward pass over prompt + response.
+"""Token log-probs and entropy, and the padded forward pass over prompt + response.
 
-Chunked over rows so that a float32 copy of `[tokens, vocab]` never exists all at once
-(the fast-updates work replaces this with a fused kernel; the contract stays the same).
+From logits (`response_logits`, the padded path): chunked over rows so that a float32 copy of
+`[tokens, vocab]` never exists all at once. From the final hidden states (`fused_log_probs`, the
+packed path): the LM head and the softmax algebra fused chunk by chunk, same contract.
 """
 
 from __future__ import annotations

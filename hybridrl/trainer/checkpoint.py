@@ -2,7 +2,10 @@
 
 Layout of `<run>/checkpoints/step_N/` (the role directories: hybridrl/distributed/checkpoint.py):
   actor/            HF config + tokenizer; model/ and optim/ sharded by torch.distributed.checkpoint
-                    (any world size loads them); scheduler.pt. `hybridrl export` makes an HF dir of it
+                    (any world size loads them); scheduler.pt. `hybridrl export` makes an HF dir of it.
+                    LoRA (one device): actor/ is the merged HF model itself, actor/adapter/ the peft
+                    adapter, optim/ + scheduler.pt beside them (hybridrl/models/lora.py)
+  lora_base/        LoRA with a random-init base only: that base, so resume can rebuild it
   critic/           the same for the value model, when there is a critic
   ref/              only when the reference policy is not `model.path` (random init, warm-up)
   trainer_state.json  step, data position, KL controller, counters

@@ -34,6 +34,11 @@ def run_dir(cfg) -> Path:
     return Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
 
 
+def checkpoints_dir(cfg) -> Path:
+    """A run's `checkpoints/` (step_N/ directories and `latest`): where saves go and resume looks."""
+    return run_dir(cfg) / "checkpoints"
+
+
 @dataclass
 class RunContext:
     cfg: object
@@ -63,7 +68,7 @@ class RunContext:
 
     @property
     def ckpt_root(self) -> Path:
-        return self.dir / "checkpoints"
+        return checkpoints_dir(self.cfg)
 
     def save_checkpoint(self, kl_ctrl_state: dict) -> Path:
         tmp = ckpt.begin_save(self.ckpt_root, self.global_step)
@@ -142,7 +147,7 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     """
     plan = plan_batches(cfg)
     out = run_dir(cfg)
-    resume_from = _find_resume(cfg, out)
+    resume_from = _find_resume(cfg)
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
@@ -244,7 +249,7 @@ def _prompt_data(cfg, tokenizer, need_gt):
     return loader, val_records
 
 
-def _find_resume(cfg, out: Path) -> Path | None:
+def _find_resume(cfg) -> Path | None:
     t = cfg.trainer
     if t.resume_mode == "disable":
         return None
@@ -253,7 +258,7 @@ def _find_resume(cfg, out: Path) -> Path | None:
         if not (path / "trainer_state.json").exists():
             raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
         return path
-    return ckpt.latest_checkpoint(out / "checkpoints")
+    return ckpt.latest_checkpoint(checkpoints_dir(cfg))
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:

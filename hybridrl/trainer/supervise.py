@@ -12,7 +12,7 @@ import time
 
 from hybridrl.distributed.groups import WorkerDiedError
 from hybridrl.trainer import checkpoint as ckpt
-from hybridrl.trainer.setup import run_dir
+from hybridrl.trainer.setup import checkpoints_dir
 
 
 def fit_with_restarts(cfg, make_trainer) -> dict:
@@ -26,7 +26,7 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
             trainer.run.started = launched
             return trainer.fit()
         except WorkerDiedError as e:
-            last = ckpt.latest_checkpoint(run_dir(cfg) / "checkpoints")
+            last = ckpt.latest_checkpoint(checkpoints_dir(cfg))
             where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
             if attempt == limit:
                 raise WorkerDiedError(

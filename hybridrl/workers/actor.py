@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from hybridrl.models.packing import pack, packed_log_probs
 from hybridrl.models.prepare import compile_decoder_layers, drop_compiled, eager_layers, prepare_model
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking import perf
-from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)
 LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
@@ -43,6 +43,25 @@ LOSS_SHARE_KEYS = ("actor/pg_loss", "actor/kl_loss")
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def to_floats(values: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors as Python floats with one device sync for all of them (exact: the stack
+    promotes to the widest dtype). A `float()` per micro-batch metric would make the host wait
+    for each forward pass before it could queue the backward."""
+    return torch.stack([v.detach() for v in values]).tolist() if values else []
+
+
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside (no dropout: log-probs and values must be deterministic),
+    back in its previous mode after, also when the pass raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def dp_micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str):
@@ -64,6 +83,17 @@ def dp_micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens
                                       min_parts=most)  # fmt: skip
 
 
+def mini_batch_norms(mini: Batch) -> dict[str, float]:
+    """The loss normalizers of one optimizer step (actor and critic): response tokens and
+    sequences of the whole mini-batch, passed to every micro-batch's loss so that the sum over
+    micro-batches is the mini-batch loss whatever the split. Under data parallelism they are the
+    counts of the mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages
+    the ranks' gradients, and the average is then the single-device one for every loss_agg_mode.
+    ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch and
+    every rank keeps since they are row subsets of the step's batch.)"""
+    return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
+
+
 class ActorRolloutRefWorker:
     def __init__(self, cfg, plan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
@@ -73,7 +103,7 @@ class ActorRolloutRefWorker:
         # Log-probs are those of the distribution the rollout sampled from (temperature-scaled).
         self.temperature = rollout_temp if rollout_temp > 0 else 1.0
         self.nonfinite_in_a_row = 0
-        self._slots = [0.0, 0.0]  # (computed token slots, real tokens) since the last reset: actor/pad_fraction
+        self._slots = 0  # token slots computed (padding included) since the last reset: actor/pad_fraction
 
     # -- setup ---------------------------------------------------------------------------------
     @register(Dispatch.ALL)
@@ -104,8 +134,12 @@ class ActorRolloutRefWorker:
             self.ref = self._load_ref(ref_path)
 
     def _load_ref(self, path: str, random_init: bool = False):
-        ref = load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code)
-        self._prepare(ref)  # the same (packed, compiled) passes as the policy
+        return self._place_ref(load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code))
+
+    def _place_ref(self, ref):
+        """A freshly built reference: the same (packed, compiled) passes as the policy, placed
+        (sharded) like it, frozen."""
+        self._prepare(ref)
         return self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
 
     def _prepare(self, model, checkpointing: bool = False) -> str | None:
@@ -145,8 +179,7 @@ class ActorRolloutRefWorker:
 
             ref = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32,
                                                    trust_remote_code=self.arr.model.trust_remote_code)  # fmt: skip
-            self._prepare(ref)
-            self.ref = self._freeze(place(ref, self.device, self.arr.ref.fsdp_config.param_offload))
+            self.ref = self._place_ref(ref)
             copy_weights(self.model, self.ref)
             return
         ref = copy.deepcopy(self.model)
@@ -209,29 +242,24 @@ class ActorRolloutRefWorker:
         mask = micro[MASK_OF[key]]
         seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], mask)
         temp = self.temperature if temperature is None else temperature
-        real = float(micro[K.PROMPT_MASK].sum() + mask.sum())
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
             if self.packing:
                 packed = pack(*seqs)
-                self._slots[0] += packed.num_tokens
-                self._slots[1] += real
+                self._slots += packed.num_tokens
                 # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
                 return run_as_forward(model, packed_log_probs, packed, temperature=temp, with_entropy=with_entropy)
             logits = response_logits(model, *seqs, temperature=temp)  # (b, R, V)
-        self._slots[0] += micro[K.PROMPTS].numel() + micro[key].numel()
-        self._slots[1] += real
+        self._slots += micro[K.PROMPTS].numel() + micro[key].numel()
         with nullcontext() if entropy_grad else torch.no_grad():  # a (b, R, V) float32 graph only when needed
             entropy = entropy_from_logits(logits) if with_entropy else None
         return log_probs_from_logits(logits, micro[key]), entropy, logits.argmax(-1) == micro[key]
-
-    def _micro_batches(self, batch: Batch, size: int, dynamic: bool, budget: int, key: str):
-        return dp_micro_batches(batch, micro_size=size, dynamic=dynamic, max_tokens=budget, what=key)
 
     @torch.no_grad()
     def _log_probs(self, model, batch: Batch, micro_batch: int, dynamic: bool = False, budget: int = 0, key: str = "") -> torch.Tensor:
         """Response log-probs (B, R) in the batch's row order, by micro-batch or token budget."""
         out = []
-        micros, order = self._micro_batches(batch.select(SEQ_KEYS), micro_batch, dynamic, budget, key)
+        micros, order = dp_micro_batches(batch.select(SEQ_KEYS), micro_size=micro_batch, dynamic=dynamic,
+                                         max_tokens=budget, what=key)  # fmt: skip
         for micro in micros:
             out.append(self._forward(model, micro.to(self.device))[0].float().cpu())
         return restore_order(torch.cat(out), order) * batch[K.RESPONSE_MASK]
@@ -239,30 +267,21 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
-        was_training = self.model.training
-        self.model.eval()  # no dropout: old log-probs must be deterministic
-        try:
-            r = self.arr.rollout
+        r = self.arr.rollout
+        with eval_mode(self.model):
             batch[K.OLD_LOG_PROBS] = self._log_probs(
                 self.model, batch, self.plan.rollout_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
                 r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")  # fmt: skip
-        finally:
-            self.model.train(was_training)
         return batch
 
     @register(Dispatch.DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """Adds REF_LOG_PROBS from the frozen reference policy (the LoRA base, adapters off)."""
         r = self.arr.ref
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._reference() as ref:
-                batch[K.REF_LOG_PROBS] = self._log_probs(
-                    ref, batch, self.plan.ref_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
-                    r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
-        finally:
-            self.model.train(was_training)
+        with eval_mode(self.model), self._reference() as ref:
+            batch[K.REF_LOG_PROBS] = self._log_probs(
+                ref, batch, self.plan.ref_log_prob_micro_batch, r.log_prob_use_dynamic_bsz,
+                r.log_prob_max_token_len_per_gpu, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
         return batch
 
     # -- update --------------------------------------------------------------------------------
@@ -272,12 +291,14 @@ class ActorRolloutRefWorker:
 
         Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (and REF_LOG_PROBS with use_kl_loss).
         Micro-batch losses are normalized by the mini-batch's token/sequence count
-        (`_mini_batch_norms`), so the accumulated gradient equals the mini-batch's whatever the
+        (`mini_batch_norms`), so the accumulated gradient equals the mini-batch's whatever the
         micro-batch split (fixed or by token budget).
         """
         a = self.arr.actor
+        # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
+        batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *([K.REF_LOG_PROBS] if a.use_kl_loss else [])])
         metrics: dict[str, list[float]] = defaultdict(list)
-        self._slots = [0.0, 0.0]
+        self._slots = 0
         start = self._perf_start()
         for _ in range(a.ppo_epochs):
             order = torch.randperm(len(batch)) if a.shuffle else torch.arange(len(batch))
@@ -286,47 +307,36 @@ class ActorRolloutRefWorker:
                     metrics[k].extend(v)
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, a.grad_clip,
                                                   a.fsdp_config.optimizer_offload)  # fmt: skip
-                self.weights_dirty = True
+                self.weights_dirty |= stepped  # a skipped (non-finite) step leaves the engine's weights current
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
                 metrics["actor/grad_norm"].append(grad_norm)
                 metrics["actor/nonfinite_skipped"].append(0.0 if stepped else 1.0)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["actor/nonfinite_skipped"] = sum(metrics["actor/nonfinite_skipped"])
-        out["actor/nonfinite_in_a_row"] = self.nonfinite_in_a_row
-        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out = summarize_steps(metrics, "actor", self.nonfinite_in_a_row, self.scheduler)
         out.update(self._perf_metrics(batch, start, a.ppo_epochs))
         return out
 
     def _mini_batch_backward(self, mini: Batch) -> dict[str, list[float]]:
         """Accumulate one optimizer step's gradient, micro-batch by micro-batch; its metrics."""
         a, metrics = self.arr.actor, defaultdict(list)
-        norms = self._mini_batch_norms(mini)
+        norms = mini_batch_norms(mini)
         shares: dict[str, float] = defaultdict(float)
-        micros, _ = self._micro_batches(mini, self.plan.actor.micro_batch, a.use_dynamic_bsz,
-                                        a.ppo_max_token_len_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
+        micros, _ = dp_micro_batches(mini, micro_size=self.plan.actor.micro_batch, dynamic=a.use_dynamic_bsz,
+                                     max_tokens=a.ppo_max_token_len_per_gpu,
+                                     what="actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
+        pending: list[tuple[str, torch.Tensor]] = []
         for micro in micros:
             loss, m = self._policy_loss(micro.to(self.device), norms["global_tokens"], norms["global_seqs"])
             loss.backward()
-            for k, v in m.items():
-                # Loss terms are this micro-batch's share of the mini-batch loss: add them.
-                if k in LOSS_SHARE_KEYS:
-                    shares[k] += v
-                else:
-                    metrics[k].append(v)
+            pending.extend(m.items())
+        for (k, _), v in zip(pending, to_floats([t for _, t in pending])):
+            # Loss terms are this micro-batch's share of the mini-batch loss: add them.
+            if k in LOSS_SHARE_KEYS:
+                shares[k] += v
+            else:
+                metrics[k].append(v)
         for k, v in shares.items():
             metrics[k].append(v)
         return metrics
-
-    @staticmethod
-    def _mini_batch_norms(mini: Batch) -> dict[str, float]:
-        """The loss normalizers of one optimizer step: response tokens and sequences of the
-        whole mini-batch, passed to every micro-batch's loss so that the sum over micro-batches
-        is the mini-batch loss whatever the split. Under data parallelism they are the counts of
-        the mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages the
-        ranks' gradients, and the average is then the single-device one for every loss_agg_mode.
-        ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch
-        and every rank keeps since they are row subsets of the step's batch.)"""
-        return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
 
     def _perf_start(self) -> float:
         if self.device.type == "cuda":
@@ -340,12 +350,14 @@ class ActorRolloutRefWorker:
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         passes = (2.0 if self.lora else 3.0) * epochs  # forward + backward (LoRA: no weight gradients of the base)
-        out = perf.update_metrics(self.model, sequence_lengths(batch), int(batch[K.RESPONSE_MASK].sum()), passes,
+        lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
+        out = perf.update_metrics(self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes,
                                   seconds, self.device, role="actor")  # fmt: skip
-        out["actor/pad_fraction"] = 1.0 - self._slots[1] / max(self._slots[0], 1.0)
+        out["actor/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self._slots, 1)
         return out
 
     def _policy_loss(self, micro: Batch, global_tokens: float, global_seqs: float):
+        """The micro-batch's share of the mini-batch loss, and its metrics as 0-dim tensors."""
         a = self.arr.actor
         mask = micro[K.RESPONSE_MASK]
         log_prob, entropy, _ = self._forward(self.model, micro, with_entropy=True, entropy_grad=a.entropy_coeff != 0)  # (b, R)
@@ -367,17 +379,17 @@ class ActorRolloutRefWorker:
         if a.entropy_coeff != 0:
             loss = loss - a.entropy_coeff * entropy_loss
         metrics = {
-            "actor/pg_loss": float(pg["pg_loss"].detach()),
-            "actor/pg_clipfrac": float(pg["pg_clipfrac"]),
-            "actor/pg_clipfrac_lower": float(pg["pg_clipfrac_lower"]),
-            "actor/ppo_kl": float(pg["ppo_kl"]),
-            "actor/entropy": float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1)),
+            "actor/pg_loss": pg["pg_loss"].detach(),
+            "actor/pg_clipfrac": pg["pg_clipfrac"],
+            "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
+            "actor/ppo_kl": pg["ppo_kl"],
+            "actor/entropy": (entropy.detach() * mask).sum() / mask.sum().clamp(min=1),
         }
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
             kl_loss = agg_loss(kl, mask, **norm)
             loss = loss + a.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = float(kl_loss.detach())
+            metrics["actor/kl_loss"] = kl_loss.detach()
         return loss, metrics
 
     # -- supervised warm-up ------------------------------------------------------------------
@@ -401,16 +413,16 @@ class ActorRolloutRefWorker:
         """Backward of the token-mean NLL of RESPONSES over the whole batch, micro-batch by
         micro-batch; returns (loss, correctly predicted tokens, response tokens)."""
         tokens = dp_normalizer(float(batch[K.RESPONSE_MASK].sum()))  # global / dp: see dp_normalizer
-        loss_sum, correct = 0.0, 0.0
+        losses, hits = [], []
         for micro in batch.split(self.plan.actor.micro_batch):
             micro = micro.to(self.device)
             log_prob, hit = self._completion_log_probs(self.model, micro, K.RESPONSES)
             loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=tokens)
             loss.backward()
-            loss_sum += float(loss.detach())
-            hit = hit.float() * micro[K.RESPONSE_MASK]
-            correct += float(hit.sum())
-        return loss_sum, correct, tokens
+            losses.append(loss.detach())
+            hits.append((hit.float() * micro[K.RESPONSE_MASK]).sum())
+        values = to_floats(losses + hits)  # one sync, summed in the same order as before
+        return sum(values[: len(losses)], 0.0), sum(values[len(losses) :], 0.0), tokens
 
     # -- checkpoints ---------------------------------------------------------------------------
     @register(Dispatch.RANK0)
@@ -467,16 +479,11 @@ class ActorRolloutRefWorker:
         """For each `completion field -> output field` in `outputs`, adds the output (B,): the
         completion's log-prob summed over its tokens, under the frozen reference or (with
         `reference=False`) the current policy in eval mode, without gradients."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), (self._reference() if reference else nullcontext(self.model)) as model:
-                for key, out in outputs.items():
-                    sums = [self._completion_log_probs(model, micro.to(self.device), key)[0].sum(-1).cpu()
-                            for micro in batch.split(self.plan.ref_log_prob_micro_batch)]  # fmt: skip
-                    batch[out] = torch.cat(sums)  # (B,)
-        finally:
-            self.model.train(was_training)
+        with torch.no_grad(), eval_mode(self.model), (self._reference() if reference else nullcontext(self.model)) as model:
+            for key, out in outputs.items():
+                sums = [self._completion_log_probs(model, micro.to(self.device), key)[0].sum(-1).cpu()
+                        for micro in batch.split(self.plan.ref_log_prob_micro_batch)]  # fmt: skip
+                batch[out] = torch.cat(sums)  # (B,)
         return batch
 
     @register(Dispatch.ALL)
@@ -511,8 +518,8 @@ class ActorRolloutRefWorker:
                 out.update(logps=logps, labels=micro[K.LABEL])
             (out["losses"].sum() / dp_normalizer(len(batch))).backward()
             for k, v in out.items():
-                parts[k].append(v.detach().cpu())
-        s = {k: torch.cat(v) for k, v in parts.items()}
+                parts[k].append(v.detach())  # moved to the host once, after the loop: no sync per micro-batch
+        s = {k: torch.cat(v).cpu() for k, v in parts.items()}
         metrics = {"loss": float(s["losses"].mean())}
         if kind == "dpo":
             metrics.update({
@@ -546,7 +553,7 @@ class ActorRolloutRefWorker:
     def _offline_step(self) -> dict[str, float]:
         grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.arr.actor.grad_clip,
                                           self.arr.actor.fsdp_config.optimizer_offload)  # fmt: skip
-        self.weights_dirty = True
+        self.weights_dirty |= stepped
         self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         return {"actor/grad_norm": grad_norm, "actor/lr": self.scheduler.get_last_lr()[0],
                 "actor/nonfinite_skipped": 0.0 if stepped else 1.0, "actor/nonfinite_in_a_row": self.nonfinite_in_a_row}  # fmt: skip

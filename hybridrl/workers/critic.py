@@ -18,8 +18,8 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
 from hybridrl.models.value_model import ValueModel
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker, autocast_dtype, dp_micro_batches
-from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step
+from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, eval_mode, mini_batch_norms, to_floats
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 
 class CriticWorker:
@@ -66,11 +66,10 @@ class CriticWorker:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """Adds VALUES (B, R), zero outside the response."""
-        self.model.eval()
         micros, order = self._micro_batches(batch.select(SEQ_KEYS), self.cfg.critic.forward_max_token_len_per_gpu,
                                             "critic.forward_max_token_len_per_gpu")  # fmt: skip
-        out = [self._values(micro.to(self.device)).cpu() for micro in micros]
-        self.model.train()
+        with eval_mode(self.model):
+            out = [self._values(micro.to(self.device)).cpu() for micro in micros]
         batch[K.VALUES] = restore_order(torch.cat(out), order) * batch[K.RESPONSE_MASK]
         return batch
 
@@ -78,11 +77,12 @@ class CriticWorker:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Clipped value regression onto RETURNS; reads SEQ_KEYS, VALUES, RETURNS."""
         c = self.cfg.critic
+        batch = batch.select([*SEQ_KEYS, K.VALUES, K.RETURNS])  # only these are copied to the device
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.plan.critic.epochs):
             for mini in batch.split(self.plan.critic.per_device_mini_batch):
-                norms = ActorRolloutRefWorker._mini_batch_norms(mini)  # the one normalizer (global over dp), see there
-                vf_loss_total, clipfrac = 0.0, []
+                norms = mini_batch_norms(mini)  # the actor's normalizers (global over dp), see there
+                losses, clipfracs = [], []
                 micros, _ = self._micro_batches(mini, c.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
                 for micro in micros:
                     micro = micro.to(self.device)
@@ -97,19 +97,17 @@ class CriticWorker:
                         **norms,
                     )
                     out["vf_loss"].backward()
-                    vf_loss_total += float(out["vf_loss"].detach())
-                    clipfrac.append(float(out["vf_clipfrac"]))
+                    losses.append(out["vf_loss"].detach())
+                    clipfracs.append(out["vf_clipfrac"])
+                values = to_floats(losses + clipfracs)  # one sync per mini-batch
+                loss, clipfrac = values[: len(losses)], values[len(losses) :]
                 grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, c.grad_clip, c.model.fsdp_config.optimizer_offload)
                 self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
-                metrics["critic/vf_loss"].append(vf_loss_total)
+                metrics["critic/vf_loss"].append(sum(loss, 0.0))  # the micro-batches' shares of the loss
                 metrics["critic/vf_clipfrac"].append(sum(clipfrac) / len(clipfrac))
                 metrics["critic/grad_norm"].append(grad_norm)
                 metrics["critic/nonfinite_skipped"].append(0.0 if stepped else 1.0)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["critic/nonfinite_skipped"] = sum(metrics["critic/nonfinite_skipped"])
-        out["critic/nonfinite_in_a_row"] = self.nonfinite_in_a_row
-        out["critic/lr"] = self.scheduler.get_last_lr()[0]
-        return out
+        return summarize_steps(metrics, "critic", self.nonfinite_in_a_row, self.scheduler)
 
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:

@@ -61,3 +61,13 @@ def guarded_step(module, optimizer, scheduler, grad_clip: float, offload_state: 
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, True
+
+
+def summarize_steps(metrics: dict[str, list[float]], role: str, nonfinite_in_a_row: int, scheduler) -> dict[str, float]:
+    """An update's metrics from its optimizer steps' lists: means, except `<role>/nonfinite_skipped`
+    (a count); the current run of skipped steps and the learning rate after the update."""
+    out = {k: sum(v) / len(v) for k, v in metrics.items()}
+    out[f"{role}/nonfinite_skipped"] = sum(metrics[f"{role}/nonfinite_skipped"])
+    out[f"{role}/nonfinite_in_a_row"] = nonfinite_in_a_row
+    out[f"{role}/lr"] = scheduler.get_last_lr()[0]
+    return out

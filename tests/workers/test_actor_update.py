@@ -118,10 +118,12 @@ def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 1 and m["actor/nonfinite_in_a_row"] == 1
     assert all(torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+    assert not worker.weights_dirty  # nothing changed: the engine needs no weight sync
     batch[K.ADVANTAGES] = torch.randn_like(batch[K.ADVANTAGES])
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 0 and m["actor/nonfinite_in_a_row"] == 0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+    assert worker.weights_dirty
 
 
 def test_reference_copy_has_its_own_layers(tiny_model_dir):

@@ -24,6 +24,18 @@ class SamplingParams:
         return not self.do_sample or self.temperature == 0
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and those of the model's config and
+    generation config (instruct models often list two there, e.g. Qwen2.5's <|im_end|> and
+    <|endoftext|>). All engines stop on this same set, so they agree on where a response ends."""
+    ids = {tokenizer.eos_token_id}
+    # `model` may also be a bare config (its own eos_token_id)
+    for source in (model, getattr(model, "config", None), getattr(model, "generation_config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    return sorted(i for i in ids if i is not None)
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Prompts (PROMPTS, PROMPT_MASK + non-tensor fields) -> the batch repeated `n` times

@@ -14,7 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.base import SamplingParams, eos_token_ids
 
 
 class HFRolloutEngine:
@@ -22,10 +22,7 @@ class HFRolloutEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_num_seqs = max_num_seqs
         self.autocast_dtype = autocast_dtype
-        eos = tokenizer.eos_token_id
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        ids = {eos} | (set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos})
-        self.eos_token_ids = sorted(i for i in ids if i is not None)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id
 
     @torch.no_grad()

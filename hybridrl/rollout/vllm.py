@@ -16,7 +16,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.base import SamplingParams, eos_token_ids
 
 
 def _import_vllm():
@@ -45,7 +45,7 @@ class VLLMRolloutEngine:
             enforce_eager=rollout.enforce_eager, max_num_seqs=rollout.max_num_seqs, max_model_len=max_model_len,
             max_num_batched_tokens=max(rollout.max_num_batched_tokens, max_model_len), enable_sleep_mode=True,
         )  # fmt: skip
-        engine = cls(llm, tokenizer, [tokenizer.eos_token_id])
+        engine = cls(llm, tokenizer, eos_token_ids(model, tokenizer))
         engine.load_weights(model.named_parameters())  # the trainer's weights, not the directory's
         return engine
 

@@ -52,3 +52,18 @@ def test_unknown_name():
 def test_auto_is_hf_on_cpu():
     engine = make_rollout_engine("auto", qwen2(), TOK, max_num_seqs=8, rollout=RolloutConfig(), max_model_len=32)
     assert isinstance(engine, HFRolloutEngine)
+
+
+def test_engines_agree_on_the_eos_set_from_tokenizer_config_and_generation_config():
+    from transformers import GenerationConfig
+
+    from hybridrl.rollout.base import eos_token_ids
+
+    model = qwen2()
+    model.config.eos_token_id = 5
+    model.generation_config = GenerationConfig(eos_token_id=[5, 7])  # e.g. Qwen2.5-Instruct lists two
+    want = sorted({TOK.eos_token_id, 5, 7})
+    assert eos_token_ids(model, TOK) == want
+    hf = make_rollout_engine("hf", model, TOK, max_num_seqs=8)
+    native = make_rollout_engine("native", model, TOK, max_num_seqs=8, rollout=RolloutConfig(name="native"), max_model_len=32)
+    assert hf.eos_token_ids == native.eos_token_ids == want

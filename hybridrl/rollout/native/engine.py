@@ -31,6 +31,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.models.llama import build_from_hf_config
 from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.base import eos_token_ids as default_eos_ids
 from hybridrl.rollout.native import triton_kernels
 from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
@@ -42,13 +43,6 @@ CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capp
 # Kept free beside the cache on top of the workspace estimate (`_workspace_bytes`): CUDA-graph
 # pools, cuBLAS workspaces, allocator fragmentation.
 WORKSPACE_SLACK = 512 << 20
-
-
-def eos_ids(model_config, tokenizer) -> list[int]:
-    """The tokenizer's EOS and the generation config's EOS ids (as the HF engine uses)."""
-    gen = getattr(model_config, "eos_token_id", None)
-    ids = {tokenizer.eos_token_id} | (set(gen) if isinstance(gen, (list, tuple)) else {gen})
-    return sorted(i for i in ids if i is not None)
 
 
 def canonical_name(name: str) -> str | None:
@@ -84,11 +78,13 @@ class NativeRolloutEngine:
         block_size: int = BLOCK_SIZE,
         num_blocks: int | None = None,
         ignore_eos: bool = False,
+        eos_token_ids: list[int] | None = None,
     ):
         self.device = torch.device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer, self.hf_config = tokenizer, hf_config
-        self.eos_token_ids = eos_ids(hf_config, tokenizer)
+        # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
+        self.eos_token_ids = eos_token_ids or default_eos_ids(hf_config, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.max_num_batched_tokens, self.gpu_memory_utilization = max_num_batched_tokens, gpu_memory_utilization
@@ -116,7 +112,7 @@ class NativeRolloutEngine:
     def from_hf_model(cls, model, tokenizer, *, share_weights: bool = True, named_weights=None, **kwargs) -> "NativeRolloutEngine":
         """An engine with `model`'s weights: aliased (zero copy) when device and dtype are the same
         and `share_weights`, copied otherwise; or copied from `named_weights` when given."""
-        engine = cls(model.config, tokenizer, **kwargs)
+        engine = cls(model.config, tokenizer, eos_token_ids=default_eos_ids(model, tokenizer), **kwargs)
         first = next(model.parameters())
         if named_weights is not None:
             engine.load_weights(named_weights)

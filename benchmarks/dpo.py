@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import REPO, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from harness import REPO, cell, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
               intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0,
@@ -265,9 +265,7 @@ def main() -> int:
 
 
 def print_table(results: dict, s: dict) -> None:
-    def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
-
+    f = cell
     print(f"\nDPO, {s['pairs']} pairs, {s['batch']} pairs/step (micro {s['micro']}), {s['steps']} steps, "
           f"median over steps {s['warmup'] + 1}-{s['steps']}, device {s['device']}  {results['versions']}")  # fmt: skip
     print(f"| {'trainer':<9} | {'pairs/s':>8} | {'median step s':>13} | {'peak mem GB':>11} | {'final loss':>10} "

@@ -42,3 +42,8 @@ def run_child(tag: str, name: str, cmd: list[str], out: Path, work: Path) -> dic
         print(f"[{tag}] {name} failed (rc={rc}); last lines of {out / (name + '.log')}:\n" + "\n".join(tail))
         return {"error": f"rc={rc}", "wall_s": wall}
     return {**json.loads((work / f"{name}.json").read_text()), "wall_s": wall}
+
+
+def cell(value, fmt: str) -> str:
+    """`value` formatted for a table column, or a dash of the same width when it is missing."""
+    return format("-", f">{fmt.split('.')[0]}") if value is None else format(value, fmt)

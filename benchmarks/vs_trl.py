@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import REPO, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from harness import REPO, cell, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
             max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
 
@@ -334,10 +334,7 @@ def main() -> int:
 
 
 def print_table(results: dict, s: dict) -> None:
-    def f(v, fmt):
-        width = fmt.split(".")[0]
-        return format("-", f">{width}") if v is None else format(v, fmt)
-
+    f = cell
     print(f"\nGRPO cycles of {s['prompts']} prompts x {s['n']} samples x <= {s['max_response']} tokens, "
           f"{s['steps_per_cycle']} optimizer steps each; budget {s['budget_s']:.0f} s; {results['versions']}")  # fmt: skip
     base = results.get("base_eval", {})

@@ -121,19 +121,20 @@ def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
 
 
 def _reward_fn(cfg):
+    """(compute_score with reward_kwargs bound, whether a data source needs ground truth, the
+    custom function or None)."""
     c = cfg.custom_reward_function
     if c.path:
-        fn, need_gt = load_custom_reward_fn(c.path, c.name), (lambda source: False)
+        custom = load_custom_reward_fn(c.path, c.name)
+        fn, need_gt = custom, (lambda source: False)
     else:
-        fn, need_gt = default_compute_score, needs_ground_truth
-    return (functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn), need_gt
+        custom, fn, need_gt = None, default_compute_score, needs_ground_truth
+    return (functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn), need_gt, custom
 
 
-def _check_reward_kwargs(cfg, records) -> None:
-    c = cfg.custom_reward_function
-    custom = load_custom_reward_fn(c.path, c.name) if c.path else None
+def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
-        check_reward_kwargs(custom, c.reward_kwargs, {r.data_source for r in records})
+        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records})
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 
@@ -152,8 +153,8 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
 
     m = cfg.actor_rollout_ref.model
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
-    compute_score, need_gt = _reward_fn(cfg)
-    loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt)
+    compute_score, need_gt, custom = _reward_fn(cfg)
+    loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
@@ -229,14 +230,14 @@ def _where(cfg, workers: WorkerGroups) -> str:
     return f"Ray, device {cfg.trainer.device} ({pools})"
 
 
-def _prompt_data(cfg, tokenizer, need_gt):
+def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows."""
     records = load_prompt_records(
         cfg.data.train_files, tokenizer,
         prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
         max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
     )  # fmt: skip
-    _check_reward_kwargs(cfg, records)
+    _check_reward_kwargs(cfg, custom_reward, records)
     val_records = []
     if cfg.data.val_files:
         val_records = load_prompt_records(

@@ -3,7 +3,8 @@
     python benchmarks/plot_curves.py runs/gsm8k/grpo/metrics.jsonl --out docs/img/gsm8k_grpo.png
     python benchmarks/plot_curves.py vs_trl_out/vs_trl.json --out docs/img/vs_trl.png
 
-A metrics.jsonl gives one panel per key in --keys (default: reward, response length, KL) against
+A metrics.jsonl gives one panel per key in --keys (default: reward, GSM8K format rate and strict
+accuracy when present, response length, KL) against
 the step; vs_trl.json gives reward and response length against wall-clock seconds, one line per trainer.
 Needs matplotlib (`pip install matplotlib`); nothing else in hybridrl does.
 """
@@ -14,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-DEFAULT_KEYS = ("critic/score/mean", "response_length/mean", "actor/kl_loss")
+DEFAULT_KEYS = ("critic/score/mean", "reward/gsm8k_format/mean", "reward/gsm8k_strict_acc/mean", "response_length/mean",
+                "actor/kl_loss")  # keys a run lacks are left out
 
 
 def load_metrics(path: Path) -> list[dict]:

@@ -92,3 +92,26 @@ def compute_score(
             return float(flexible_score)
         return 0.0
     return float(score) if answer == str(ground_truth).strip() else float(format_score)
+
+
+def diagnostics(solution_str: str, ground_truth: str) -> dict[str, float]:
+    """What a training run needs to see while the format is being learned, whatever the
+    reward's weights: the share of responses with a ``#### N`` answer, and accuracy by the
+    strict and the flexible (last number) extraction.
+
+    >>> diagnostics("so she sold 72 clips. #### 72", "72")
+    {'format': 1.0, 'strict_acc': 1.0, 'flexible_acc': 1.0}
+    >>> diagnostics("#### 71", "72")
+    {'format': 1.0, 'strict_acc': 0.0, 'flexible_acc': 0.0}
+    >>> diagnostics("The answer is 72.", "72")
+    {'format': 0.0, 'strict_acc': 0.0, 'flexible_acc': 1.0}
+    """
+    truth = str(ground_truth).strip()
+    strict = extract_solution(solution_str, "strict")
+    last = extract_solution(solution_str, "flexible")
+    return {
+        "format": float(strict is not None),
+        "strict_acc": float(strict == truth),
+        "flexible_acc": float(last is not None and last.rstrip(".") == truth),
+    }
+

@@ -23,6 +23,28 @@ _SCORERS: dict[str, Callable[[str, str], float]] = {
 
 KNOWN_DATA_SOURCES: tuple[str, ...] = tuple(_SCORERS)
 
+# Per-sample diagnostics logged beside the reward whatever its weights, as reward/<name>_<key>/mean.
+_DIAGNOSTICS: dict[str, tuple[str, Callable[[str, str], dict[str, float]]]] = {
+    "openai/gsm8k": ("gsm8k", gsm8k.diagnostics),
+    "gsm8k": ("gsm8k", gsm8k.diagnostics),
+}
+
+
+def diagnostic_metrics(data_sources: Iterable[str], solution_strs: Iterable[str], ground_truths: Iterable[str]) -> dict[str, float]:
+    """Means of the built-in diagnostics over the samples whose data source has them.
+
+    >>> diagnostic_metrics(["gsm8k", "gsm8k", "arith"], ["#### 72", "it is 72", "5"], ["72", "72", "5"])
+    {'reward/gsm8k_format/mean': 0.5, 'reward/gsm8k_strict_acc/mean': 0.5, 'reward/gsm8k_flexible_acc/mean': 1.0}
+    """
+    sums: dict[str, list[float]] = {}
+    for source, text, truth in zip(data_sources, solution_strs, ground_truths):
+        if source not in _DIAGNOSTICS:
+            continue
+        name, fn = _DIAGNOSTICS[source]
+        for k, v in fn(text, truth).items():
+            sums.setdefault(f"reward/{name}_{k}/mean", []).append(v)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
 
 def default_compute_score(
     data_source: str,

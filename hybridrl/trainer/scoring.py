@@ -11,6 +11,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.rewards import score_batch
+from hybridrl.rewards.registry import diagnostic_metrics
 from hybridrl.rollout import SamplingParams
 
 
@@ -34,6 +35,7 @@ def score(batch: Batch, compute_score) -> tuple[torch.Tensor, dict[str, float]]:
     metrics = {"reward/errors": float(result.num_errors)}
     for k, vals in result.extras.items():
         metrics[f"reward/{k}/mean"] = float(np.mean(vals))
+    metrics.update(diagnostic_metrics(batch[K.DATA_SOURCE], batch[K.RESPONSE_TEXT], batch[K.GROUND_TRUTH]))
     return torch.tensor(result.scores, dtype=torch.float32), metrics
 
 

@@ -80,3 +80,31 @@ def test_reward_kwargs_are_checked_against_the_scorers_in_use():
     with pytest.raises(ValueError, match="custom reward function"):
         check_reward_kwargs(custom, {"bonus": 1}, ["anything"])
     check_reward_kwargs(lambda data_source, solution_str, ground_truth, extra_info, **kw: 0.0, {"bonus": 1}, ["x"])
+
+
+def test_training_scores_log_the_format_rate_and_both_accuracies():
+    """Whatever the reward's weights, a run shows how often `#### N` appears and how accurate
+    the answers are by each extraction (reward/gsm8k_*), for the gsm8k samples only."""
+    import random
+
+    import torch
+
+    from hybridrl.data import keys as K
+    from hybridrl.data.batch import Batch
+    from hybridrl.rewards.registry import default_compute_score
+    from hybridrl.trainer.scoring import score
+
+    rng = random.Random()
+    kinds = [rng.choice(["strict_right", "strict_wrong", "last_right", "nothing"]) for _ in range(40)]
+    truths = [str(rng.randint(1, 999)) for _ in kinds]
+    text = {"strict_right": "so #### {t}", "strict_wrong": "#### {w}", "last_right": "it is {t}.", "nothing": "no idea"}
+    responses = [text[k].format(t=t, w=int(t) + 1) for k, t in zip(kinds, truths)]
+    batch = Batch({K.RESPONSES: torch.zeros(41, 1)},
+                  {K.DATA_SOURCE: ["openai/gsm8k"] * 40 + ["arith"], K.RESPONSE_TEXT: responses + ["5"],
+                   K.GROUND_TRUTH: truths + ["5"], K.EXTRA_INFO: [None] * 41})  # fmt: skip
+    scores, metrics = score(batch, default_compute_score)
+    n = len(kinds)
+    assert metrics["reward/gsm8k_format/mean"] == pytest.approx(sum(k.startswith("strict") for k in kinds) / n)
+    assert metrics["reward/gsm8k_strict_acc/mean"] == pytest.approx(kinds.count("strict_right") / n)
+    assert metrics["reward/gsm8k_flexible_acc/mean"] == pytest.approx((kinds.count("strict_right") + kinds.count("last_right")) / n)
+    assert scores.tolist() == [1.0 if k == "strict_right" else 0.0 for k in kinds] + [1.0]

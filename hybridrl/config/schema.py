@@ -330,6 +330,10 @@ class TrainerConfig:
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
     )
+    profile_steps: list[int] = option(
+        [], "Steps to profile with torch.profiler in every worker process: a Chrome/Perfetto trace and a table of "
+        "the ops with the most device time per process, in <run dir>/profile/step_N/ (docs/performance.md)."
+    )
 
 
 @dataclass

@@ -267,6 +267,12 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint directory such as "
             f"{t.default_local_dir}/checkpoints/step_100); or use trainer.resume_mode=auto to resume from the latest",
             ("trainer.resume_mode", "trainer.resume_from_path"), {"trainer.resume_mode": "auto"}))
+    bad = [s for s in t.profile_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+    if bad:
+        out.append(Problem(
+            f"trainer.profile_steps={show(t.profile_steps)} has {show(bad)}, not a step number (1, 2, ...); "
+            "e.g. trainer.profile_steps=[2] profiles the second step (the first one warms up)",
+            ("trainer.profile_steps",), {"trainer.profile_steps": [2]}))
     w = cfg.warmup
     if w.steps > 0 and (not w.files or (isinstance(w.files, list) and not all(w.files))):
         out.append(Problem(

@@ -49,7 +49,8 @@ class OfflineTrainer:
             run.global_step += 1
             t0 = time.perf_counter()
             batch = run.loader.next_batch()
-            metrics = self.step(batch)
+            with run.profiled():
+                metrics = self.step(batch)
             seconds = time.perf_counter() - t0
             metrics.update({
                 "timing_s/step": seconds,

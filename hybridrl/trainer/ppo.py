@@ -55,7 +55,8 @@ class PPOTrainer:
         while run.global_step < run.total_steps:
             run.global_step += 1
             t0 = time.perf_counter()
-            metrics = self.step(run.loader.next_batch())
+            with run.profiled():
+                metrics = self.step(run.loader.next_batch())
             metrics["timing_s/step"] = time.perf_counter() - t0
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             metrics["training/global_step"] = run.global_step

@@ -5,6 +5,8 @@ Kept apart from the loop so `ppo.py` reads as the algorithm and this file as the
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import json
 import time
@@ -65,6 +67,24 @@ class RunContext:
         (`trainer.max_wall_time_s`, counted from when this process built the run) is spent."""
         limit = self.cfg.trainer.max_wall_time_s
         return self.global_step >= self.total_steps or (limit is not None and time.perf_counter() - self.started >= limit)
+
+    @contextlib.contextmanager
+    def profiled(self):
+        """Around one step: torch.profiler in every worker process when the step is one of
+        `trainer.profile_steps` (hybridrl/tracking/profiler.py); nothing otherwise."""
+        step = self.global_step
+        if step not in self.cfg.trainer.profile_steps:
+            yield
+            return
+        out = self.dir / "profile" / f"step_{step}"
+        groups = [g for g in (self.actor, self.critic) if g is not None]
+        for g in groups:
+            g.start_profile(str(out))
+        try:
+            yield
+        finally:
+            tables = [t for g in groups for t in g.stop_profile() if t]
+            print(f"[hybridrl] step {step} profiled: {len(tables)} trace(s) and op table(s) in {out}", flush=True)
 
     @property
     def ckpt_root(self) -> Path:

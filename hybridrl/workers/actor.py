@@ -28,6 +28,7 @@ from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import (clip_grad_norm, copy_weights, dp_max_min, dp_normalizer, dp_size,
                                        full_named_parameters, full_weights, is_sharded, place, run_as_forward)  # fmt: skip
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.models import lora
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
 from hybridrl.models.packing import pack, packed_log_probs
@@ -94,7 +95,9 @@ def mini_batch_norms(mini: Batch) -> dict[str, float]:
     return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(ProfiledWorker):
+    profile_role = "actor"
+
     def __init__(self, cfg, plan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
         self.arr = cfg.actor_rollout_ref

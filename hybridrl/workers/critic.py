@@ -14,6 +14,7 @@ from hybridrl.data.token_batching import restore_order
 from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import place
+from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packing import pack
 from hybridrl.models.prepare import prepare_model
@@ -22,7 +23,9 @@ from hybridrl.workers.actor import SEQ_KEYS, autocast_dtype, dp_micro_batches, e
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 
-class CriticWorker:
+class CriticWorker(ProfiledWorker):
+    profile_role = "critic"
+
     def __init__(self, cfg, plan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
         self.amp = autocast_dtype(device)

@@ -187,3 +187,25 @@ def test_wall_time_budget_ends_the_run_like_its_last_step(tiny_model_with_weight
     assert [r["step"] for r in rows] == [0, 1]  # one step, then stop
     assert "val-core/arith/reward/mean@1" in rows[1]  # validated as a last step is
     assert (out / "checkpoints" / "latest").read_text() == "step_1" and "step 1/1000" in proc.stdout
+
+
+def test_profile_steps_write_a_trace_and_an_op_table(tiny_model_with_weights, arith_data, tmp_path):
+    """trainer.profile_steps=[2]: step 2 only, one trace + table per process (the critic shares the
+    actor's process here, so its ops are in the same trace); a bad step number is a config error."""
+    out = tmp_path / "run"
+    proc = cli("train", _write_empty_yaml(tmp_path),
+               *base_overrides(tiny_model_with_weights, arith_data, out, **{"algorithm.adv_estimator": "gae",
+                                                                           "trainer.total_training_steps": 2,
+                                                                           "trainer.profile_steps": "[2]"}))  # fmt: skip
+    prof = out / "profile"
+    assert sorted(p.name for p in prof.iterdir()) == ["step_2"]
+    assert sorted(p.name for p in (prof / "step_2").iterdir()) == ["actor_rank0.json", "actor_rank0.txt"]
+    trace = json.loads((prof / "step_2" / "actor_rank0.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "aten::mm" in names or "aten::addmm" in names  # the model's matmuls were recorded
+    assert "Self CPU" in (prof / "step_2" / "actor_rank0.txt").read_text()
+    assert f"step 2 profiled: 1 trace(s) and op table(s) in {prof / 'step_2'}" in proc.stdout
+    bad = cli("train", _write_empty_yaml(tmp_path),
+              *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "bad", **{"trainer.profile_steps": "[0]"}),
+              check=False)  # fmt: skip
+    assert bad.returncode == 2 and "trainer.profile_steps=[0] has [0], not a step number" in bad.stderr

@@ -26,8 +26,11 @@ def _quickstart(out, data, *overrides, check=True):
 def test_two_workers_train_resume_on_one_and_export(arith_data, tmp_path):
     out = tmp_path / "run"
     first = _quickstart(out, arith_data, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-                        "trainer.total_training_steps=2", "trainer.save_freq=1")  # fmt: skip
+                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.profile_steps=[2]")  # fmt: skip
     assert "Ray, device cpu (colocated: 2 ranks)" in first.stdout
+    # each worker process profiled step 2 on its own (trainer.profile_steps)
+    assert sorted(p.name for p in (out / "profile" / "step_2").iterdir()) == [
+        "actor_rank0.json", "actor_rank0.txt", "actor_rank1.json", "actor_rank1.txt"]
     ckpt = out / "checkpoints"
     assert sorted(p.name for p in (ckpt / "step_2").glob("rng_*.pt")) == ["rng_colocated_0.pt", "rng_colocated_1.pt"]
     # the same run continues on one device from the 2-rank checkpoint

@@ -2,6 +2,8 @@
 
 Command (one GPU):  PYTHONPATH=. python benchmarks/rollout.py --out $OUT
 CPU smoke test:     PYTHONPATH=. python benchmarks/rollout.py --tiny --out /tmp/rollout_bench
+Where decode time goes: add `--profile 64` (kernel tables with and without CUDA graphs, and the
+share of the wall time the device is busy, per row; files profile_<model>_x<prompts>_*.txt).
 
 For each model (Qwen2.5-0.5B and 1.5B architectures, random weights) and each batch (64 and 256
 prompts of 256 random tokens), both engines generate 512 new tokens per prompt with EOS ignored
@@ -151,6 +153,37 @@ def switch_time(engine, trainer_model) -> float:
     return statistics.median(times)
 
 
+def profile_decode(engine, prompts, steps: int, out: Path, tag: str) -> dict:
+    """One short generate under torch.profiler, with CUDA graphs and without: the kernels by
+    device time (the eager table names them) and the device-busy share of the wall time (with
+    graphs: what is left to gain by fusing kernels vs by removing gaps between them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    s = SamplingParams(n=1, temperature=1.0, max_new_tokens=steps)
+    res = {}
+    graphs = engine.use_graphs
+    for mode, use_graphs in (("graphs", graphs), ("eager", False)):
+        engine.use_graphs = use_graphs
+        engine.generate(prompts, s)  # warm-up (graph capture, Triton compiles)
+        sync()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            t = time.perf_counter()
+            engine.generate(prompts, s)
+            sync()
+            wall = time.perf_counter() - t
+        events = prof.key_averages()
+        device_us = sum(e.self_device_time_total for e in events) if cuda else float("nan")
+        table = events.table(sort_by=sort, row_limit=30)
+        (out / f"profile_{tag}_{mode}.txt").write_text(table + "\n")
+        res[mode] = dict(wall_ms=1000 * wall, device_busy_ms=device_us / 1000, busy=device_us / 1e6 / wall if cuda else float("nan"),
+                         decode_ms=engine.last_metrics["rollout/decode_ms_per_step"])  # fmt: skip
+        print(f"profile {tag} {mode}: {res[mode]}\n{table}", flush=True)
+    engine.use_graphs = graphs
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny config")
@@ -158,11 +191,15 @@ def main():
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--batches", nargs="*", type=int, default=None)
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="also profile a STEPS-token generate per row (with and without CUDA graphs): kernel tables "
+                         "in --out, device-busy share of the wall time")  # fmt: skip
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     models = args.models or (["tiny"] if args.tiny else ["Qwen2.5-0.5B", "Qwen2.5-1.5B"])
     batches = args.batches or ([4, 8] if args.tiny else [64, 256])
     prompt_len, new_tokens = (16, 32) if args.tiny else (256, 512)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(device)
     results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    copy_bandwidth_gb_s=bw / 1e9, prompt_len=prompt_len, new_tokens=new_tokens, rows=[], switch={})  # fmt: skip
@@ -183,6 +220,8 @@ def main():
             row["floor_ms"] = floor_ms(engine, b, prompt_len + new_tokens / 2, bw)
             row["kv_cache_gb"] = engine.cache.data.numel() * engine.cache.data.element_size() / 1e9
             print(f"{name} x{b}: native {row['native']}", flush=True)
+            if args.profile:
+                row["profile"] = profile_decode(engine, prompts, args.profile, Path(args.out), f"{name}_x{b}")
             if not args.no_hf:
                 row["hf"] = run_hf(baseline, prompts, new_tokens, device)
                 row["speedup"] = row["native"]["tokens_per_s"] / row["hf"]["tokens_per_s"]

@@ -59,6 +59,7 @@ def compute_score(
     format_score: float = 0.0,
     score: float = 1.0,
     flexible_score: float = 0.0,
+    format_needs_work: bool = False,
 ) -> float:
     """``score`` if the extracted answer equals ``ground_truth``, ``format_score``
     if an answer was found but differs, 0.0 if none was found.
@@ -69,6 +70,10 @@ def compute_score(
     policy that rarely writes ``####`` learns to emit with no reasoning at all
     (measured: answers collapse to ``#### 12`` within ten steps); credit for a
     right answer in the wrong form cannot be farmed that way.
+
+    ``format_needs_work`` pays ``format_score`` only when the number after ``####``
+    also appears earlier in the response, i.e. the answer restates a number the
+    response worked out: ``#### <guess>`` with no work before it earns nothing.
 
     >>> compute_score("so she sold 72 clips.\\n#### 72", "72")
     1.0
@@ -84,6 +89,10 @@ def compute_score(
     0.5
     >>> compute_score("#### 71, or maybe 72", "72", flexible_score=0.5)
     0.0
+    >>> compute_score("#### 71", "72", format_score=0.1, format_needs_work=True)
+    0.0
+    >>> compute_score("60 + 11 = 71 clips. #### 71", "72", format_score=0.1, format_needs_work=True)
+    0.1
     """
     answer = extract_solution(solution_str, method=method)
     if answer is None:
@@ -91,7 +100,17 @@ def compute_score(
         if last is not None and last.rstrip(".") == str(ground_truth).strip():  # "... is 72." ends a sentence
             return float(flexible_score)
         return 0.0
-    return float(score) if answer == str(ground_truth).strip() else float(format_score)
+    if answer == str(ground_truth).strip():
+        return float(score)
+    if format_needs_work and not _worked_out(solution_str, answer):
+        return 0.0
+    return float(format_score)
+
+
+def _worked_out(solution_str: str, answer: str) -> bool:
+    """Whether ``answer`` (commas removed) is a number in the response before its last ``####``."""
+    before = solution_str[: solution_str.rfind("####")]
+    return any(m.replace(",", "").rstrip(".") == answer.rstrip(".") for m in _NUMBER.findall(before))
 
 
 def diagnostics(solution_str: str, ground_truth: str) -> dict[str, float]:

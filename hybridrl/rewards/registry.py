@@ -92,7 +92,7 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
     >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])
     Traceback (most recent call last):
     ...
-    ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit the built-in scorer of data_source 'gsm8k' (solution_str, ground_truth, method, format_score, score, flexible_score): got an unexpected keyword argument 'format_scor'
+    ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit the built-in scorer of data_source 'gsm8k' (solution_str, ground_truth, method, format_score, score, flexible_score, format_needs_work): got an unexpected keyword argument 'format_scor'
     """
     if not kwargs:
         return

@@ -108,3 +108,19 @@ def test_training_scores_log_the_format_rate_and_both_accuracies():
     assert metrics["reward/gsm8k_strict_acc/mean"] == pytest.approx(kinds.count("strict_right") / n)
     assert metrics["reward/gsm8k_flexible_acc/mean"] == pytest.approx((kinds.count("strict_right") + kinds.count("last_right")) / n)
     assert scores.tolist() == [1.0 if k == "strict_right" else 0.0 for k in kinds] + [1.0]
+
+
+def test_format_needs_work_pays_only_for_a_restated_answer():
+    """format_needs_work: `#### N` earns format_score only when N was written before it; a right
+    answer still earns the full score, with or without work."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        truth, wrong, other = rng.sample(range(1, 5000), 3)
+        kw = dict(format_score=0.1, format_needs_work=True)
+        assert compute_score(f"#### {wrong}", str(truth), **kw) == 0.0
+        assert compute_score(f"{other} + 1 = {other + 1}. #### {wrong}", str(truth), **kw) == (0.1 if wrong in (other, other + 1) else 0.0)
+        assert compute_score(f"so {wrong:,} in all.\n#### {wrong:,}", str(truth), **kw) == 0.1  # commas compared removed
+        assert compute_score(f"#### {truth}", str(truth), **kw) == 1.0
+        assert compute_score(f"#### {wrong}", str(truth), format_score=0.1) == 0.1  # off: verl's behaviour

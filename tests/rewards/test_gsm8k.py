@@ -120,7 +120,7 @@ def test_format_needs_work_pays_only_for_a_restated_answer():
         truth, wrong, other = rng.sample(range(1, 5000), 3)
         kw = dict(format_score=0.1, format_needs_work=True)
         assert compute_score(f"#### {wrong}", str(truth), **kw) == 0.0
-        assert compute_score(f"{other} + 1 = {other + 1}. #### {wrong}", str(truth), **kw) == (0.1 if wrong in (other, other + 1) else 0.0)
+        assert compute_score(f"{other} plus two is {other + 2}. #### {wrong}", str(truth), **kw) == (0.1 if wrong == other + 2 else 0.0)
         assert compute_score(f"so {wrong:,} in all.\n#### {wrong:,}", str(truth), **kw) == 0.1  # commas compared removed
         assert compute_score(f"#### {truth}", str(truth), **kw) == 1.0
         assert compute_score(f"#### {wrong}", str(truth), format_score=0.1) == 0.1  # off: verl's behaviour

@@ -96,8 +96,7 @@ def compute_score(
     """
     answer = extract_solution(solution_str, method=method)
     if answer is None:
-        last = extract_solution(solution_str, "flexible") if flexible_score and method == "strict" else None
-        if last is not None and last.rstrip(".") == str(ground_truth).strip():  # "... is 72." ends a sentence
+        if flexible_score and method == "strict" and _last_number_is(solution_str, ground_truth):
             return float(flexible_score)
         return 0.0
     if answer == str(ground_truth).strip():
@@ -105,6 +104,12 @@ def compute_score(
     if format_needs_work and not _worked_out(solution_str, answer):
         return 0.0
     return float(format_score)
+
+
+def _last_number_is(solution_str: str, ground_truth: str) -> bool:
+    """Whether the last number of the response is the answer ("... is 72." ends a sentence)."""
+    last = extract_solution(solution_str, "flexible")
+    return last is not None and last.rstrip(".") == str(ground_truth).strip()
 
 
 def _worked_out(solution_str: str, answer: str) -> bool:
@@ -125,12 +130,10 @@ def diagnostics(solution_str: str, ground_truth: str) -> dict[str, float]:
     >>> diagnostics("The answer is 72.", "72")
     {'format': 0.0, 'strict_acc': 0.0, 'flexible_acc': 1.0}
     """
-    truth = str(ground_truth).strip()
     strict = extract_solution(solution_str, "strict")
-    last = extract_solution(solution_str, "flexible")
     return {
         "format": float(strict is not None),
-        "strict_acc": float(strict == truth),
-        "flexible_acc": float(last is not None and last.rstrip(".") == truth),
+        "strict_acc": float(strict == str(ground_truth).strip()),
+        "flexible_acc": float(_last_number_is(solution_str, ground_truth)),
     }
 

@@ -3,14 +3,16 @@
 Command (one GPU; the GPU machine lacks trl/datasets/dill/multiprocess/xxhash: carry their wheels):
     PYTHONPATH=. python benchmarks/vs_trl.py --model MODEL_DIR --train gsm8k/train.jsonl --test gsm8k/test.jsonl \
         --budget-s 240 --out $OUT
+Where one command would not fit a time limit, run the halves one after the other into the same --out
+(`--only hybridrl`, then `--only trl`): a results file with the same settings is added to, not redone.
 CPU smoke test (tiny model, arithmetic prompts, 2 cycles each):
     PYTHONPATH=. python benchmarks/vs_trl.py --tiny --out /tmp/vs_trl
 
 What is the same for both (each runs in its own subprocess, so peak memory is its own):
 - the model directory (fp32 master weights + bf16 autocast on the GPU for both), the tokenizer;
 - the prompts: rendered once with hybridrl's chat-template rendering and handed to TRL as text;
-- the reward: hybridrl's built-in scorer of each row's data_source (GSM8K: strict `#### N`, optional
-  --format-score), called from TRL as a reward function;
+- the reward: hybridrl's built-in scorer of each row's data_source (GSM8K: strict `#### N`; its options,
+  e.g. format_score / flexible_score, through --reward-kwargs), called from TRL as a reward function;
 - per cycle ("step"): --prompts prompts x --n samples, sampled at temperature 1 up to --max-response
   tokens, then --prompts / --mini-prompts optimizer steps of mini-prompts x n sequences (micro-batches of
   --micro sequences); AdamW, constant lr, weight decay, grad clip 1.0, clip epsilon 0.2, one pass (TRL
@@ -49,7 +51,7 @@ def settings(args) -> dict:
         mini_prompts=args.mini_prompts or (4 if tiny else 16), micro=args.micro or (8 if tiny else 32),
         max_prompt=64 if tiny else 512, max_response=args.max_response or (4 if tiny else 256),
         lr=args.lr if args.lr is not None else (1e-3 if tiny else 1e-6), weight_decay=0.0, beta=args.beta,
-        temperature=1.0, format_score=args.format_score, budget_s=args.budget_s or (10.0 if tiny else 240.0),
+        temperature=1.0, reward_kwargs=reward_kwargs(args), budget_s=args.budget_s or (10.0 if tiny else 240.0),
         max_cycles=args.max_cycles or (2 if tiny else 10**6), eval_limit=args.eval_limit or (16 if tiny else 1319),
         eval_max_response=4 if tiny else 512, rollout=args.rollout or ("hf" if tiny else "native"), seed=1,
         device="cpu" if tiny else "cuda",
@@ -164,8 +166,21 @@ def run_hybridrl(work: Path, s: dict) -> dict:
     return {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "hybridrl_model")}
 
 
+def reward_kwargs(args) -> dict:
+    """--reward-kwargs (a JSON object of the scorer's options) with --format-score folded in."""
+    try:
+        kw = json.loads(args.reward_kwargs or "{}")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--reward-kwargs must be a JSON object, e.g. '{{\"format_score\": 0.1}}': {e}") from None
+    if not isinstance(kw, dict):
+        raise SystemExit(f"--reward-kwargs must be a JSON object, got {args.reward_kwargs!r}")
+    if args.format_score:
+        kw["format_score"] = args.format_score
+    return kw
+
+
 def _reward_kwargs_yaml(s: dict) -> str:
-    return "{format_score: %r}" % s["format_score"] if s["format_score"] else "{}"
+    return json.dumps(s["reward_kwargs"])  # JSON is YAML: the override parser reads it as a mapping
 
 
 # -- TRL (its own process) -------------------------------------------------------------------------------------------
@@ -178,7 +193,7 @@ def run_trl(work: Path, s: dict) -> dict:
     from hybridrl.rewards import default_compute_score
 
     cuda = s["device"] == "cuda"
-    kwargs = {"format_score": s["format_score"]} if s["format_score"] else {}
+    kwargs = s["reward_kwargs"]
 
     def reward(prompts, completions, ground_truth, data_source, **_):
         return [float(default_compute_score(d, c, g, **kwargs)) for c, g, d in zip(completions, ground_truth, data_source)]
@@ -287,6 +302,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float)
     ap.add_argument("--beta", type=float, default=0.001, help="KL coefficient (0 = no reference model)")
     ap.add_argument("--format-score", type=float, default=0.0, help="reward of a well-formed wrong GSM8K answer")
+    ap.add_argument("--reward-kwargs", help="JSON object of scorer options for both trainers, e.g. "
+                    "'{\"format_score\": 0.1, \"format_needs_work\": true, \"flexible_score\": 0.2}'")  # fmt: skip
     ap.add_argument("--eval-limit", type=int, help="first N test questions (default all 1319)")
     ap.add_argument("--rollout", choices=["native", "hf"], help="hybridrl's engine (default native on GPU)")
     ap.add_argument("--only", choices=["hybridrl", "trl"], action="append")
@@ -318,7 +335,15 @@ def main() -> int:
             f.write(json.dumps(r) + "\n")
 
     results: dict = {"settings": s, "versions": versions()}
-    if not args.skip_eval:
+    prev = out / "vs_trl.json"
+    if args.only and prev.exists():  # a comparison split over several commands (--only hybridrl, then --only trl)
+        old = json.loads(prev.read_text())
+        if old.get("settings") == s:
+            results = {**old, **results}
+            print(f"[vs-trl] adding to {prev} (has: {', '.join(k for k in ('base_eval', 'hybridrl', 'trl') if k in old)})")
+        else:
+            print(f"[vs-trl] {prev} was written with other settings: starting a new comparison", flush=True)
+    if not args.skip_eval and "base_eval" not in results:
         results["base_eval"] = run_eval(work, s, str(work / "model_link"), "base")
         print(f"[vs-trl] base model: {results['base_eval']}", flush=True)
     for name in args.only or ["hybridrl", "trl"]:

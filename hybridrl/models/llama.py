@@ -231,8 +231,11 @@ class DecoderLM(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """input_ids, positions (B, T) -> final-normed hidden states (B, T, hidden)."""
         layers = self.model.layers
-        cos = self.rope_cos[positions].unsqueeze(2)  # (B, T, 1, D)
-        sin = self.rope_sin[positions].unsqueeze(2)
+        if getattr(attend, "owns_rope", False):  # the attention rotates from the tables itself
+            cos = sin = None
+        else:
+            cos = self.rope_cos[positions].unsqueeze(2)  # (B, T, 1, D)
+            sin = self.rope_sin[positions].unsqueeze(2)
         residual, h = layers[0].input_layernorm.add_forward(None, self.model.embed_tokens(input_ids))
         for i, layer in enumerate(layers):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.rollout.native.attention import paged_decode_reference
-from hybridrl.rollout.native.sampling import row_keys, sample
+from hybridrl.rollout.native.sampling import sample
 
 
 def paged_setup(seed=0, B=3, H=4, n_kv=2, D=16, bs=4, lens=(5, 12, 1)):
@@ -101,7 +101,7 @@ def test_kernels_under_the_triton_interpreter():
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 9, proc.stdout[-3000:]
+    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 11, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])
@@ -125,9 +125,16 @@ def test_triton_sampler_matches_torch(kernels, greedy):
     want_t, want_lp = sample(logits, seeds, pos, temp)
     toks, lps = torch.empty(B, dtype=torch.long, device=KDEV), torch.empty(B, device=KDEV)
     inv_t = torch.tensor(1.0 if greedy else 1 / temp, device=KDEV)
-    fused_sample(logits, row_keys(seeds, pos), inv_t, toks, lps, greedy)
+    fused_sample(logits, seeds, pos, inv_t, toks, lps, greedy)
     assert toks.tolist() == want_t.tolist()
     torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=0)
+    # the key's position offset (the decode step passes the input positions and offset 1)
+    want_t1, want_lp1 = sample(logits, seeds, pos + 1, temp)
+    fused_sample(logits, seeds, pos, inv_t, toks, lps, greedy, pos_offset=1)
+    assert toks.tolist() == want_t1.tolist()
+    torch.testing.assert_close(lps, want_lp1, atol=1e-4, rtol=0)
+    if not greedy:
+        assert want_t1.tolist() != want_t.tolist()  # the offset changes the noise
 
 
 def test_triton_rope_and_store_matches_torch(kernels):
@@ -175,3 +182,46 @@ def test_triton_silu_mul_matches_torch(kernels):
     gate_up = torch.randn(3, 2, 2 * 1500, device=KDEV)  # two column tiles
     g, u = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(silu_mul(gate_up), torch.nn.functional.silu(g) * u, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_triton_prefill_attention_matches_torch_path(kernels, joint):
+    """The fused prefill (one rope+store kernel for q and k of every token, padding to the scratch
+    block) gives the torch path's attention output and cache contents; `joint`: q/k/v are views of
+    one fused-projection buffer (the kernel reads q and k heads in place), else separate tensors."""
+    from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables
+    from hybridrl.rollout.native.attention import PrefillAttention
+    from hybridrl.rollout.native.cache import KVCache
+
+    torch.manual_seed(0)
+    H, n_kv, D, bs, lens = 4, 2, 16, 4, (7, 3, 5)
+    B, T = len(lens), max(lens)
+    tables = rope_tables(Qwen2Config(rope_theta=10000.0), D, 32)
+    tables = tuple(t.to(KDEV) for t in tables)
+    qkv = torch.randn(B, T, (H + 2 * n_kv) * D, device=KDEV)
+    q, k, v = (x.view(B, T, -1, D) for x in qkv.split([H * D, n_kv * D, n_kv * D], -1))
+    if not joint:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    from hybridrl.rollout.native.attention import _joint_heads
+
+    assert (_joint_heads(q, k).data_ptr() == q.data_ptr()) == joint  # a view of the buffer, or a copy
+    torch.testing.assert_close(_joint_heads(q, k), torch.cat([q, k], 2))
+    # tokens of sequence i go to blocks 1 + 2i, 2 + 2i (block 0 is scratch)
+    slots = torch.tensor([(1 + 2 * i) * bs + t for i, n in enumerate(lens) for t in range(n)], device=KDEV)
+    valid = torch.tensor([i * T + t for i, n in enumerate(lens) for t in range(n)], device=KDEV)
+    caches, outs = [], []
+    for kern in (None, kernels):
+        cache = KVCache(1, 1 + 2 * B, bs, n_kv, D, torch.float32, KDEV)
+        attn = PrefillAttention(cache, slots, valid, kern, tables)
+        cos = tables[0][torch.arange(T, device=KDEV)].expand(B, T, D).unsqueeze(2)
+        sin = tables[1][torch.arange(T, device=KDEV)].expand(B, T, D).unsqueeze(2)
+        outs.append(attn(0, q, k, v, None if kern else cos, None if kern else sin))
+        caches.append(cache)
+    m = torch.zeros(B, T, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        m[i, :n] = True
+    torch.testing.assert_close(outs[1][m], outs[0][m], atol=1e-5, rtol=0)  # padded rows are never read
+    for get in (KVCache.k, KVCache.v):  # all real blocks equal; only the scratch block may differ
+        torch.testing.assert_close(get(caches[1], 0)[1:], get(caches[0], 0)[1:], atol=1e-5, rtol=0)

@@ -36,20 +36,56 @@ def paged_decode_reference(
 
 
 class PrefillAttention:
-    """attend() for a right-padded prefill batch: writes K/V at `slots` (valid tokens only)."""
+    """attend() for a right-padded prefill batch: writes K/V at `slots` (valid tokens only).
 
-    def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor):
+    With `kernels` (the Triton module, CUDA) one kernel rotates q and k and stores the rotated k
+    and v of every token (padding tokens go to the scratch block 0), in place of the torch
+    rotary (float32 copies, cat, neg) and the index copies; the attention is SDPA either way."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor, kernels=None, rope_tables=None):
         self.cache, self.slots, self.valid = cache, slots, valid  # slots (N,), valid (B*T,) flat indices
+        self.kernels, self.rope_tables = kernels, rope_tables
+        self.owns_rope = kernels is not None  # the model need not gather cos/sin for it
+        self._flat = None  # (positions, slots) over all B*T tokens, built on the first layer
 
     def __call__(self, layer: int, q, k, v, cos, sin):
         B, T = q.shape[:2]
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-        flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
-        write_kv(self.cache.k(layer), self.cache.v(layer), flat(k), flat(v), self.slots)
+        if self.kernels is not None:
+            q, k = self._rope_store_fused(layer, q, k, v)
+        else:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
+            write_kv(self.cache.k(layer), self.cache.v(layer), flat(k), flat(v), self.slots)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
         )  # (B, H, T, D)
         return out.transpose(1, 2)
+
+    def _rope_store_fused(self, layer: int, q, k, v):
+        B, T, H, D = q.shape
+        n_kv, N = k.shape[2], B * T
+        if self._flat is None:
+            positions = torch.arange(T, device=q.device).repeat(B)  # right padding: token t sits at position t
+            slots = torch.zeros(N, dtype=self.slots.dtype, device=q.device)  # padding -> scratch block 0
+            self._flat = (positions, slots.index_copy_(0, self.valid, self.slots))
+        qk = _joint_heads(q, k).reshape(N, H + n_kv, D)  # q and k rotated by one kernel call
+        out = self.kernels.rope_and_store(qk, k.reshape(N, n_kv, D), v.reshape(N, n_kv, D), *self.rope_tables,
+                                          *self._flat, self.cache.k(layer), self.cache.v(layer))  # fmt: skip
+        out = out.view(B, T, H + n_kv, D)
+        return out[:, :, :H], out[:, :, H:]
+
+
+def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, T, H, D) and (B, T, Hkv, D) -> (B, T, H + Hkv, D): a view when k's heads follow q's in
+    one buffer (the fused qkv projection's output), else a copy."""
+    B, T, H, D = q.shape
+    s = q.stride()
+    if (
+        k.stride() == s and s[3] == 1 and s[2] == D and s[0] == T * s[1]
+        and k.data_ptr() == q.data_ptr() + H * D * q.element_size()
+    ):  # fmt: skip
+        return q.as_strided((B, T, H + k.shape[2], D), s)
+    return torch.cat([q, k], dim=2)
 
 
 class DecodeAttention:
@@ -61,6 +97,7 @@ class DecodeAttention:
 
     def __init__(self, cache: KVCache | None, kernels=None):
         self.cache, self.kernels = cache, kernels
+        self.owns_rope = kernels is not None  # rotates from its own tables: the model skips the cos/sin gather
         self.slots = self.block_tables = self.context_lens = self.positions = None  # set per step (tensors)
         self.rope_tables = None  # (cos, sin) (P, D) float32, for the fused kernel
 

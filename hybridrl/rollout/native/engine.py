@@ -35,7 +35,7 @@ from hybridrl.rollout.base import eos_token_ids as default_eos_ids
 from hybridrl.rollout.native import triton_kernels
 from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
-from hybridrl.rollout.native.sampling import row_keys, sample
+from hybridrl.rollout.native.sampling import sample
 from hybridrl.rollout.native.scheduler import Group, Scheduler
 
 BLOCK_SIZE = 16
@@ -311,7 +311,8 @@ class NativeRolloutEngine:
             valid += range(i * T, i * T + lens[i])
             seqs += group_seqs
             copies += group_copies
-        attn = PrefillAttention(self.cache, torch.tensor(slots, device=dev), torch.tensor(valid, device=dev))
+        attn = PrefillAttention(self.cache, torch.tensor(slots, device=dev), torch.tensor(valid, device=dev),
+                                triton_kernels if self.use_triton else None, self.attn.rope_tables)  # fmt: skip
         positions = torch.arange(T, device=dev).expand(G, T)
         hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
@@ -420,16 +421,18 @@ class NativeRolloutEngine:
         self.attn.positions = pos
         hidden = self.model.hidden_states(ids[:, None], pos[:, None], self.attn)[:, 0]  # (Bp, hidden)
         logits = self.model.logits(hidden)  # (Bp, V)
-        self._sample_into(logits, self.buf_seeds[:Bp], pos + 1, mode, self.out_tok[:Bp], self.out_lp[:Bp])
+        # the sampled token's position is pos + 1 (the hash key's input)
+        self._sample_into(logits, self.buf_seeds[:Bp], pos, mode, self.out_tok[:Bp], self.out_lp[:Bp], pos_offset=1)
 
-    def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out) -> None:
+    def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out, pos_offset: int = 0) -> None:
         temperature, top_k, top_p = mode
         if self.use_triton and top_k <= 0 and top_p >= 1.0:
             if mode not in self._inv_t:
                 self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
-            triton_kernels.fused_sample(logits, row_keys(seeds, positions), self._inv_t[mode], tok_out, lp_out, temperature == 0)
+            triton_kernels.fused_sample(logits, seeds, positions, self._inv_t[mode], tok_out, lp_out, temperature == 0,
+                                        pos_offset=pos_offset)  # fmt: skip
         else:
-            tok, lp = sample(logits, seeds, positions, temperature, top_k, top_p)
+            tok, lp = sample(logits, seeds, positions + pos_offset, temperature, top_k, top_p)
             tok_out.copy_(tok)
             lp_out.copy_(lp)
 

@@ -112,36 +112,49 @@ if triton is not None:
         return (x >> 16) ^ x
 
     @triton.jit
+    def _log_fast(x, FAST: tl.constexpr):
+        # Natural log; FAST: one MUFU lg2.approx (relative error ~2^-22) instead of libdevice's logf.
+        if FAST:
+            return 0.6931471805599453 * tl.inline_asm_elementwise(
+                "lg2.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            return tl.log(x)
+
+    @triton.jit
     def _sample_partial_kernel(
-        LOGITS, KEYS, INV_T, PM, PS, PZ, PI, PX, stride_l, V, n_chunks,
-        GREEDY: tl.constexpr, CHUNK: tl.constexpr,
+        LOGITS, SEEDS, POS, INV_T, PM, PS, PZ, PI, stride_l, V, n_chunks, pos_offset,
+        GREEDY: tl.constexpr, CHUNK: tl.constexpr, FAST: tl.constexpr,
     ):  # fmt: skip
         # Program (row, chunk): over CHUNK vocabulary entries, the max and sum-exp of x = logits / T
-        # and the argmax of x + Gumbel noise (with its x), for the combine kernel to merge.
+        # and the max of x + Gumbel noise with its index, for the combine kernel to merge. The row's
+        # hash key is sampling.row_keys(seed, position) computed here (uint32 arithmetic = the
+        # torch int64 version masked to 32 bits), so the step needs no separate key kernels.
         row = tl.program_id(0)
         c = tl.program_id(1)
         inv_t = tl.load(INV_T)
         offs = c * CHUNK + tl.arange(0, CHUNK)
         ok = offs < V
         x = tl.load(LOGITS + row.to(tl.int64) * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+        m = tl.max(x, 0)
         if GREEDY:
-            z = x
+            zmax, i = tl.max(x, 0, return_indices=True)
         else:
-            key = tl.load(KEYS + row).to(tl.uint32)
+            seed = tl.load(SEEDS + row).to(tl.uint32)  # int64 -> low 32 bits
+            pos = (tl.load(POS + row) + pos_offset).to(tl.uint32)
+            key = _mix32(_mix32(seed) ^ pos)
             h = _mix32(key ^ offs.to(tl.uint32))
             u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            z = tl.where(ok, x - tl.log(-tl.log(u)), float("-inf"))
-        m = tl.max(x, 0)
-        i = tl.argmax(z, 0)
+            z = tl.where(ok, x - _log_fast(-_log_fast(u, FAST), FAST), float("-inf"))
+            zmax, i = tl.max(z, 0, return_indices=True)
         out = row * n_chunks + c
         tl.store(PM + out, m)
         tl.store(PS + out, tl.sum(tl.exp(x - m), 0))
-        tl.store(PZ + out, tl.max(z, 0))
+        tl.store(PZ + out, zmax)
         tl.store(PI + out, c * CHUNK + i)
-        tl.store(PX + out, tl.sum(tl.where(tl.arange(0, CHUNK) == i, x, 0.0), 0))
 
     @triton.jit
-    def _sample_combine_kernel(PM, PS, PZ, PI, PX, TOKENS, LOGPROBS, n_chunks, C_PAD: tl.constexpr):
+    def _sample_combine_kernel(PM, PS, PZ, PI, LOGITS, INV_T, TOKENS, LOGPROBS, stride_l, n_chunks, C_PAD: tl.constexpr):
         row = tl.program_id(0)
         c = tl.arange(0, C_PAD)
         ok = c < n_chunks
@@ -152,9 +165,11 @@ if triton is not None:
         top = tl.max(m, 0)
         lse = top + tl.log(tl.sum(s * tl.exp(m - top), 0))
         best = tl.argmax(z, 0)
-        pick = c == best
-        tl.store(TOKENS + row, tl.sum(tl.where(pick, tl.load(PI + base + c, mask=ok, other=0), 0), 0).to(tl.int64))
-        tl.store(LOGPROBS + row, tl.sum(tl.where(pick, tl.load(PX + base + c, mask=ok, other=0.0), 0.0), 0) - lse)
+        tok = tl.sum(tl.where(c == best, tl.load(PI + base + c, mask=ok, other=0), 0), 0)
+        # the chosen token's x, recomputed exactly as the partial kernel did
+        x = tl.load(LOGITS + row.to(tl.int64) * stride_l + tok).to(tl.float32) * tl.load(INV_T)
+        tl.store(TOKENS + row, tok.to(tl.int64))
+        tl.store(LOGPROBS + row, x - lse)
 
 
 def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v) -> torch.Tensor:
@@ -189,18 +204,21 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
     return out
 
 
-def fused_sample(logits, keys, inv_temperature, tokens_out, log_probs_out, greedy: bool, chunk: int = 4096) -> None:
-    """logits (B, V) any float dtype; keys (B,) int64 from sampling.row_keys; inv_temperature a
-    0-d float32 tensor (a device buffer, so a captured graph reads the current value).
+def fused_sample(logits, seeds, positions, inv_temperature, tokens_out, log_probs_out, greedy: bool,
+                 pos_offset: int = 0, chunk: int = 4096) -> None:
+    """logits (B, V) any float dtype; seeds, positions (B,) int64 (the row's hash key is
+    sampling.row_keys(seeds, positions + pos_offset)); inv_temperature a 0-d float32 tensor (a device
+    buffer, so a captured graph reads the current value).
 
     Split over (row, vocabulary chunk) programs, then merged per row: one program per row
     walking 150k entries alone left most of the GPU idle (~250 us for 256 rows)."""
     B, V = logits.shape
     n_chunks = triton.cdiv(V, chunk)
     parts = torch.empty(3, B, n_chunks, dtype=torch.float32, device=logits.device)
-    px = torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
     pi = torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
-    _sample_partial_kernel[(B, n_chunks)](logits, keys, inv_temperature, parts[0], parts[1], parts[2], pi, px,
-                                          logits.stride(0), V, n_chunks, GREEDY=greedy, CHUNK=chunk)  # fmt: skip
-    _sample_combine_kernel[(B,)](parts[0], parts[1], parts[2], pi, px, tokens_out, log_probs_out, n_chunks,
-                                 C_PAD=max(2, triton.next_power_of_2(n_chunks)))  # fmt: skip
+    fast = logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+    _sample_partial_kernel[(B, n_chunks)](logits, seeds, positions, inv_temperature, parts[0], parts[1], parts[2], pi,
+                                          logits.stride(0), V, n_chunks, pos_offset, GREEDY=greedy, CHUNK=chunk,
+                                          FAST=fast)  # fmt: skip
+    _sample_combine_kernel[(B,)](parts[0], parts[1], parts[2], pi, logits, inv_temperature, tokens_out, log_probs_out,
+                                 logits.stride(0), n_chunks, C_PAD=max(2, triton.next_power_of_2(n_chunks)))  # fmt: skip

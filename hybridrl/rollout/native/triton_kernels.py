@@ -27,18 +27,13 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        Q, K, V, O, PM, PL, TABLES, LENS,
+        Q, K, V, O, TABLES, LENS,
         stride_qb, stride_qh, stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh,
-        scale, n_splits,
+        scale,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        SPLIT_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
-        # One program = one sequence x one KV head (x one context split), with the GROUP query heads
-        # that share it. SPLIT_TOKENS = 0: the whole context, normalized output to O (B, H, D).
-        # Otherwise split s covers tokens [s * SPLIT_TOKENS, (s + 1) * SPLIT_TOKENS) and writes its
-        # unnormalized output to O (B, H, n_splits, D) and its running max / sum to PM, PL
-        # (B, H, n_splits), for _paged_reduce_kernel: more programs in flight than B x Hkv alone,
-        # which leaves a long serial walk per program (latency-bound) at small batch x heads.
+        # One program = one sequence x one KV head, with the GROUP query heads that share it.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         g = tl.arange(0, GROUP_PAD)
@@ -47,17 +42,12 @@ if triton is not None:
         d_ok = d < D
         q = tl.load(Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
         ctx = tl.load(LENS + b)
-        lo = 0
-        hi = ctx
-        if SPLIT_TOKENS > 0:
-            lo = tl.program_id(2) * SPLIT_TOKENS
-            hi = tl.minimum(lo + SPLIT_TOKENS, ctx)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(0, ctx, BLOCK_N):
             t = start + tl.arange(0, BLOCK_N)  # token positions of this tile
-            ok = t < hi
+            ok = t < ctx
             blk = tl.load(TABLES + b * stride_tb + t // BLOCK_SIZE, mask=ok, other=0)
             off = blk.to(tl.int64) * stride_kblk + (t % BLOCK_SIZE) * stride_ktok + kvh * stride_kh
             k = tl.load(K + off[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, D_PAD)
@@ -70,41 +60,14 @@ if triton is not None:
             v = tl.load(V + off[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             m = m_new
-        h = kvh * GROUP + g
-        if SPLIT_TOKENS > 0:
-            sp = tl.program_id(2)
-            row = (b * (GROUP * tl.num_programs(1)) + h) * n_splits + sp  # (B, H, n_splits) index
-            tl.store(PM + row, m, mask=g_ok)
-            tl.store(PL + row, l, mask=g_ok)
-            tl.store(O + row[:, None] * D + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
-        else:
-            out = acc / l[:, None]
-            tl.store(O + b * stride_ob + h[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-
-    @triton.jit
-    def _paged_reduce_kernel(
-        PO, PM, PL, O, stride_ob, stride_oh, n_splits, D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr
-    ):
-        # One program = one sequence x one query head: merge its splits' (max, sum, output).
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.arange(0, S_PAD)
-        d = tl.arange(0, D_PAD)
-        row = (b * tl.num_programs(1) + h) * n_splits + s
-        s_ok = s < n_splits
-        m = tl.load(PM + row, mask=s_ok, other=float("-inf"))
-        l = tl.load(PL + row, mask=s_ok, other=0.0)
-        top = tl.max(m, 0)  # split 0 always holds >= 1 token, so top is finite
-        w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
-        o = tl.load(PO + row[:, None] * D + d[None, :], mask=s_ok[:, None] & (d < D)[None, :], other=0.0)
-        out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-        tl.store(O + b * stride_ob + h * stride_oh + d, out.to(O.dtype.element_ty), mask=d < D)
+        out = acc / l[:, None]
+        tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
     if os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter cannot time configs
         # Tile length and warps picked by timing on the first decode step (before graph capture).
         _paged_decode_kernel = triton.autotune(
             configs=[triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 4), (64, 4), (128, 4), (64, 8), (128, 8))],
-            key=["D_PAD", "GROUP_PAD", "BLOCK_SIZE", "SPLIT_TOKENS"],
+            key=["D_PAD", "GROUP_PAD", "BLOCK_SIZE"],
         )(_paged_decode_kernel)
         PAGED_DEFAULTS = {}
     else:
@@ -224,43 +187,20 @@ def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cac
     return q_out
 
 
-# Context tokens per split of the decode attention (0: no split). HYBRIDRL_DECODE_SPLIT overrides
-# it for tuning; BENCHMARKS.md has the measurements behind the default.
-DECODE_SPLIT_TOKENS = int(os.environ.get("HYBRIDRL_DECODE_SPLIT", "256"))
-
-
-def paged_decode(q, cache_k, cache_v, block_tables, context_lens, split_tokens: int | None = None) -> torch.Tensor:
-    """Same contract as attention.paged_decode_reference: q (B, H, D) -> (B, H, D).
-
-    The context is cut into splits of `split_tokens` (default DECODE_SPLIT_TOKENS) run as separate
-    programs and merged by a second kernel; their number follows from the block table's width (the
-    most a sequence can hold), not from context_lens, so a captured graph stays valid as contexts
-    grow. Splits past a sequence's length exit at once."""
+def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tensor:
+    """Same contract as attention.paged_decode_reference: q (B, H, D) -> (B, H, D)."""
     B, H, D = q.shape
-    n_kv, bs = cache_k.shape[2], cache_k.shape[1]
+    n_kv = cache_k.shape[2]
     group = H // n_kv
-    split = DECODE_SPLIT_TOKENS if split_tokens is None else split_tokens
-    n_splits = triton.cdiv(block_tables.shape[1] * bs, split) if split > 0 else 1
-    if n_splits <= 1:
-        split, n_splits = 0, 1
     out = torch.empty_like(q)
-    if split:
-        po = torch.empty(B, H, n_splits, D, dtype=torch.float32, device=q.device)
-        pm, pl = torch.empty(2, B, H, n_splits, dtype=torch.float32, device=q.device)
-    else:
-        po, pm, pl = out, out, out  # unused
-    D_PAD = max(16, triton.next_power_of_2(D))
-    _paged_decode_kernel[(B, n_kv, n_splits)](
-        q, cache_k, cache_v, po, pm, pl, block_tables, context_lens,
+    _paged_decode_kernel[(B, n_kv)](
+        q, cache_k, cache_v, out, block_tables, context_lens,
         q.stride(0), q.stride(1), block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
-        out.stride(0), out.stride(1), D ** -0.5, n_splits,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=D_PAD,
-        BLOCK_SIZE=bs, SPLIT_TOKENS=split, **PAGED_DEFAULTS,
+        out.stride(0), out.stride(1), D ** -0.5,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
+        BLOCK_SIZE=cache_k.shape[1], **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
     )  # fmt: skip
-    if split:
-        _paged_reduce_kernel[(B, H)](po, pm, pl, out, out.stride(0), out.stride(1), n_splits, D=D, D_PAD=D_PAD,
-                                     S_PAD=max(2, triton.next_power_of_2(n_splits)))  # fmt: skip
     return out
 
 

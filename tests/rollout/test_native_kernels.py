@@ -101,7 +101,7 @@ def test_kernels_under_the_triton_interpreter():
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 11, proc.stdout[-3000:]
+    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 13, proc.stdout[-3000:]
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])
@@ -225,3 +225,28 @@ def test_triton_prefill_attention_matches_torch_path(kernels, joint):
     torch.testing.assert_close(outs[1][m], outs[0][m], atol=1e-5, rtol=0)  # padded rows are never read
     for get in (KVCache.k, KVCache.v):  # all real blocks equal; only the scratch block may differ
         torch.testing.assert_close(get(caches[1], 0)[1:], get(caches[0], 0)[1:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("H, n_kv, D, bs, lens", [(4, 2, 16, 4, (5, 70, 1, 33)), (14, 2, 32, 16, (17, 2, 40))])
+def test_triton_fused_rope_paged_decode_matches_two_step_path(kernels, H, n_kv, D, bs, lens):
+    """rope + K/V store + paged attention in one kernel (the new token's term from registers) equals
+    rope_and_store then the paged reference over the updated cache; the cache ends up the same."""
+    from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables
+
+    q0, ck, cv, tables, ctx = (a.to(KDEV) for a in paged_setup(H=H, n_kv=n_kv, D=D, bs=bs, lens=lens, B=len(lens)))
+    torch.manual_seed(1)
+    B = len(lens)
+    qkv = torch.randn(B, (H + 2 * n_kv) * D, device=KDEV)  # one buffer, as the fused projection gives
+    q, k, v = (x.view(B, -1, D) for x in qkv.split([H * D, n_kv * D, n_kv * D], -1))
+    pos = ctx.long() - 1  # the new token is the last of each context
+    slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+    cos, sin = (t.to(KDEV) for t in rope_tables(Qwen2Config(rope_theta=10000.0), D, 128))
+    ck2, cv2 = ck.clone(), cv.clone()
+    q_rot = kernels.rope_and_store(q, k, v, cos, sin, pos, slots, ck2, cv2)
+    want = paged_decode_reference(q_rot, ck2, cv2, tables, ctx)
+    got = kernels.rope_paged_decode(q, k, v, cos, sin, pos, slots, ck, cv, tables, ctx)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ck, ck2, atol=1e-6, rtol=0)
+    assert torch.equal(cv, cv2)

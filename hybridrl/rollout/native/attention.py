@@ -104,7 +104,10 @@ class DecodeAttention:
     def __call__(self, layer: int, q, k, v, cos, sin):
         B = q.shape[0]  # q (B, 1, H, D), k/v (B, 1, Hkv, D), cos/sin (B, 1, 1, D)
         ck, cv = self.cache.k(layer), self.cache.v(layer)
-        if self.kernels is not None:
+        if self.kernels is not None and self.kernels.fused_decode_supported(q.shape[-1]):
+            out = self.kernels.rope_paged_decode(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots,
+                                                 ck, cv, self.block_tables, self.context_lens)  # fmt: skip
+        elif self.kernels is not None:
             q1 = self.kernels.rope_and_store(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots, ck, cv)
             out = self.kernels.paged_decode(q1, ck, cv, self.block_tables, self.context_lens)  # (B, H, D)
         else:

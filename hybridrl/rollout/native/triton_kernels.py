@@ -74,6 +74,76 @@ if triton is not None:
         PAGED_DEFAULTS = {"BLOCK_N": 64}
 
     @triton.jit
+    def _rope_paged_decode_kernel(
+        Q, KN, VN, COS, SIN, POS, SLOTS, K, V, O, TABLES, LENS,
+        stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
+        stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh, scale,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        # The decode step's attention in one kernel: rotate this token's q heads and its k head,
+        # store its k and v in the cache slot, attend over the cached context (ctx - 1 tokens) and
+        # add the new token's own term from registers, so nothing waits for the store to land.
+        # One program = one sequence x one KV head, with the GROUP query heads that share it.
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        d = tl.arange(0, D)
+        half: tl.constexpr = D // 2
+        partner = (d + half) % D
+        sign = tl.where(d < half, -1.0, 1.0)
+        pos = tl.load(POS + b)
+        cos = tl.load(COS + pos * D + d)
+        sin = tl.load(SIN + pos * D + d)
+        g = tl.arange(0, GROUP_PAD)
+        g_ok = g < GROUP
+        qrow = Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh
+        q = tl.load(qrow + d[None, :], mask=g_ok[:, None], other=0.0)
+        qp = tl.load(qrow + partner[None, :], mask=g_ok[:, None], other=0.0)
+        # rounded to q's dtype, as the unfused path stores the rotated q before attending
+        q = (q.to(tl.float32) * cos[None, :] + sign[None, :] * qp.to(tl.float32) * sin[None, :]).to(Q.dtype.element_ty)
+        krow = KN + b * stride_knb + kvh * stride_knh
+        k_new = tl.load(krow + d).to(tl.float32) * cos + sign * tl.load(krow + partner).to(tl.float32) * sin
+        k_new = k_new.to(K.dtype.element_ty)
+        v_new = tl.load(VN + b * stride_vnb + kvh * stride_vnh + d)
+        slot = tl.load(SLOTS + b).to(tl.int64)  # the cache is contiguous over (block, offset): slot * stride_ktok
+        tl.store(K + slot * stride_ktok + kvh * stride_kh + d, k_new)
+        tl.store(V + slot * stride_ktok + kvh * stride_kh + d, v_new.to(V.dtype.element_ty))
+        cached = tl.load(LENS + b) - 1
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+        for start in range(0, cached, BLOCK_N):
+            t = start + tl.arange(0, BLOCK_N)
+            ok = t < cached
+            blk = tl.load(TABLES + b * stride_tb + t // BLOCK_SIZE, mask=ok, other=0)
+            off = blk.to(tl.int64) * stride_kblk + (t % BLOCK_SIZE) * stride_ktok + kvh * stride_kh
+            k = tl.load(K + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+            s = tl.where(ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(V + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+            m = m_new
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale  # (GROUP_PAD,)
+        m_new = tl.maximum(m, s_new)
+        alpha = tl.exp(m - m_new)
+        p_new = tl.exp(s_new - m_new)
+        l = l * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        out = acc / l[:, None]
+        h = kvh * GROUP + g
+        tl.store(O + b * stride_ob + h[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None])
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _rope_paged_decode_kernel = triton.autotune(
+            configs=[triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 4), (64, 4), (128, 4), (64, 8), (128, 8))],
+            key=["D", "GROUP_PAD", "BLOCK_SIZE"],
+        )(_rope_paged_decode_kernel)
+
+    @triton.jit
     def _rope_store_kernel(
         Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, CK, CV,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
@@ -200,6 +270,30 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
         BLOCK_SIZE=cache_k.shape[1], **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
+    )  # fmt: skip
+    return out
+
+
+def fused_decode_supported(head_dim: int) -> bool:
+    """rope_paged_decode needs a power-of-two head_dim of at least 16 (tl.dot, no padding)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+def rope_paged_decode(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, block_tables,
+                      context_lens) -> torch.Tensor:  # fmt: skip
+    """rope_and_store + paged_decode in one kernel: q (B, H, D), k/v (B, Hkv, D) of the new token
+    (views with unit last stride), positions/slots (B,), context_lens (B,) = cached tokens + 1
+    -> attention output (B, H, D); the rotated k and v land in the cache slots."""
+    B, H, D = q.shape
+    n_kv = cache_k.shape[2]
+    group = H // n_kv
+    out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
+    _rope_paged_decode_kernel[(B, n_kv)](
+        q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, out, block_tables, context_lens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), out.stride(0), out.stride(1),
+        D ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1],
+        **PAGED_DEFAULTS, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     return out
 

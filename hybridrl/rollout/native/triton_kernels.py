@@ -77,7 +77,7 @@ if triton is not None:
     def _rope_paged_decode_kernel(
         Q, KN, VN, COS, SIN, POS, SLOTS, K, V, O, TABLES, LENS,
         stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
-        stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh, scale,
+        stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh, scale, rows_bucket,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
@@ -140,7 +140,9 @@ if triton is not None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         _rope_paged_decode_kernel = triton.autotune(
             configs=[triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 4), (64, 4), (128, 4), (64, 8), (128, 8))],
-            key=["D", "GROUP_PAD", "BLOCK_SIZE"],
+            # rows_bucket: tuned per batch-size band. Tuned once at 64 rows and reused at 256, the
+            # pick was sometimes 9% slower there (2.03 vs 1.86 ms per Qwen2.5-0.5B step, BENCHMARKS.md).
+            key=["D", "GROUP_PAD", "BLOCK_SIZE", "rows_bucket"],
         )(_rope_paged_decode_kernel)
 
     @triton.jit
@@ -275,8 +277,11 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
 
 
 def fused_decode_supported(head_dim: int) -> bool:
-    """rope_paged_decode needs a power-of-two head_dim of at least 16 (tl.dot, no padding)."""
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    """Whether the engine uses rope_paged_decode: it needs a power-of-two head_dim of at least 16
+    (tl.dot, no padding), and it is used up to head_dim 64 only. Measured on an H200 (BENCHMARKS.md):
+    Qwen2.5-0.5B (head_dim 64) decodes 2% faster with it at 256 rows, Qwen2.5-1.5B (head_dim 128)
+    9% slower (its q, k and fp32 accumulator per program cost occupancy)."""
+    return 16 <= head_dim <= 64 and head_dim & (head_dim - 1) == 0
 
 
 def rope_paged_decode(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, block_tables,
@@ -292,7 +297,8 @@ def rope_paged_decode(q, k, v, cos_table, sin_table, positions, slots, cache_k, 
         q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, out, block_tables, context_lens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), out.stride(0), out.stride(1),
-        D ** -0.5, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1],
+        D ** -0.5, (triton.next_power_of_2(B).bit_length() - 1) // 2,  # rows 1-2, 4-8, 16-32, 64-128, 256-512, ...
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1],
         **PAGED_DEFAULTS, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     return out

@@ -208,10 +208,11 @@ if triton is not None:
         offs = c * CHUNK + tl.arange(0, CHUNK)
         ok = offs < V
         x = tl.load(LOGITS + row.to(tl.int64) * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-        m = tl.max(x, 0)
-        if GREEDY:
-            zmax, i = tl.max(x, 0, return_indices=True)
+        if GREEDY:  # z = x: one reduction gives the max and the token
+            m, i = tl.max(x, 0, return_indices=True)
+            zmax = m
         else:
+            m = tl.max(x, 0)
             seed = tl.load(SEEDS + row).to(tl.uint32)  # int64 -> low 32 bits
             pos = (tl.load(POS + row) + pos_offset).to(tl.uint32)
             key = _mix32(_mix32(seed) ^ pos)

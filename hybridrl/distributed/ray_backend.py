@@ -26,7 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.distributed.dispatch import collect_outputs, dispatch_mode, split_inputs
-from hybridrl.distributed.groups import BackendError, WorkerDiedError
+from hybridrl.distributed.errors import BackendError, WorkerDiedError
 from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
 
 PG_TIMEOUT_S = 120

@@ -46,7 +46,8 @@ def test_tp_is_recorded_and_the_rollout_runs_as_dp_replicas_until_tp_exists():
 def test_impossible_layouts_name_a_value_that_works(world, fsdp_size, sp, tp, which, fix):
     name, _, value = layout_problem(world, fsdp_size, sp, tp)
     assert (name, value) == (which, fix)
-    assert layout_problem(world, *{"fsdp_size": (fix, sp, tp), "sp": (fsdp_size, fix, tp), "tp": (fsdp_size, sp, fix)}[which]) is None
+    fixed = {"fsdp_size": (fix, sp, tp), "sp": (fsdp_size, fix, tp), "tp": (fsdp_size, sp, fix)}[which]
+    assert layout_problem(world, *fixed) is None
     with pytest.raises(ValueError, match=f"use e.g. {which}={fix}"):
         build_layout(world, fsdp_size, sp, tp)
     with pytest.raises(ValueError, match="!= world"):

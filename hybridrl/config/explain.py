@@ -100,6 +100,7 @@ def _offline_text(cfg: Config, p: BatchPlan) -> str:
     lines = [
         f"Batch plan for algorithm.name={name} (data-parallel size {p.dp} = {p.nnodes} node(s) x "
         f"{p.devices_per_node} device(s))",
+        *([f"layout: {p.actor.layout.describe()}"] if p.actor.layout.world > 1 else []),
         _row(f"{rows} per step", "data.train_batch_size", p.prompts_per_step, "= 1 optimizer step per step"),
         _row("...per device", f"{p.prompts_per_step} / dp {p.dp}", r.per_device_mini_batch, rows),
         _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "

@@ -87,3 +87,11 @@ def test_a_split_critic_is_laid_out_on_its_own_ranks():
     cfg = load("algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=4", f"{FSDP_SIZE}=2",
                "critic.model.fsdp_config.fsdp_size=3")  # fmt: skip
     assert plan_batches(cfg).critic.layout == plan_batches(cfg).actor.layout
+
+
+def test_explain_shows_the_layout_for_offline_algorithms_too():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs/dpo.yaml", ["trainer.n_gpus_per_node=2", f"{FSDP_SIZE}=1"])
+    assert "layout: training 2 x 1 x sp 1 = 2 rank(s), dp 2, 2 full replicas (no sharding)" in explain_text(cfg)

@@ -112,6 +112,21 @@ class FSDPConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """Which policy objective the actor minimises, and the parameters of some of them (docs/algorithms.md)."""
+
+    loss_mode: str = option(
+        "vanilla", "Policy loss, by its registered name: vanilla (PPO clip), gspo, cispo, gpg, clip_cov, kl_cov, "
+        "geo_mean, or one you register with hybridrl.algorithms.register_policy_loss (see `extensions`)."
+    )
+    clip_cov_ratio: float = option(0.0002, "clip_cov: at most this share of the tokens is detached.")
+    clip_cov_lb: float = option(1.0, "clip_cov: lower bound of the covariance of a token that may be detached.")
+    clip_cov_ub: float = option(5.0, "clip_cov: upper bound of the covariance of a token that may be detached.")
+    kl_cov_ratio: float = option(0.0002, "kl_cov: share of the tokens (largest covariance) that get the KL penalty.")
+    ppo_kl_coef: float = option(0.1, "kl_cov: weight of the |logp - logp_old| penalty on those tokens.")
+
+
+@dataclass
 class ActorConfig:
     """The policy update: PPO-style clipped loss, optional KL loss and entropy bonus."""
 
@@ -128,6 +143,7 @@ class ActorConfig:
     clip_ratio_high: float | None = option(None, "Upper clip range (1 + high); null = clip_ratio. DAPO raises it.")
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages; must be > 1.")
     loss_agg_mode: str = option("token-mean", "How per-token losses are averaged into one number.")
+    policy_loss: PolicyLossConfig = option(PolicyLossConfig, "The policy objective (loss_mode) and its parameters.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus (0 = off).")
     use_kl_loss: bool = option(False, "Add a KL(policy || reference) term to the actor loss (GRPO-style).")
     kl_loss_coef: float = option(0.001, "Weight of the KL loss term.")

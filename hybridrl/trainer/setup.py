@@ -255,7 +255,8 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     records = load_prompt_records(
         cfg.data.train_files, tokenizer,
         prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
+        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
+        filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt,
     )  # fmt: skip
     _check_reward_kwargs(cfg, custom_reward, records)
     val_records = []
@@ -264,7 +265,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
             cfg.data.val_files, tokenizer,
             prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
             max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
-            require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
+            filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
         )  # fmt: skip
     loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
     return loader, val_records

@@ -172,7 +172,10 @@ def importance_weights(
     raw = torch.exp(level_log_ratio.clamp(-_BOUND, _BOUND)) * mask  # (B, T)
     valid = mask > 0
     # fractions over tokens (token level) or over sequences (sequence level)
-    units = (level_log_ratio, mask) if rollout_is == "token" else (level_log_ratio[:, :1], (mask.sum(-1, keepdim=True) > 0).to(mask.dtype))
+    if rollout_is == "token":
+        units = (level_log_ratio, mask)
+    else:
+        units = (level_log_ratio[:, :1], (mask.sum(-1, keepdim=True) > 0).to(mask.dtype))
     metrics = {
         "rollout_is_mean": masked_mean(raw, mask).item(),
         "rollout_is_max": raw.masked_fill(~valid, -torch.inf).max().item(),

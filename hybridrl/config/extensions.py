@@ -51,7 +51,9 @@ def load_extensions(entries: Iterable[str]) -> None:
         try:
             importlib.import_module(entry)
         except ImportError as e:
-            raise ValueError(f"extensions: cannot import module {entry!r} ({e}); give a module name on sys.path or a .py file") from None
+            raise ValueError(
+                f"extensions: cannot import module {entry!r} ({e}); give a module name on sys.path or a .py file"
+            ) from None
 
 
 def _import_file(path: str) -> None:
@@ -110,7 +112,8 @@ def _reward_problems(cfg: Any, r: Any, problem) -> list:
     if rm.reward_manager not in REWARD_MANAGERS:
         out.append(problem(
             f"reward_model.reward_manager={rm.reward_manager} is not one of {', '.join(REWARD_MANAGERS)}; "
-            "use e.g. reward_model.reward_manager=naive", ("reward_model.reward_manager",), {"reward_model.reward_manager": "naive"}))
+            "use e.g. reward_model.reward_manager=naive",
+            ("reward_model.reward_manager",), {"reward_model.reward_manager": "naive"}))
     if rm.reward_manager == "batch" and not r.custom_reward_function.path:
         out.append(problem(
             "reward_model.reward_manager=batch calls custom_reward_function once with lists for the whole batch; set "

@@ -50,7 +50,7 @@ def test_sequence_level_weights_are_the_product_over_the_sequence_and_can_be_bat
         ("token_k1", 2.0, [[0, 0, 1], [0, 1, 0]]),  # one number u means [1/u, u]
         # k2 = lr^2 / 2: (ln 3)^2/2 = 0.60, (ln 4)^2/2 = 0.96, (ln 2.5)^2/2 = 0.42
         ("token_k2", 0.5, [[0, 0, 1], [1, 1, 0]]),
-        # seq_mean_k1: geometric mean of the ratio pi_rollout/pi_old per sequence: (1/3 * 4 * 1)^(1/3) = 1.10, (1/2.5)^(1/2) = 0.63
+        # seq_mean_k1: geometric mean of pi_rollout/pi_old per sequence: (1/3 * 4 * 1)^(1/3) = 1.10, (1/2.5)^(1/2) = 0.63
         ("seq_mean_k1", "0.8_2", [[1, 1, 1], [0, 0, 0]]),
         # seq_max_k2 <= 0.7: row 0's max is 0.96 -> dropped; row 1's is 0.42 -> kept
         ("seq_max_k2", 0.7, [[0, 0, 0], [1, 1, 0]]),

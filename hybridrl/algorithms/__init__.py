@@ -3,7 +3,11 @@
 from hybridrl.algorithms.advantages import (
     ADV_ESTIMATORS,
     compute_gae_advantages,
+    compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
+    compute_opo_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_remax_advantages,
     compute_rloo_advantages,
@@ -26,9 +30,17 @@ from hybridrl.algorithms.losses import (
     compute_policy_loss,
     compute_value_loss,
 )
+from hybridrl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
 from hybridrl.algorithms.preference import DPO_LOSS_TYPES, dpo_loss, kto_kl_estimate, kto_loss, sft_loss
 
 __all__ = [
+    "POLICY_LOSSES",
+    "compute_gpg_advantages",
+    "compute_grpo_passk_advantages",
+    "compute_opo_advantages",
+    "compute_reinforce_plus_plus_baseline_advantages",
+    "get_policy_loss",
+    "register_policy_loss",
     "DPO_LOSS_TYPES",
     "dpo_loss",
     "kto_kl_estimate",

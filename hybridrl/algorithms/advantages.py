@@ -243,3 +243,139 @@ def compute_remax_advantages(
     returns = rewards.flip(-1).cumsum(-1).flip(-1) * mask  # (B, T)
     advantages = (returns - reward_baselines[:, None]) * mask
     return advantages, returns
+
+
+def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index) -> tuple:
+    """(mask (B, T), per-sequence score s (B,), dense group ids (B,)) for the outcome estimators."""
+    mask = response_mask.to(token_level_rewards.dtype)
+    scores = (token_level_rewards * mask).sum(dim=-1)  # (B,)
+    return mask, scores, _group_ids(index, scores.shape[0], scores.device)
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantages(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | None = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline (Hu 2025, arXiv 2501.03262, "REINFORCE++-baseline").
+
+        A_i = s_i - mean_g(s)   (a group of one: baseline 0),  broadcast over the tokens,
+        then whitened over all response tokens of the batch.
+
+    returns = advantages.
+    """
+    mask, scores, group = _outcome_scores(token_level_rewards, response_mask, index)
+    size, total, _ = _group_stats(scores, group)
+    baseline = torch.where(size > 1, total / size, torch.zeros_like(total))
+    advantages = (scores - baseline)[:, None] * mask  # (B, T)
+    advantages = masked_whiten(advantages, mask) * mask
+    return advantages, advantages
+
+
+@register_adv_estimator("opo")
+@torch.no_grad()
+def compute_opo_advantages(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | None = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv 2505.23585).
+
+        b_g = sum_g(|y_j| s_j) / sum_g(|y_j|)   (length-weighted group mean; a group of one: 0)
+        A_i = s_i - b_g
+
+    |y_j| is the response length in tokens. Broadcast over the tokens; returns = advantages.
+    """
+    mask, scores, group = _outcome_scores(token_level_rewards, response_mask, index)
+    lengths = mask.sum(dim=-1)  # (B,)
+    zeros = scores.new_zeros(int(group.max()) + 1)
+    size = zeros.index_add(0, group, torch.ones_like(scores))[group]  # (B,)
+    weighted = zeros.index_add(0, group, lengths * scores)[group]
+    total_len = zeros.index_add(0, group, lengths)[group]
+    baseline = torch.where(size > 1, weighted / total_len.clamp_min(1), torch.zeros_like(scores))
+    advantages = (scores - baseline)[:, None] * mask  # (B, T)
+    return advantages, advantages
+
+
+@register_adv_estimator("gpg")
+@torch.no_grad()
+def compute_gpg_advantages(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | None = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG, group policy gradient (Chu et al. 2025, arXiv 2504.02546).
+
+        alpha = B / #{i : s_i != 0}   (at least one in the denominator)
+        A_i   = alpha * (s_i - mean_g(s))   (a group of one: mean 0)
+
+    No division by the group's std. alpha scales the gradient up when few samples earn a
+    reward, so that groups with no signal do not dilute the batch. Pair it with
+    actor.policy_loss.loss_mode=gpg. Broadcast over the tokens; returns = advantages.
+    """
+    mask, scores, group = _outcome_scores(token_level_rewards, response_mask, index)
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp_min(1)
+    size, total, _ = _group_stats(scores, group)
+    mean = torch.where(size > 1, total / size, torch.zeros_like(total))
+    advantages = (alpha * (scores - mean))[:, None] * mask  # (B, T)
+    return advantages, advantages
+
+
+@register_adv_estimator("grpo_passk")
+@torch.no_grad()
+def compute_grpo_passk_advantages(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | None = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k training (Chen et al. 2025, arXiv 2503.19595): only each group's best sample learns.
+
+        A_best = (s_max - s_second) / (std_g(s) + epsilon)   (no division without norm_adv_by_std_in_grpo)
+        A_i    = 0 for every other sample
+
+    The best is the first sample with the group's top score; std is unbiased. Every group needs
+    at least two samples (rollout.n >= 2). Broadcast over the tokens; returns = advantages.
+    """
+    mask, scores, group = _outcome_scores(token_level_rewards, response_mask, index)
+    adv = torch.zeros_like(scores)  # (B,)
+    for g in range(int(group.max()) + 1):
+        rows = (group == g).nonzero().squeeze(-1)  # (k,) in batch order
+        if len(rows) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 samples per prompt; a group has {len(rows)} (set rollout.n >= 2)")
+        s = scores[rows]
+        top2 = torch.topk(s, 2).values
+        best = rows[torch.argmax(s)]  # the first of the maxima
+        gap = top2[0] - top2[1]
+        adv[best] = gap / (s.std() + epsilon) if norm_adv_by_std_in_grpo else gap
+    advantages = adv[:, None] * mask  # (B, T)
+    return advantages, advantages

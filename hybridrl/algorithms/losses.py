@@ -72,6 +72,7 @@ def compute_policy_loss(
     loss_agg_mode: str = "token-mean",
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """PPO clipped surrogate (Schulman et al. 2017) with asymmetric clip and dual-clip.
 
@@ -86,6 +87,8 @@ def compute_policy_loss(
     Returns pg_loss (differentiable scalar) and the detached 0-dim metrics pg_clipfrac (share
     of tokens where the clipped term is the larger), pg_clipfrac_lower (share where dual-clip
     binds) and ppo_kl (masked mean of logp_old - logp, on the clamped difference).
+    `rollout_is_weights` (B, T), when given, multiplies the per-token losses before they are
+    reduced (train/rollout mismatch correction, `algorithms/rollout_correction.py`).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip, got {clip_ratio_c}")
@@ -98,6 +101,8 @@ def compute_policy_loss(
     loss_dual = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)  # (B, T)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
 
     counts = {"global_tokens": global_tokens, "global_seqs": global_seqs}
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **counts)

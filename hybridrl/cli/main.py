@@ -18,6 +18,7 @@ def cmd_train(args) -> int:
         print(e, file=sys.stderr)
         return 2
     from hybridrl.distributed.groups import WorkerDiedError
+    from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts
 
@@ -32,7 +33,7 @@ def cmd_train(args) -> int:
     except ConfigError as e:  # found once the data is loaded (e.g. reward_kwargs vs the data's scorers)
         print(e, file=sys.stderr)
         return 2
-    except (NonFiniteError, WorkerDiedError) as e:
+    except (NonFiniteError, WorkerDiedError, DynamicSamplingError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0

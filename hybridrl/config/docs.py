@@ -6,7 +6,7 @@
 import dataclasses
 
 from .schema import Config, show, type_name, walk
-from .validate import CHOICES
+from .validate import all_choices
 
 _INTRO = """\
 # Configuration reference
@@ -30,6 +30,7 @@ A run is configured by one YAML file plus `key=value` overrides, for example
 def render_reference() -> str:
     """Markdown: one section per component, one table row per key."""
     out = [_INTRO]
+    choices = all_choices()
     sections = [("", Config())] + [(e.path, e.value) for e in walk(Config()) if e.is_section]
     for path, obj in sections:
         out.append(f"## `{path}`" if path else "## Top level")
@@ -42,8 +43,8 @@ def render_reference() -> str:
             if e.path.count(".") != (path.count(".") + 1 if path else 0):
                 continue  # deeper keys get their own section
             doc = e.doc
-            if e.path in CHOICES:
-                doc += " One of: " + ", ".join(f"`{c}`" for c in CHOICES[e.path]) + "."
+            if e.path in choices:
+                doc += " One of: " + ", ".join(f"`{c}`" for c in choices[e.path]) + "."
             default = "(section)" if e.is_section else f"`{show(e.value)}`"
             doc = doc.replace("|", "\\|")  # a bare pipe would end the table cell
             out.append(f"| `{e.path}` | {_cell(type_name(e.type))} | {default} | {doc} |")

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from .schema import Config, ConfigError, resolve, type_name, walk
+from .extensions import load_extensions
 from .validate import find_problems
 
 
@@ -98,6 +99,11 @@ def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], 
     cfg = Config()
     bad: set[str] = set()  # keys whose value was rejected; validation of them would mislead
     _fill(cfg, tree, "", errors, bad)
+    if readable and "extensions" not in bad:
+        try:
+            load_extensions(cfg.extensions)  # before the checks: they may register estimators and losses
+        except ValueError as e:
+            errors.append(str(e))
     if check and readable:
         for problem in find_problems(cfg):
             if not any(k == b or k.startswith(b + ".") for k in problem.keys for b in bad):

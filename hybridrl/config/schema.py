@@ -48,7 +48,17 @@ class DataConfig:
     train_batch_size: int = option(256, "Prompts per training step (before `rollout.n` samples each).")
     val_batch_size: int | None = option(None, "Prompts per validation batch; null = the whole validation set at once.")
     val_max_samples: int | None = option(None, "Use only the first N validation rows; null = all of them.")
-    truncation: str = option("error", "A prompt over max_prompt_length: raise, or cut tokens from the left or right.")
+    truncation: str = option(
+        "error", "A prompt over max_prompt_length: raise, or cut tokens from the left, the right or the middle "
+        "(keeping the first and last max_prompt_length / 2 tokens)."
+    )
+    filter_overlong_prompts: bool = option(
+        False, "Drop prompts longer than max_prompt_length when the data is loaded (the count is printed) instead of "
+        "applying `truncation`."
+    )
+    gen_batch_size: int | None = option(
+        None, "Prompts generated per round with algorithm.filter_groups (DAPO dynamic sampling); null = train_batch_size."
+    )
     shuffle: bool = option(True, "Shuffle the training prompts every epoch.")
 
 
@@ -117,6 +127,21 @@ class FSDPConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """Which policy objective the actor minimises, and the parameters of some of them (docs/algorithms.md)."""
+
+    loss_mode: str = option(
+        "vanilla", "Policy loss by its registered name (docs/algorithms.md); vanilla = PPO's clipped surrogate. Your "
+        "own: hybridrl.algorithms.register_policy_loss in a file listed in `extensions`."
+    )
+    clip_cov_ratio: float = option(0.0002, "clip_cov: at most this share of the tokens is detached.")
+    clip_cov_lb: float = option(1.0, "clip_cov: lower bound of the covariance of a token that may be detached.")
+    clip_cov_ub: float = option(5.0, "clip_cov: upper bound of the covariance of a token that may be detached.")
+    kl_cov_ratio: float = option(0.0002, "kl_cov: share of the tokens (largest covariance) that get the KL penalty.")
+    ppo_kl_coef: float = option(0.1, "kl_cov: weight of the |logp - logp_old| penalty on those tokens.")
+
+
+@dataclass
 class ActorConfig:
     """The policy update: PPO-style clipped loss, optional KL loss and entropy bonus."""
 
@@ -133,6 +158,7 @@ class ActorConfig:
     clip_ratio_high: float | None = option(None, "Upper clip range (1 + high); null = clip_ratio. DAPO raises it.")
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages; must be > 1.")
     loss_agg_mode: str = option("token-mean", "How per-token losses are averaged into one number.")
+    policy_loss: PolicyLossConfig = option(PolicyLossConfig, "The policy objective (loss_mode) and its parameters.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus (0 = off).")
     use_kl_loss: bool = option(False, "Add a KL(policy || reference) term to the actor loss (GRPO-style).")
     kl_loss_coef: float = option(0.001, "Weight of the KL loss term.")
@@ -275,6 +301,30 @@ class CustomRewardConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft penalty on responses that run into the last `len` tokens of max_response_length."""
+
+    enable: bool = option(False, "Penalise overlong responses.")
+    len: int = option(0, "Length of the buffer at the end of data.max_response_length, in tokens.")
+    penalty_factor: float = option(
+        1.0, "Penalty of a response that reaches max_response_length; it grows linearly from 0 at the buffer's start."
+    )
+    log: bool = option(False, "Also log the penalty as reward/overlong_reward/mean and reward/overlong/mean.")
+
+
+@dataclass
+class RewardModelConfig:
+    """How rule-based rewards are computed from the scorers (verl's reward managers)."""
+
+    reward_manager: str = option(
+        "naive", "naive: one scorer call per response; dapo: as naive, the EOS text stripped from the response, plus "
+        "the overlong penalty; batch: one call of the custom function with lists for the whole batch; prime: one call "
+        "per response in parallel processes (docs/algorithms.md)."
+    )
+    overlong_buffer: OverlongBufferConfig = option(OverlongBufferConfig, "DAPO overlong reward shaping.")
+
+
+@dataclass
 class KLCtrlConfig:
     """Controller of the KL penalty coefficient in the reward."""
 
@@ -285,16 +335,61 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: train only on prompts whose samples disagree (docs/algorithms.md)."""
+
+    enable: bool = option(False, "Drop every prompt whose rollout.n samples all have the same `metric`, and generate "
+                          "more prompts (data.gen_batch_size at a time) until data.train_batch_size prompts remain.")
+    metric: str | None = option(
+        None, "What must vary within a prompt's samples: acc (or score: the scorer's score), seq_reward (the sum of the "
+        "token rewards), seq_final_reward, or another numeric key the reward function returns; null = acc."
+    )
+    max_num_gen_batches: int = option(
+        0, "Give up with an error after this many generation rounds in one step; <= 0 = no limit."
+    )
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Correction of the mismatch between the rollout engine's and the trainer's log-probs (verl's keys)."""
+
+    rollout_is: str | None = option(
+        None, "Truncated importance-sampling weights pi_old / pi_rollout per token or per sequence; null = off."
+    )
+    rollout_is_threshold: float = option(2.0, "Upper bound of the importance weights (truncation).")
+    rollout_is_batch_normalize: bool = option(False, "Scale the weights so that they average 1 over the batch.")
+    rollout_rs: str | None = option(
+        None, "Rejection: comma-separated criteria that every token / sequence must pass to stay in the loss, e.g. "
+        "token_k1, seq_mean_k1 (geometric mean ratio), seq_max_k2 (docs/algorithms.md); null = off."
+    )
+    rollout_rs_threshold: str | float | None = option(
+        None, "Bounds of the rollout_rs criteria, one per criterion (comma-separated) or one for all: lower_upper or "
+        "one number u = [1/u, u] for k1 criteria, an upper bound for k2/k3."
+    )
+    bypass_mode: bool = option(
+        False, "Use the engine's log-probs as the old log-probs instead of recomputing them (no correction then)."
+    )
+    loss_type: str = option("ppo_clip", "Policy loss in bypass mode: ppo_clip (the configured policy loss).")
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and the KL penalty in the reward."""
 
-    adv_estimator: str = option("gae", "Advantage estimator; gae trains a critic, the others do not.")
+    adv_estimator: str = option(
+        "gae", "Advantage estimator by its registered name (docs/algorithms.md); gae trains a critic, the others do not. "
+        "Your own: hybridrl.algorithms.register_adv_estimator in a file listed in `extensions`."
+    )
     gamma: float = option(1.0, "Discount factor.")
     lam: float = option(1.0, "GAE lambda.")
     norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide advantages by the group's standard deviation.")
     use_kl_in_reward: bool = option(False, "Subtract a KL(policy || reference) penalty from the reward.")
     kl_penalty: str = option("kl", "KL estimator for the in-reward penalty.")
     kl_ctrl: KLCtrlConfig = option(KLCtrlConfig, "KL coefficient controller.")
+    filter_groups: FilterGroupsConfig = option(FilterGroupsConfig, "DAPO dynamic sampling.")
+    rollout_correction: RolloutCorrectionConfig = option(
+        RolloutCorrectionConfig, "Train/rollout mismatch correction; its metrics (rollout_corr/...) are always logged."
+    )
     name: str = option(
         "rl", "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
         "optimization (see `preference`); sft = supervised fine-tuning on the responses."
@@ -334,6 +429,9 @@ class TrainerConfig:
     )
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
+    )
+    critic_warmup: int = option(
+        0, "Train only the critic until this step: the actor first updates at step max(1, critic_warmup), as in verl."
     )
     profile_steps: list[int] = option(
         [], "Steps to profile with torch.profiler in every worker process: a Chrome/Perfetto trace and a table of "
@@ -399,12 +497,18 @@ class Config:
     actor_rollout_ref: ActorRolloutRefConfig = option(ActorRolloutRefConfig, "Policy: actor, rollout, reference.")
     critic: CriticConfig = option(CriticConfig, "Value function (PPO with GAE).")
     custom_reward_function: CustomRewardConfig = option(CustomRewardConfig, "Reward function of your own.")
+    reward_model: RewardModelConfig = option(RewardModelConfig, "Reward manager and DAPO overlong shaping.")
     algorithm: AlgorithmConfig = option(AlgorithmConfig, "Advantages and KL penalty.")
     trainer: TrainerConfig = option(TrainerConfig, "Run length, devices, logging, checkpoints.")
     warmup: WarmupConfig = option(WarmupConfig, "Supervised warm-up before RL.")
     preference: PreferenceConfig = option(PreferenceConfig, "DPO / KTO loss (algorithm.name=dpo|kto).")
     resource_pool: ResourcePoolConfig = option(ResourcePoolConfig, "Devices of each role: colocated or split.")
     ray_init: RayInitConfig = option(RayInitConfig, "Joining or starting a Ray cluster.")
+    extensions: list[str] = option(
+        [], "Python files (path/to/file.py) or module names imported when the config is loaded, before it is checked, "
+        "and in every worker process: register your own advantage estimators and policy losses there, then select them "
+        "by name (docs/algorithms.md)."
+    )
 
     @property
     def critic_enabled(self) -> bool:
@@ -439,6 +543,11 @@ def resolve(cfg: Config) -> Config:
             part.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
         if part.log_prob_max_token_len_per_gpu is None:
             part.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    kwargs = cfg.custom_reward_function.reward_kwargs
+    if isinstance(kwargs.get("overlong_buffer_cfg"), dict):  # the DAPO recipe's form configures the manager
+        for name, value in kwargs.pop("overlong_buffer_cfg").items():
+            setattr(cfg.reward_model.overlong_buffer, name, value)
+    kwargs.pop("max_resp_len", None)  # DAPO recipe: always data.max_response_length (checked in validation)
     if cfg.trainer.default_local_dir is None:
         cfg.trainer.default_local_dir = f"runs/{cfg.trainer.project_name}/{cfg.trainer.experiment_name}"
     return cfg

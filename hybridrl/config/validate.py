@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Callable
 
+from .extensions import algorithm_problems, registered_choices
 from .layout import ParallelLayout, build_layout, layout_problem
 from .schema import Config, ConfigError, resolve, show, walk
 
-# Names the algorithms package registers; kept here as plain tuples so config has no
-# dependency on it (ARCHITECTURE.md: config imports nothing from hybridrl).
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "remax")
+# algorithm.adv_estimator and actor.policy_loss.loss_mode take the names registered in
+# hybridrl.algorithms (built-in or from `extensions`): see extensions.py and `all_choices`.
 GROUP_ESTIMATORS = ("grpo", "rloo")  # baselines from the other responses to the same prompt
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_CTRL_TYPES = ("fixed", "adaptive")
-TRUNCATIONS = ("error", "left", "right")
+TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -42,7 +42,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ROLLOUT_NAMES,
     "critic.optim.lr_scheduler_type": LR_SCHEDULERS,
     "critic.loss_agg_mode": LOSS_AGG_MODES,
-    "algorithm.adv_estimator": ADV_ESTIMATORS,
     "algorithm.kl_penalty": KL_ESTIMATORS,
     "algorithm.kl_ctrl.type": KL_CTRL_TYPES,
     "trainer.device": DEVICES,
@@ -52,6 +51,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "preference.loss_type": DPO_LOSS_TYPES,
     "actor_rollout_ref.model.packed_attn_backend": PACKED_ATTN_BACKENDS,
 }
+
+
+
+def all_choices() -> dict[str, tuple[str, ...]]:
+    """CHOICES plus the keys whose values are names in a registry (what is registered now)."""
+    return {**CHOICES, **registered_choices()}
+
 
 _Rule = tuple[Callable[[Any], bool], str]
 _AT_LEAST_1: _Rule = (lambda v: v >= 1, "must be >= 1")
@@ -182,6 +188,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
+    problems += algorithm_problems(cfg, r, Problem)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
@@ -216,7 +223,7 @@ def _range_problems(cfg: Config) -> list[Problem]:
 
 def _choice_problems(cfg: Config) -> list[Problem]:
     out = []
-    for key, choices in CHOICES.items():
+    for key, choices in all_choices().items():
         if key.startswith("critic.") and not cfg.critic_enabled:
             continue
         value = _get(cfg, key)

@@ -8,6 +8,7 @@ with its file and index.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,9 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
 
-TRUNCATION_MODES = ("error", "left", "right")
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+logger = logging.getLogger("hybridrl.data")
 
 
 class DataError(ValueError):
@@ -73,12 +76,18 @@ def load_prompt_records(
     truncation: str = "error",
     require_ground_truth=lambda data_source: True,
     max_rows: int | None = None,
+    filter_overlong: bool = False,
 ) -> list[PromptRecord]:
-    """Read, check and tokenize every row of `files` (a path or list of paths)."""
+    """Read, check and tokenize every row of `files` (a path or list of paths).
+
+    A prompt over `max_prompt_length` tokens is dropped when `filter_overlong` (the count is
+    logged, as data.filter_overlong_prompts asks), else cut per `truncation`.
+    """
     if truncation not in TRUNCATION_MODES:
         raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
     files = [files] if isinstance(files, str) else list(files)
     records: list[PromptRecord] = []
+    dropped = 0
     for path in files:
         rows = read_rows(path)
         for i, row in enumerate(rows):
@@ -99,18 +108,49 @@ def load_prompt_records(
                 raise DataError(f"{where}: missing reward_model.ground_truth, which the {source!r} scorer needs")
             text = render_prompt(tokenizer, prompt)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length and filter_overlong:
+                dropped += 1
+                continue
             if len(ids) > max_prompt_length:
                 if truncation == "error":
                     raise DataError(
                         f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_prompt_length}; "
-                        f"raise it or set data.truncation=left|right"
+                        f"raise it, set data.truncation=left|right|middle, or drop such prompts with "
+                        f"data.filter_overlong_prompts=true"
                     )
-                ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
+                ids = truncate(ids, max_prompt_length, truncation)
             extra = row.get("extra_info") or {}
             records.append(PromptRecord(ids, text, source, ground_truth, dict(extra) if isinstance(extra, dict) else {}))
+    if dropped:
+        logger.warning(
+            "data: dropped %d prompt(s) longer than data.max_prompt_length=%d tokens from %s "
+            "(data.filter_overlong_prompts=true); %d remain", dropped, max_prompt_length, files, len(records)
+        )
     if not records:
+        if dropped:
+            raise DataError(
+                f"every prompt in {files} is longer than data.max_prompt_length={max_prompt_length} tokens and "
+                f"data.filter_overlong_prompts=true dropped them all; raise data.max_prompt_length"
+            )
         raise DataError(f"no rows in {files}")
     return records
+
+
+def truncate(ids: list[int], max_length: int, truncation: str) -> list[int]:
+    """Cut a token list to `max_length`: keep the last (left), first (right), or the first half and
+    the last half (middle: the first max_length // 2 and the last max_length - max_length // 2).
+
+    >>> truncate([1, 2, 3, 4, 5, 6, 7], 4, "middle")
+    [1, 2, 6, 7]
+    >>> truncate([1, 2, 3, 4, 5, 6, 7], 3, "middle")
+    [1, 6, 7]
+    """
+    if truncation == "left":
+        return ids[-max_length:]
+    if truncation == "right":
+        return ids[:max_length]
+    head = max_length // 2
+    return ids[:head] + ids[len(ids) - (max_length - head) :]
 
 
 def collate_prompts(records: list[PromptRecord], pad_token_id: int, uids: list[str]) -> Batch:

@@ -30,6 +30,7 @@ REF_LOG_PROBS = "ref_log_probs"  # (B, R) the frozen reference policy's log-prob
 ENTROPY = "entropy"  # (B, R) per-token entropy of the current policy
 VALUES = "values"  # (B, R) critic's value estimates
 REWARD_BASELINES = "reward_baselines"  # (B,) ReMax: score of the greedy response to the prompt
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"  # (B, R) truncated pi_old / pi_rollout weights (algorithm.rollout_correction)
 ADVANTAGES = "advantages"  # (B, R)
 RETURNS = "returns"  # (B, R)
 

@@ -20,8 +20,11 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
+from hybridrl.trainer.dynamic_sampling import RolloutSampler
 from hybridrl.trainer.metrics import compute_data_metrics
-from hybridrl.trainer.scoring import evaluate, last_token_scores, score
+from hybridrl.trainer.mismatch import correct_rollout_mismatch
+from hybridrl.trainer.mismatch import enabled as correction_enabled
+from hybridrl.trainer.scoring import evaluate, score
 from hybridrl.trainer.setup import RunContext, build_run
 
 
@@ -41,6 +44,7 @@ class PPOTrainer:
         self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length)
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
+        self.sampler = RolloutSampler(cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -78,20 +82,23 @@ class PPOTrainer:
         """One RL step on a batch of prompts; returns its metrics."""
         run, cfg, algo = self.run, self.cfg, self.cfg.algorithm
         timer, metrics = StageTimer(), {}
-        with timer("gen"):
-            batch = run.actor.generate(prompts, self.sampling)
-        metrics.update(batch.meta.pop(K.ROLLOUT_METRICS, {}))
-        with timer("reward"):
-            scores, reward_metrics = score(batch, run.compute_score)
-            batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])
-            if algo.adv_estimator == "remax":
+        # generate + score; with DAPO dynamic sampling, more rounds until enough prompts' samples differ
+        batch, prompts, rollout_metrics, reward_metrics = self.sampler.sample(prompts, timer)
+        metrics.update(rollout_metrics)
+        if algo.adv_estimator == "remax":
+            with timer("reward"):
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
         # Critic calls are submitted first: with split placement they run while the actor works.
         if run.critic is not None:
             with timer("values"):
                 values = run.critic.submit("compute_values", batch)
         with timer("old_log_prob"):
-            batch = run.actor.compute_log_prob(batch)
+            if algo.rollout_correction.bypass_mode:  # the engine's log-probs serve as the old ones
+                batch[K.OLD_LOG_PROBS] = batch[K.ROLLOUT_LOG_PROBS]
+            else:
+                batch = run.actor.compute_log_prob(batch)
+        if correction_enabled(algo.rollout_correction):
+            metrics.update(correct_rollout_mismatch(batch, algo.rollout_correction))
         if run.need_ref:
             with timer("ref"):
                 batch = run.actor.compute_ref_log_prob(batch)
@@ -103,15 +110,16 @@ class PPOTrainer:
         if run.critic is not None:
             with timer("update_critic"):
                 critic_update = run.critic.submit("update_critic", batch)
-        with timer("update_actor"):
-            metrics.update(run.actor.update_actor(batch))
+        if run.global_step >= cfg.trainer.critic_warmup:  # verl's test: the actor waits for a warmed-up critic
+            with timer("update_actor"):
+                metrics.update(run.actor.update_actor(batch))
         if run.critic is not None:
             with timer("update_critic"):
                 metrics.update(critic_update.get())
         metrics.update(reward_metrics)
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
         metrics.update(timer.metrics())
-        run.log_samples(batch, scores)
+        run.log_samples(batch, batch[K.TOKEN_LEVEL_SCORES].sum(-1))
         return metrics
 
     # -- stages that run on the controller -----------------------------------------------------

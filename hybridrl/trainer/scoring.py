@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.rewards import score_batch
+from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.registry import diagnostic_metrics
 from hybridrl.rollout import SamplingParams
 
@@ -23,10 +25,12 @@ def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
     return out * response_mask
 
 
-def score(batch: Batch, compute_score) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scores (B,) of the batch's responses and the reward metrics (errors, extra keys)."""
-    result = score_batch(
-        compute_score,
+def score(batch: Batch, compute_score, with_extras: bool = False):
+    """Scores (B,) of the batch's responses and the reward metrics (errors, extra keys); with
+    `with_extras`, also the reward function's other numeric keys, one list of values per key."""
+    # reward_model.reward_manager=batch|prime call the function their own way; naive and dapo: per sample
+    scorer = compute_score.score_batch if isinstance(compute_score, ManagedScorer) else partial(score_batch, compute_score)
+    result = scorer(
         list(batch[K.DATA_SOURCE]),
         list(batch[K.RESPONSE_TEXT]),
         list(batch[K.GROUND_TRUTH]),
@@ -36,7 +40,8 @@ def score(batch: Batch, compute_score) -> tuple[torch.Tensor, dict[str, float]]:
     for k, vals in result.extras.items():
         metrics[f"reward/{k}/mean"] = float(np.mean(vals))
     metrics.update(diagnostic_metrics(batch[K.DATA_SOURCE], batch[K.RESPONSE_TEXT], batch[K.GROUND_TRUTH]))
-    return torch.tensor(result.scores, dtype=torch.float32), metrics
+    scores = torch.tensor(result.scores, dtype=torch.float32)
+    return (scores, metrics, result.extras) if with_extras else (scores, metrics)
 
 
 def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batch_size: int, compute_score, pad_token_id: int):

@@ -25,6 +25,7 @@ from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
+from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.tracking.tracker import Tracker, append_samples
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.workers.actor import ActorRolloutRefWorker
@@ -149,7 +150,9 @@ def _reward_fn(cfg):
         fn, need_gt = custom, (lambda source: False)
     else:
         custom, fn, need_gt = None, default_compute_score, needs_ground_truth
-    return (functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn), need_gt, custom
+    fn = functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn
+    manager = cfg.reward_model.reward_manager
+    return (fn if manager == "naive" else ManagedScorer(manager, fn)), need_gt, custom
 
 
 def _check_reward_kwargs(cfg, custom, records) -> None:
@@ -255,7 +258,8 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     records = load_prompt_records(
         cfg.data.train_files, tokenizer,
         prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation, require_ground_truth=need_gt,
+        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
+        filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt,
     )  # fmt: skip
     _check_reward_kwargs(cfg, custom_reward, records)
     val_records = []
@@ -264,9 +268,12 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
             cfg.data.val_files, tokenizer,
             prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
             max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
-            require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
+            filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
         )  # fmt: skip
-    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    # DAPO dynamic sampling draws data.gen_batch_size prompts per generation round
+    prompts_per_batch = (cfg.data.gen_batch_size or cfg.data.train_batch_size) if cfg.algorithm.filter_groups.enable \
+        else cfg.data.train_batch_size
+    loader = PromptLoader(records, prompts_per_batch, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
     return loader, val_records
 
 

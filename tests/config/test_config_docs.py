@@ -22,7 +22,9 @@ def test_every_key_is_documented_once_and_listed():
         assert entry.doc, f"{entry.path} has no doc"
         assert f"| `{entry.path}` |" in text
     assert "`critic.optim.lr` | `float` | `1e-05`" in text  # the critic's own default, not OptimConfig's
-    assert "One of: `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `remax`." in text
+    assert "One of: `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `remax`, `reinforce_plus_plus_baseline`, `opo`, " \
+        "`gpg`, `grpo_passk`." in text  # from the registry
+    assert "One of: `vanilla`, `gspo`, `cispo`, `gpg`, `clip_cov`, `kl_cov`, `geo_mean`." in text
 
 
 def test_every_component_is_a_dataclass_with_a_docstring():

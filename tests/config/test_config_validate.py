@@ -163,7 +163,7 @@ BROKEN = [
     ([f"{A}.kl_loss_type=lowvar_kl"], f"use e.g. {A}.kl_loss_type=low_var_kl"),
     (["algorithm.kl_penalty=full"], "algorithm.kl_penalty=full is not one of kl, k1, abs, mse, k2, low_var_kl, k3"),
     (["algorithm.kl_ctrl.type=adaptiv"], "use e.g. algorithm.kl_ctrl.type=adaptive"),
-    (["data.truncation=middle"], "data.truncation=middle is not one of error, left, right"),
+    (["data.truncation=center"], "data.truncation=center is not one of error, left, right, middle"),
     (["trainer.resume_mode=resume"], "use e.g. trainer.resume_mode=auto"),
     (["trainer.device=gpu"], "trainer.device=gpu is not one of auto, cpu, cuda"),
     (["trainer.logger=[console, wandbb]"], "has 'wandbb', not among console"),

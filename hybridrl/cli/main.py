@@ -63,7 +63,7 @@ def _check_reward_file(cfg) -> None:
         return
     try:
         load_custom_reward_fn(c.path, c.name)
-    except Exception as e:  # user code: whatever it raises is the user's to fix
+    except (Exception, SystemExit) as e:  # user code: whatever it raises is the user's to fix
         line = _user_code_line(e, c.path)
         raise ConfigError([f"custom_reward_function.path={c.path!r}{line}: importing it raised {type(e).__name__}: "
                            f"{_first_line(e)}; fix the file (HYBRIDRL_DEBUG=1 shows the traceback)"]) from e

@@ -8,6 +8,7 @@ planned on one machine for another can skip them (`hybridrl explain --no-path-ch
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .schema import Config
@@ -45,6 +46,8 @@ def _files(key: str, value) -> list[str]:
         elif not Path(f).is_file():
             state = "is a directory" if Path(f).is_dir() else "does not exist"
             out.append(f"{key}: {f!r} {state}; check the path (relative paths start from {os.getcwd()})")
+        elif Path(f).stat().st_size == 0:
+            out.append(f"{key}: {f!r} is empty (0 bytes); give a file with at least one row")
     return out
 
 
@@ -64,14 +67,23 @@ def _python_file(key: str, path: str | None) -> list[str]:
 
 
 def _writable(key: str, path: Path) -> list[str]:
-    """The run directory, or its nearest existing parent, must be writable."""
+    """The run directory, or its nearest existing parent, must be a directory we can write in.
+
+    Probed by creating (and at once removing) a nameless temporary file: permission bits alone
+    say nothing for root, nor on a read-only mount.
+    """
     p = path
     while not p.exists() and p != p.parent:
         p = p.parent
-    if p.exists() and not (p.is_dir() and os.access(p, os.W_OK | os.X_OK)):
-        what = "is not a directory" if not p.is_dir() else "is not writable (read-only or not yours)"
-        return [f"{key}: {str(p)!r} {what}, so the run directory {str(path)!r} cannot be written; "
-                f"set {key} to a writable directory"]
+    if not p.is_dir():
+        return [f"{key}: {str(p)!r} is a file, so the run directory {str(path)!r} cannot be created; "
+                f"set {key} to a directory path"]
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        return [f"{key}: cannot write in {str(p)!r} ({e.strerror or e}), so the run directory {str(path)!r} cannot be "
+                f"written; set {key} to a writable directory"]
     return []
 
 

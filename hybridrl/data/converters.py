@@ -88,9 +88,10 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            if lineno == len(lines) and not text.endswith("\n") and e.pos >= len(line.rstrip()) - 1:
-                raise DataError(f"{name}:{lineno}: the last line is cut off ({e.msg}): the file was truncated, e.g. "
-                                "by an interrupted copy; re-create it or delete that line") from None
+            if lineno == len(lines) and not text.endswith("\n"):
+                raise DataError(f"{name}:{lineno}: the last line is cut off (invalid JSON: {e.msg}, and no newline at "
+                                "the end): the file looks truncated, e.g. by an interrupted copy; re-create it or "
+                                "delete that line") from None
             raise DataError(f"{name}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); "
                             "each line must be one JSON object") from None
     return rows

@@ -61,7 +61,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, what: str = "acto
     p = _check_dir(path, what, need="tokenizer")
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not any((p / f).exists() for f in tokenizer_files):
-        raise ModelLoadError(f"{what}={path!r} has no tokenizer ({', '.join(tokenizer_files)}); save the tokenizer there "
+        state = "it is empty" if not any(p.iterdir()) else ", ".join(tokenizer_files)
+        raise ModelLoadError(f"{what}={path!r} has no tokenizer ({state}); save the tokenizer there "
                              "(tokenizer.save_pretrained) or set actor_rollout_ref.model.tokenizer_path")
     try:
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)

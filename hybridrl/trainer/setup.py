@@ -172,8 +172,8 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
-    tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code,
-                               what=f"actor_rollout_ref.model.{'tokenizer_path' if m.tokenizer_path else 'path'}")
+    tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
+    tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm

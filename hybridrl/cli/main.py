@@ -323,7 +323,9 @@ def main(argv=None) -> int:
         _quiet_libraries()
     try:
         return args.fn(args)
-    except Exception as e:
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         message = user_error_message(e, getattr(args, "cfg", None), getattr(args, "config", None))
         if message is None or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise  # a bug (or debugging asked for): the full traceback

@@ -92,8 +92,9 @@ def load_preference_records(
 def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str) -> Record:
     if kind == "sft" and "messages" in row:
         if not isinstance(row["messages"], (list, np.ndarray)):
-            raise DataError(f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got "
-                            f"{type(row['messages']).__name__} {row['messages']!r:.60}; for plain text use 'prompt' and 'response'")
+            got = f"{type(row['messages']).__name__} {row['messages']!r:.60}"
+            raise DataError(f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got {got}; "
+                            "for plain text use 'prompt' and 'response'")
         messages = _check_prompt(row["messages"], f"{where}: 'messages'")
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
             raise DataError(f"{where}: 'messages' must end with an assistant message after at least one other "

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,17 +25,8 @@ import torch
 
 from hybridrl.cli.main import main
 
-GOOD = {"data_source": "arith", "prompt": [{"role": "user", "content": "1+2="}], "reward_model": {"ground_truth": "3"}}
-
-
-def jsonl(*rows) -> str:
-    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
-
-
-def good_then(*bad, n: int = 6) -> str:
-    """n good prompt rows, then the bad ones (so the bad row is row n, line n + 1)."""
-    return jsonl(*[GOOD] * n, *bad)
-
+sys.path.insert(0, str(Path(__file__).parent))
+from badinput_common import BASE_YAML, GOOD, assert_one_line_error, good_then, jsonl, run_in_process  # noqa: E402
 
 def row(**changes) -> dict:
     r = json.loads(json.dumps(GOOD))
@@ -56,36 +46,6 @@ _DROP = object()
 PAIR = {"prompt": "1+2=", "chosen": "3", "rejected": "4"}
 KTO = {"prompt": "1+2=", "completion": "3", "label": True}
 SFT = {"prompt": "1+2=", "response": "3"}
-BASE_YAML = """\
-data:
-  train_files: {train}
-  val_files: {test}
-  train_batch_size: 4
-  max_prompt_length: 8
-  max_response_length: 4
-actor_rollout_ref:
-  model:
-    path: {model}
-    random_init: true
-  actor:
-    ppo_mini_batch_size: 2
-    ppo_micro_batch_size_per_gpu: 2
-    optim:
-      lr: 1.0e-3
-  rollout:
-    name: hf
-    n: 2
-algorithm:
-  adv_estimator: grpo
-trainer:
-  device: cpu
-  total_training_steps: 2
-  default_local_dir: {precious}
-  resume_mode: auto
-  logger: [console, jsonl]
-"""
-
-
 @dataclass
 class Case:
     id: str
@@ -114,6 +74,7 @@ NONFINITE_KEYS = (
     "warmup.lr",
 )  # fmt: skip
 
+# fmt: off
 CASES = [
     # ---- the config file itself
     Case("cfg_missing", "raw", ("explain", "{d}/nope.yaml"), ("cannot read config file", "nope.yaml", "check the path")),
@@ -122,13 +83,15 @@ CASES = [
     Case("yaml_tab", "explain", yaml="data:\n\ttrain_batch_size: 4\n", expect=("not valid YAML", "c.yaml:2")),
     Case("yaml_list", "explain", yaml="- data\n- trainer\n", expect=("must hold a mapping of sections",)),
     Case("yaml_scalar", "explain", yaml="hello\n", expect=("must hold a mapping of sections",)),
-    Case("yaml_dup_section", "explain", yaml="data:\n  train_batch_size: 4\ntrainer:\n  device: cpu\ndata:\n  max_prompt_length: 8\n",
+    Case("yaml_dup_section", "explain",
+         yaml="data:\n  train_batch_size: 4\ntrainer:\n  device: cpu\ndata:\n  max_prompt_length: 8\n",
          expect=("c.yaml:5", "key 'data' appears twice (lines 1 and 5)", "merge them")),
     Case("yaml_dup_key", "explain", yaml="trainer:\n  device: cpu\n  device: cuda\n",
          expect=("c.yaml:3", "key 'device' appears twice")),
     Case("yaml_dup_deep", "explain", yaml="actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1\n      lr: 2\n",
          expect=("key 'lr' appears twice (lines 4 and 5)",)),
-    Case("yaml_latin1", "explain", yaml=b"trainer:\n  experiment_name: caf\xe9\n", expect=("c.yaml:2", "not valid UTF-8", "0xe9")),
+    Case("yaml_latin1", "explain", yaml=b"trainer:\n  experiment_name: caf\xe9\n", expect=("c.yaml:2", "not valid UTF-8",
+         "0xe9")),
     Case("yaml_utf16", "explain", yaml="data: {}\n".encode("utf-16"), expect=("c.yaml:1", "not valid UTF-8")),
     Case("yaml_binary", "explain", yaml=b"\x89PNG\r\n\x1a\n\x00\x00", expect=("not valid UTF-8",)),
     Case("yaml_nul", "explain", yaml="data:\x00 1\n", expect=("not valid YAML",)),
@@ -155,11 +118,14 @@ CASES = [
     Case("ov_int_float", "explain", ("data.train_batch_size=4.5",), ("data.train_batch_size: expected int",)),
     Case("ov_int_bool", "explain", ("data.train_batch_size=true",), ("data.train_batch_size: expected int",)),
     Case("ov_bool_str", "explain", ("data.shuffle=maybe",), ("data.shuffle: expected bool",)),
-    Case("ov_float_str", "explain", ("actor_rollout_ref.actor.optim.lr=fast",), ("actor_rollout_ref.actor.optim.lr: expected float",)),
+    Case("ov_float_str", "explain", ("actor_rollout_ref.actor.optim.lr=fast",),
+         ("actor_rollout_ref.actor.optim.lr: expected float",)),
     Case("ov_list_dict", "explain", ("trainer.logger={{a: 1}}",), ("trainer.logger: expected",)),
-    Case("ov_dict_list", "explain", ("custom_reward_function.reward_kwargs=[1]",), ("custom_reward_function.reward_kwargs: expected",)),
+    Case("ov_dict_list", "explain", ("custom_reward_function.reward_kwargs=[1]",),
+         ("custom_reward_function.reward_kwargs: expected",)),
     Case("ov_int_list", "explain", ("actor_rollout_ref.rollout.n=[2]",), ("actor_rollout_ref.rollout.n: expected int",)),
-    *[Case(f"nonfinite_{k.replace('actor_rollout_ref.', '').replace('.', '_')}_{name}", "explain", (f"{k}={v}",), (k, "must be a finite number"))
+    *[Case(f"nonfinite_{k.replace('actor_rollout_ref.', '').replace('.', '_')}_{name}", "explain", (f"{k}={v}",), (k,
+         "must be a finite number"))
       for k in NONFINITE_KEYS for name, v in (("inf", ".inf"), ("neginf", "-.inf"), ("nan", ".nan"))],
     Case("nonfinite_in_yaml", "explain", yaml=BASE_YAML.replace("lr: 1.0e-3", "lr: .inf"),
          expect=("actor_rollout_ref.actor.optim.lr", "finite")),
@@ -201,15 +167,19 @@ CASES = [
          ("actor_rollout_ref.model.tokenizer_path=", "does not exist")),
     Case("critic_model_missing", "explain", ("algorithm.adv_estimator=gae", "critic.model.path={d}/critic"),
          ("critic.model.path=", "does not exist")),
-    Case("train_missing", "explain", ("data.train_files={d}/train.jsonl",), ("data.train_files:", "train.jsonl", "does not exist")),
-    Case("train_is_dir", "explain", ("data.train_files={d}/x.jsonl",), ("data.train_files:", "is a directory"), files={"x.jsonl": None}),
+    Case("train_missing", "explain", ("data.train_files={d}/train.jsonl",), ("data.train_files:", "train.jsonl",
+         "does not exist")),
+    Case("train_is_dir", "explain", ("data.train_files={d}/x.jsonl",), ("data.train_files:", "is a directory"),
+         files={"x.jsonl": None}),
     Case("train_csv", "explain", ("data.train_files={d}/t.csv",), ("data.train_files:", "'.csv'", ".jsonl or .parquet"),
          files={"t.csv": "prompt,answer\n1+2=,3\n"}),
     Case("train_json", "explain", ("data.train_files={d}/t.json",), ("'.json'",), files={"t.json": "[]"}),
     Case("train_txt", "explain", ("data.train_files={d}/t.txt",), ("'.txt'",), files={"t.txt": "1+2="}),
     Case("train_no_suffix", "explain", ("data.train_files={d}/train",), ("'(none)'",), files={"train": "x"}),
-    Case("train_empty_jsonl", "explain", ("data.train_files={d}/e.jsonl",), ("e.jsonl", "is empty (0 bytes)"), files={"e.jsonl": ""}),
-    Case("train_empty_parquet", "explain", ("data.train_files={d}/e.parquet",), ("e.parquet", "is empty"), files={"e.parquet": b""}),
+    Case("train_empty_jsonl", "explain", ("data.train_files={d}/e.jsonl",), ("e.jsonl", "is empty (0 bytes)"),
+         files={"e.jsonl": ""}),
+    Case("train_empty_parquet", "explain", ("data.train_files={d}/e.parquet",), ("e.parquet", "is empty"),
+         files={"e.parquet": b""}),
     Case("train_list_one_missing", "explain", ("data.train_files=[{train},{d}/more.jsonl]",), ("more.jsonl", "does not exist")),
     Case("val_missing", "explain", ("data.val_files={d}/val.jsonl",), ("data.val_files:", "val.jsonl")),
     Case("val_csv", "explain", ("data.val_files={d}/v.csv",), ("data.val_files:", "'.csv'"), files={"v.csv": "a\n"}),
@@ -220,7 +190,8 @@ CASES = [
          files={"sft.csv": "a"}),
     Case("reward_missing", "explain", ("custom_reward_function.path={d}/reward.py",),
          ("custom_reward_function.path=", "does not exist")),
-    Case("reward_is_dir", "explain", ("custom_reward_function.path={d}/r",), ("custom_reward_function.path=",), files={"r": None}),
+    Case("reward_is_dir", "explain", ("custom_reward_function.path={d}/r",), ("custom_reward_function.path=",),
+         files={"r": None}),
     Case("reward_syntax", "explain", ("custom_reward_function.path={d}/reward.py",),
          ("custom_reward_function.path=", "line 2", "SyntaxError", "fix the file"),
          files={"reward.py": "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return (\n"}),
@@ -230,7 +201,8 @@ CASES = [
          files={"reward.py": b"x = 1\x00\n"}),
     Case("resume_path_missing", "explain", ("trainer.resume_mode=resume_path", "trainer.resume_from_path={d}/ckpt"),
          ("trainer.resume_from_path=", "does not exist")),
-    Case("run_dir_under_file", "explain", ("trainer.default_local_dir={train}/run",), ("trainer.default_local_dir:", "is a file")),
+    Case("run_dir_under_file", "explain", ("trainer.default_local_dir={train}/run",), ("trainer.default_local_dir:",
+         "is a file")),
     Case("run_dir_not_writable", "explain", ("trainer.default_local_dir=/proc/hybridrl_run",),
          ("trainer.default_local_dir:", "cannot write in", "writable directory")),
     Case("device_cuda", "explain", ("trainer.device=cuda",), ("trainer.device=cuda", "trainer.device=cpu")),
@@ -322,7 +294,8 @@ CASES = [
          files={"t.jsonl": good_then(row(reward_model=_DROP))}),
     Case("reward_model_string", "train", ("data.train_files={d}/t.jsonl",), ("row 6", "reward_model.ground_truth"),
          files={"t.jsonl": good_then(row(reward_model="3"))}),
-    Case("prompt_too_long", "train", ("data.train_files={d}/t.jsonl",), ("row 6", "tokens > data.max_prompt_length=8", "data.truncation"),
+    Case("prompt_too_long", "train", ("data.train_files={d}/t.jsonl",), ("row 6", "tokens > data.max_prompt_length=8",
+         "data.truncation"),
          files={"t.jsonl": good_then(row(prompt=[msg(content="12345+67890=")]))}),
     Case("prompt_key_wrong", "train", ("data.prompt_key=question",), ("row 0", "missing the prompt field 'question'")),
     Case("reward_fn_key_wrong", "train", ("data.reward_fn_key=source",), ("row 0", "missing 'source'")),
@@ -365,22 +338,26 @@ CASES = [
     Case("sft_messages_end_user", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"),
          ("row 4", "must end with an assistant message"), files={"s.jsonl": jsonl(*[SFT] * 4, {"messages": [msg(), msg()]})}),
     Case("sft_messages_single", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"),
-         ("row 4", "must end with an assistant message"), files={"s.jsonl": jsonl(*[SFT] * 4, {"messages": [msg("assistant", "3")]})}),
+         ("row 4", "must end with an assistant message"), files={"s.jsonl": jsonl(*[SFT] * 4, {"messages": [msg("assistant",
+              "3")]})}),
     Case("sft_messages_empty_answer", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"),
          ("row 4", "(assistant) has empty content"),
          files={"s.jsonl": jsonl(*[SFT] * 4, {"messages": [msg(), msg("assistant", "")]})}),
     Case("sft_missing_response", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"),
          ("row 4", "missing 'response'"), files={"s.jsonl": jsonl(*[SFT] * 4, {"prompt": "1+2="})}),
-    Case("sft_blank_file", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"), ("s.jsonl", "no rows"),
+    Case("sft_blank_file", "train", ("algorithm.name=sft", "data.val_files=null", "data.train_files={d}/s.jsonl"),
+         ("s.jsonl", "no rows"),
          files={"s.jsonl": "\n"}),
     # ---- model directories that pass the path check but cannot be loaded
     Case("model_no_tokenizer", "train", ("actor_rollout_ref.model.path={d}/m",), ("has no tokenizer", "tokenizer_path"),
          files={"m/config.json": lambda p: p.write_text((Path(_MODEL[0]) / "config.json").read_text())}),
-    Case("model_config_corrupt", "train", ("actor_rollout_ref.model.path={d}/m",), ("actor_rollout_ref.model.path=", "does not load"),
+    Case("model_config_corrupt", "train", ("actor_rollout_ref.model.path={d}/m",), ("actor_rollout_ref.model.path=",
+         "does not load"),
          files={"m": lambda p: _copy_model(p, {"config.json": "{not json"})}),
     Case("model_tokenizer_corrupt", "train", ("actor_rollout_ref.model.path={d}/m",), ("the tokenizer does not load",),
          files={"m": lambda p: _copy_model(p, {"tokenizer.json": '{"version": "1.0", "model": 5}'})}),
-    Case("model_no_weights", "train", ("actor_rollout_ref.model.random_init=false",), ("has a config.json but no weights", "random_init"),
+    Case("model_no_weights", "train", ("actor_rollout_ref.model.random_init=false",), ("has a config.json but no weights",
+         "random_init"),
          slow=True),
     # ---- warm-up rows (read once the model is built)
     Case("warmup_no_response", "train", ("warmup.steps=2", "warmup.files={d}/w.jsonl"), ("w.jsonl, row 1", "missing 'response'"),
@@ -403,8 +380,10 @@ CASES = [
          files={"reward.py": "def compute_score(:\n"}),
     # ---- other commands
     Case("eval_model_missing", "raw", ("eval", "--model", "{d}/m", "--data", "{test}"), ("--model=", "does not exist")),
-    Case("eval_model_hub_id", "raw", ("eval", "--model", "Qwen/Qwen2.5-0.5B", "--data", "{test}"), ("--model=", "does not exist")),
-    Case("eval_model_empty", "raw", ("eval", "--model", "{d}/m", "--data", "{test}"), ("--model=", "it is empty"), files={"m": None}),
+    Case("eval_model_hub_id", "raw", ("eval", "--model", "Qwen/Qwen2.5-0.5B", "--data", "{test}"), ("--model=",
+         "does not exist")),
+    Case("eval_model_empty", "raw", ("eval", "--model", "{d}/m", "--data", "{test}"), ("--model=", "it is empty"),
+         files={"m": None}),
     Case("eval_model_no_weights", "raw", ("eval", "--model", "{model}", "--data", "{test}"), ("--model=", "no weights")),
     Case("export_not_checkpoint", "raw", ("export", "{d}", "{d}/out"), ("is not a hybridrl checkpoint",)),
     Case("export_missing", "raw", ("export", "{d}/nothing", "{d}/out"), ("is not a hybridrl checkpoint",)),
@@ -417,6 +396,7 @@ CASES = [
     Case("cli_no_config", "raw", ("explain",), ("the following arguments are required",)),
     Case("cli_bad_dtype", "raw", ("export", "a", "b", "--dtype", "int8"), ("argument --dtype",)),
 ]
+# fmt: on
 
 _MODEL: list[str] = []  # the session's tiny model directory, for the file builders above
 
@@ -475,26 +455,6 @@ def _write_files(case: Case, d: Path) -> None:
             content(p)
         else:
             p.write_bytes(content if isinstance(content, bytes) else content.encode())
-
-
-def run_in_process(argv: list[str], capfd) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse
-        rc = e.code
-    out, err = capfd.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc: int, err: str, fragments) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2, (rc, err[-3000:])
-    assert "Traceback" not in err, err[-3000:]
-    assert len(lines) == 1, err[-3000:]
-    assert lines[0].startswith("hybridrl: error: "), lines[0]
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def test_the_corpus_is_large_and_ids_unique():

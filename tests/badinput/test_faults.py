@@ -34,6 +34,7 @@ def base(tmp_path, tiny_model_dir, arith_data):
 # ----------------------------------------------------------------------------- a full disk
 
 
+@pytest.mark.slow  # a two-step training run
 def test_disk_full_while_checkpointing_names_the_intact_checkpoint(base, tmp_path, capfd, monkeypatch):
     """The second checkpoint's write fails with ENOSPC: one line saying so, naming step_1 as the
     checkpoint to resume from, and step_1 (with `latest` pointing at it) is untouched."""
@@ -129,6 +130,7 @@ def _cli(*args, env=None):
                           env=env, timeout=300, cwd=REPO)  # fmt: skip
 
 
+@pytest.mark.slow  # four `python -m hybridrl` processes, like tests/e2e
 def test_real_entry_point(base, tmp_path):
     """`python -m hybridrl` prints the same one line, no traceback: a Hub-like model id fails at
     once (offline by default), a non-UTF-8 data file and `lr=.inf` stop before training; with

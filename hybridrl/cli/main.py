@@ -323,7 +323,12 @@ def main(argv=None) -> int:
         _quiet_libraries()
     try:
         return args.fn(args)
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        print(f"hybridrl: interrupted{_checkpoint_note(getattr(args, 'cfg', None))}", file=sys.stderr)
+        return 130  # the shell's status for a SIGINT
+    except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         message = user_error_message(e, getattr(args, "cfg", None), getattr(args, "config", None))
@@ -386,18 +391,26 @@ def _os_error(e: BaseException) -> OSError | None:
     return None
 
 
+def _last_checkpoint_state(cfg) -> str:
+    from hybridrl.trainer.checkpoint import latest_checkpoint
+    from hybridrl.trainer.setup import checkpoints_dir
+
+    last = latest_checkpoint(checkpoints_dir(cfg))
+    # Checkpoints are written to a temporary name and renamed when complete, so a failed or
+    # interrupted write never touches the last complete one.
+    return f"the last checkpoint {last} is intact" if last else "no checkpoint was written yet"
+
+
+def _checkpoint_note(cfg) -> str:
+    return f"; {_last_checkpoint_state(cfg)} (trainer.resume_mode=auto continues from it)" if cfg is not None else ""
+
+
 def _fs_message(e: OSError, cfg) -> str:
     what = _FS_ERRORS[e.errno]
     target = f" while writing {e.filename}" if e.filename else ""
     text = f"{what}{target}"
     if cfg is not None:
-        from hybridrl.trainer.checkpoint import latest_checkpoint
-        from hybridrl.trainer.setup import checkpoints_dir
-
-        last = latest_checkpoint(checkpoints_dir(cfg))
-        # Checkpoints are written to a temporary name and renamed when complete, so a failed
-        # write never touches the last complete one.
-        state = f"the last checkpoint {last} is intact" if last else "no checkpoint was written yet"
+        state = _last_checkpoint_state(cfg)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"{text}; {state}: free some space and rerun with trainer.resume_mode=auto to continue from it"
         return f"{text}; {state}; make trainer.default_local_dir writable, or set it to a writable directory"

@@ -231,3 +231,20 @@ def test_dpo_ties_are_reported(tmp_path, tiny_model_dir, capsys):
     assert len(records) == 6
     assert capsys.readouterr().err == (f"hybridrl: warning: {data}: 2 of 6 pairs have chosen == rejected (rows 1, 4); "
                                        "they teach nothing, drop them from the data\n")
+
+
+def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(base, tmp_path, capfd, monkeypatch):
+    import hybridrl.trainer.supervise as supervise
+
+    def interrupted(cfg, trainer):
+        ckpts = tmp_path / "run" / "checkpoints" / "step_3"
+        ckpts.mkdir(parents=True)
+        (ckpts / "trainer_state.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(supervise, "fit_with_restarts", interrupted)
+    monkeypatch.delenv("HYBRIDRL_DEBUG", raising=False)
+    rc, _, err = run_in_process(["train", str(base)], capfd)
+    assert rc == 130 and "Traceback" not in err
+    assert err == (f"hybridrl: interrupted; the last checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_3'} is intact "
+                   "(trainer.resume_mode=auto continues from it)\n")

@@ -1,27 +1,94 @@
-"""`hybridrl` command line: train, explain, data, eval, export."""
+"""`hybridrl` command line: train, explain, data, eval, export.
+
+Errors: a problem with the user's input (config, data, paths, model directory, reward file, a
+full or read-only disk) is printed as ONE line, `hybridrl: error: <what, where, the fix>`, and the
+exit status is 2; HYBRIDRL_DEBUG=1 shows the traceback as well. Anything else is a bug in
+hybridrl and keeps its full traceback (exit status 1), so it can be reported. A run stopped by
+the training itself (non-finite losses, a dead worker) exits with status 1 and one line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 
+DEBUG_ENV = "HYBRIDRL_DEBUG"
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot be used (the CLI's own user error)."""
+
+
+def _load(args, notices: list[str]):
+    """The config of `train`/`explain`, with the paths it names checked on this machine."""
+    from hybridrl.config import ConfigError, load_config
+    from hybridrl.config.paths import missing_paths
+
+    cfg = load_config(args.config, args.overrides, notices=notices)
+    problems = missing_paths(cfg) + _device_problems(cfg)
+    if problems and getattr(args, "no_path_check", False):
+        for p in problems:
+            print(f"hybridrl: warning: {p} (not checked further: --no-path-check)", file=sys.stderr)
+    elif problems:
+        raise ConfigError(problems)
+    for n in notices:
+        print(f"hybridrl: notice: {n}", file=sys.stderr)
+    return cfg
+
+
+def _device_problems(cfg) -> list[str]:
+    if cfg.trainer.device != "cuda":
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    return ["trainer.device=cuda but torch sees no CUDA device on this machine (a CPU-only torch, or no GPU visible); "
+            "use trainer.device=cpu or auto"]
+
+
+def _check_reward_file(cfg) -> None:
+    """Import the custom reward file once, before any model work: a file that raises on import
+    (a missing module, a typo at top level) or lacks the function is a one-line config error."""
+    from hybridrl.config import ConfigError
+    from hybridrl.rewards import load_custom_reward_fn
+
+    c = cfg.custom_reward_function
+    if not c.path:
+        return
+    try:
+        load_custom_reward_fn(c.path, c.name)
+    except (Exception, SystemExit) as e:  # user code: whatever it raises is the user's to fix
+        line = _user_code_line(e, c.path)
+        raise ConfigError([f"custom_reward_function.path={c.path!r}{line}: importing it raised {type(e).__name__}: "
+                           f"{_first_line(e)}; fix the file (HYBRIDRL_DEBUG=1 shows the traceback)"]) from e
+
+
+def _user_code_line(e: BaseException, path: str) -> str:
+    full = os.path.abspath(path)
+    if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == full:
+        return f", line {e.lineno}"
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == full:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f", line {line}" if line else ""
+
 
 def cmd_train(args) -> int:
-    from hybridrl.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts
 
+    cfg = args.cfg = _load(args, [])
+    _check_reward_file(cfg)
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer
     elif cfg.algorithm.name == "sft":
@@ -30,9 +97,6 @@ def cmd_train(args) -> int:
         Trainer = PPOTrainer
     try:
         fit_with_restarts(cfg, Trainer)
-    except ConfigError as e:  # found once the data is loaded (e.g. reward_kwargs vs the data's scorers)
-        print(e, file=sys.stderr)
-        return 2
     except (NonFiniteError, WorkerDiedError, DynamicSamplingError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
@@ -40,14 +104,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from hybridrl.config import ConfigError, explain, load_config
+    from hybridrl.config import explain_text
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
-    print(explain(cfg))
+    cfg = _load(args, [])
+    print(explain_text(cfg))
     return 0
 
 
@@ -56,8 +116,7 @@ def cmd_data(args) -> int:
 
     if args.dataset == "gsm8k":
         if not args.input or not args.output:
-            print("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl", file=sys.stderr)
-            return 2
+            raise UsageError("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl")
         n = convert_gsm8k(args.input, args.output, split=args.split)
         print(f"wrote {n} rows to {args.output}")
     elif args.dataset == "arith-pref":
@@ -81,7 +140,7 @@ def cmd_eval(args) -> int:
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = load_tokenizer(model_dir, what="--model")
         model = load_causal_lm(model_dir, what="--model").to(device).eval()
     if args.reward_path:
         compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
@@ -181,14 +240,11 @@ def cmd_export(args) -> int:
 
     role_dir = checkpoint_role_dir(args.checkpoint)
     if role_dir is None and lora_actor_dir(args.checkpoint) is not None:
-        print(f"hybridrl export: {lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF "
-              "model directory (the merged weights; the adapter in its adapter/): load or copy it as it is",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        raise UsageError(f"{lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF model "
+                         "directory (the merged weights; the adapter in its adapter/): load or copy it as it is")
     if role_dir is None:
-        print(f"hybridrl export: error: {args.checkpoint} is not a hybridrl checkpoint (a run directory, its "
-              "checkpoints/ directory, a checkpoints/step_N directory or step_N/actor)", file=sys.stderr)  # fmt: skip
-        return 2
+        raise UsageError(f"{args.checkpoint} is not a hybridrl checkpoint; give a run directory, its checkpoints/ "
+                         "directory, a checkpoints/step_N directory or step_N/actor")
     import torch
 
     out = export_hf(role_dir, args.output, getattr(torch, args.dtype))
@@ -196,8 +252,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other user error."""
+
+    def error(self, message):
+        self.exit(2, f"hybridrl: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybridrl", description="Post-training for LLMs: RL (PPO, GRPO, ...), DPO, KTO, SFT.")
+    p = _Parser(prog="hybridrl", description="Post-training for LLMs: RL (PPO, GRPO, ...), DPO, KTO, SFT.")
     sub = p.add_subparsers(dest="command", required=True)
 
     for name, fn, help_ in (
@@ -208,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("config", help="YAML config file")
         s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
         s.set_defaults(fn=fn)
+        if name == "explain":
+            s.add_argument("--no-path-check", action="store_true",
+                           help="only warn about model/data paths missing here (planning for another machine)")
 
     s = sub.add_parser("data", help="write datasets in verl's row format")
     s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref"])
@@ -250,19 +316,115 @@ def _quiet_libraries() -> None:
 
 
 def main(argv=None) -> int:
-    from hybridrl.data.dataset import DataError
-    from hybridrl.distributed.groups import BackendError
-    from hybridrl.models.loading import ModelLoadError
+    from hybridrl.models.loading import hub_offline_by_default
 
+    hub_offline_by_default()  # before anything imports huggingface_hub
     args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):
         _quiet_libraries()
     try:
         return args.fn(args)
-    except (DataError, ModelLoadError, BackendError, FileNotFoundError, NotImplementedError) as e:
-        # Bad input: the message says what to change; a traceback would only bury it.
-        print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        print(f"hybridrl: interrupted{_checkpoint_note(getattr(args, 'cfg', None))}", file=sys.stderr)
+        return 130  # the shell's status for a SIGINT
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        message = user_error_message(e, getattr(args, "cfg", None), getattr(args, "config", None))
+        if message is None or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise  # a bug (or debugging asked for): the full traceback
+        print(f"hybridrl: error: {message}", file=sys.stderr)
         return 2
+
+
+# Filesystem errors that are the machine's state, not a bug: what happened and what to do.
+_FS_ERRORS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def user_error_message(e: BaseException, cfg=None, config_path: str | None = None) -> str | None:
+    """The one-line message for a user error, or None when `e` is a bug (shown with its traceback)."""
+    from hybridrl.config import ConfigError
+    from hybridrl.data.errors import DataError
+    from hybridrl.distributed.groups import BackendError
+    from hybridrl.models.loading import ModelLoadError
+
+    if isinstance(e, ConfigError):
+        where = f"{config_path}: " if config_path else ""
+        if len(e.errors) == 1 and config_path and e.errors[0].startswith(str(config_path)):
+            where = ""  # the message already starts with the file (and its line)
+        if len(e.errors) == 1:
+            return _one_line(f"{where}{e.errors[0]}")
+        problems = "; ".join(f"({i}) {err}" for i, err in enumerate(e.errors, 1))
+        return _one_line(f"{len(e.errors)} problems in {config_path or 'the config'}: {problems}")
+    if isinstance(e, (DataError, ModelLoadError, BackendError, UsageError, FileNotFoundError, NotImplementedError)):
+        return _one_line(str(e))
+    os_error = _os_error(e)
+    if os_error is not None and os_error.errno in _FS_ERRORS:
+        return _one_line(_fs_message(os_error, cfg))
+    if isinstance(e, RuntimeError) and ("unexpected pos" in str(e) or "failed writing" in str(e)):
+        # torch.save's writer reports a short write (a full disk) this way, not as an OSError.
+        return _one_line(_fs_message(OSError(errno.ENOSPC, "short write", None), cfg))
+    return None
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind `e`: itself, its cause/context, or one a checkpoint writer collected."""
+    seen = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno is not None:
+            return x
+        todo += [x.__cause__, x.__context__]
+        for failure in (getattr(x, "failures", None) or {}).values():  # torch.distributed.checkpoint
+            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
+    return None
+
+
+def _last_checkpoint_state(cfg) -> str:
+    from hybridrl.trainer.checkpoint import latest_checkpoint
+    from hybridrl.trainer.setup import checkpoints_dir
+
+    last = latest_checkpoint(checkpoints_dir(cfg))
+    # Checkpoints are written to a temporary name and renamed when complete, so a failed or
+    # interrupted write never touches the last complete one.
+    return f"the last checkpoint {last} is intact" if last else "no checkpoint was written yet"
+
+
+def _checkpoint_note(cfg) -> str:
+    return f"; {_last_checkpoint_state(cfg)} (trainer.resume_mode=auto continues from it)" if cfg is not None else ""
+
+
+def _fs_message(e: OSError, cfg) -> str:
+    what = _FS_ERRORS[e.errno]
+    target = f" while writing {e.filename}" if e.filename else ""
+    text = f"{what}{target}"
+    if cfg is not None:
+        state = _last_checkpoint_state(cfg)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{text}; {state}: free some space and rerun with trainer.resume_mode=auto to continue from it"
+        return f"{text}; {state}; make trainer.default_local_dir writable, or set it to a writable directory"
+    return f"{text}; free some space or make the path writable"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 if __name__ == "__main__":

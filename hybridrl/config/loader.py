@@ -8,6 +8,7 @@ launch script in one round instead of one error per run.
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -48,23 +49,110 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."),
 )
 
+
+
+def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping in which a key appears twice is an error: YAML keeps the last one, so a second
+    `actor_rollout_ref:` section would silently drop the first (a common copy-paste accident)."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if isinstance(key, typing.Hashable) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); the first would be dropped: "
+                "merge them into one", key_node.start_mark)  # fmt: skip
+        if isinstance(key, typing.Hashable):
+            seen[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_once)
+
 _ENTRIES = {e.path: e for e in walk(Config())}
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def load_config(path: str | Path | None, overrides: Sequence[str] = (), *, check: bool = True) -> Config:
+def load_config(
+    path: str | Path | None, overrides: Sequence[str] = (), *, check: bool = True, notices: list[str] | None = None
+) -> Config:
     """Read a (possibly partial) YAML file, apply overrides, type-check, validate, resolve.
 
     path: a YAML mapping, or None for the defaults alone.
     overrides: `a.b.c=value` strings (a leading `+` or `++`, as Hydra users write, is ignored);
         the value is parsed as YAML, so `1e-6`, `[a,b]`, `null`, `true` work.
     check: also run `validate` (batch sizes, choices, ranges); type errors are always raised.
+    notices: when a list, gets one line per setting that is valid but probably not what was
+        meant (settings the run ignores, two mechanisms doing the same job).
     """
     errors: list[str] = []
     tree = _read_yaml(path, errors) if path is not None else {}
-    return _load(tree, overrides, check, errors, readable=not errors)
+    cfg = _load(copy.deepcopy(tree), overrides, check, errors, readable=not errors)
+    if notices is not None:
+        notices.extend(config_notices(cfg, tree, overrides))
+    return cfg
+
+
+def config_notices(cfg: Config, tree: Mapping | None = None, overrides: Sequence[str] = ()) -> list[str]:
+    """Settings that are valid but probably not what was meant, one line each.
+
+    tree and overrides: what the user wrote (to tell values they set from inherited ones).
+    """
+    out = []
+    a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    if algo.name == "rl" and a.use_kl_loss and algo.use_kl_in_reward:
+        out.append("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are on: the KL to the "
+                   "reference is penalised twice (in the loss and in the reward); verl's GRPO recipes use only the loss")
+    if not cfg.critic_enabled and tree is not None:
+        keys = _critic_keys_set(tree, overrides)
+        if keys:
+            shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+            out.append(f"{shown} ignored: no critic runs with algorithm.adv_estimator={algo.adv_estimator} "
+                       f"(only gae learns a value function)")
+    return out
+
+
+def _critic_keys_set(tree: Mapping, overrides: Sequence[str]) -> list[str]:
+    """critic.* keys the user gave a value that differs from what the run would use anyway."""
+    given: dict[str, Any] = {}
+
+    def leaves(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                leaves(v, f"{prefix}{k}.")
+            else:
+                given[f"{prefix}{k}"] = v
+
+    if isinstance(tree.get("critic"), dict):
+        leaves(tree["critic"], "critic.")
+    for item in [overrides] if isinstance(overrides, str) else overrides:
+        key, sep, text = str(item).partition("=")
+        key = key.strip().lstrip("+")
+        if sep and key.startswith("critic."):
+            given[key] = yaml.load(text, Loader=_Loader) if text.strip() else None
+    if not given:
+        return []
+    baseline = copy.deepcopy(dict(tree))
+    baseline.pop("critic", None)
+    try:
+        base = _load(baseline, [o for o in overrides if not str(o).lstrip("+").startswith("critic.")], False, [], True)
+    except (ConfigError, yaml.YAMLError, TypeError):
+        return []
+    out = []
+    for key, value in given.items():
+        node: Any = base
+        for part in key.split("."):
+            node = getattr(node, part, _MISSING)
+        if node is not _MISSING and node != value and not (isinstance(value, int) and node == float(value)):
+            out.append(key)
+    return sorted(out)
+
+
+_MISSING = object()
 
 
 def config_from_dict(d: Mapping[str, Any], overrides: Sequence[str] = (), *, check: bool = True) -> Config:
@@ -115,14 +203,28 @@ def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], 
 
 def _read_yaml(path: str | Path, errors: list[str]) -> dict:
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
-        errors.append(f"cannot read config file {str(path)!r}: {e.strerror or e}")
+        fix = "check the path" if isinstance(e, FileNotFoundError) else "check its permissions"
+        errors.append(f"cannot read config file {str(path)!r}: {e.strerror or e}; {fix}")
+        return {}
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is valid UTF-8 and skipped
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        errors.append(f"{path}:{line}: not valid UTF-8 (byte {data[e.start]:#04x}); re-save the file as UTF-8")
         return {}
     try:
         tree = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        errors.append(f"{path} is not valid YAML: {e}")
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        reason = " ".join(str(getattr(e, "problem", None) or e).split())
+        context = getattr(e, "context", None)
+        if "appears twice" in reason:
+            errors.append(f"{where}: {reason}")
+        else:
+            errors.append(f"{where}: not valid YAML ({reason}{', ' + ' '.join(context.split()) if context else ''})")
         return {}
     if tree is None:
         return {}
@@ -137,6 +239,9 @@ def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
     key = key.strip().lstrip("+")
     if not sep or not key:
         errors.append(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=128)")
+        return
+    if text.startswith("="):
+        errors.append(f"override {item!r} has '==': write {key}={text[1:]} (one '=')")
         return
     try:
         value = yaml.load(text, Loader=_Loader)
@@ -206,6 +311,9 @@ def _fill(obj: Any, raw: Any, prefix: str, errors: list[str], bad: set[str]) -> 
                 hint = ""
                 if _accepts_str(f.type) and isinstance(value, (bool, int, float)):
                     hint = f"; quote it in YAML: '{value}'"
+                if isinstance(value, float) and not math.isfinite(value):
+                    default = _ENTRIES[path].value if path in _ENTRIES else None
+                    hint = "; it must be a finite number" + (f" (the default is {default})" if default is not None else "")
                 errors.append(f"{path}: expected {type_name(f.type)}, got {_brief(value)}{hint}")
                 bad.add(path)
 
@@ -231,7 +339,7 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return ok, float(value) if ok else None
     if tp is str:
         return isinstance(value, str), value

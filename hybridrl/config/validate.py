@@ -571,6 +571,8 @@ def _divisors(x: int) -> list[int]:
 
 
 def _batch_problems(cfg: Config) -> list[Problem]:
+    if cfg.algorithm.name not in ALGORITHM_NAMES:
+        return []  # reported as a bad choice; no batch plan to check
     if cfg.algorithm.name != "rl":
         return _offline_batch_problems(cfg)
     s = _sizes(cfg)

@@ -19,6 +19,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hybridrl.data.errors import DataError, DataFileNotFound
+
 GSM8K_INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
 
 _SUFFIXES = (".jsonl", ".parquet")
@@ -31,8 +33,10 @@ _GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 def _suffix(path: str | os.PathLike) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in _SUFFIXES:
-        raise ValueError(f"{os.fspath(path)}: unsupported file type {suffix or '(none)'!r}; "
-                         f"use one of {', '.join(_SUFFIXES)}")
+        hint = " (convert it, e.g. pandas.read_csv(f).to_parquet(...))" if suffix in (".csv", ".tsv") else ""
+        hint = hint or (" (one JSON object per line: rename it .jsonl)" if suffix == ".json" else "")
+        raise DataError(f"{os.fspath(path)}: unsupported file type {suffix or '(none)'!r}; "
+                        f"use one of {', '.join(_SUFFIXES)}{hint}")
     return suffix
 
 
@@ -52,22 +56,56 @@ def write_rows(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> int:
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read the rows of a ``.jsonl`` or ``.parquet`` file as dicts."""
+    """Read the rows of a ``.jsonl`` or ``.parquet`` file as dicts.
+
+    Raises DataError naming the file (and line) for a missing, unreadable, non-UTF-8, truncated
+    or corrupt file. A UTF-8 byte-order mark is valid and skipped.
+    """
+    name = os.fspath(path)
     suffix = _suffix(path)
+    if not os.path.exists(path):
+        raise DataFileNotFound(f"{name}: data file not found; check the path (relative paths start from {os.getcwd()})")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file not found: {os.fspath(path)}")
+        raise DataError(f"{name}: is a directory, not a data file; give the .jsonl or .parquet file inside it")
     if suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
+        return _read_parquet(name)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DataError(f"{name}: cannot read the data file ({e.strerror or e}); check its permissions") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        lineno = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{name}:{lineno}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); "
+                        "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{os.fspath(path)}:{lineno}: invalid JSON ({e})") from None
+    lines = text.split("\n")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if lineno == len(lines) and not text.endswith("\n"):
+                raise DataError(f"{name}:{lineno}: the last line is cut off (invalid JSON: {e.msg}, and no newline at "
+                                "the end): the file looks truncated, e.g. by an interrupted copy; re-create it or "
+                                "delete that line") from None
+            raise DataError(f"{name}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); "
+                            "each line must be one JSON object") from None
     return rows
+
+
+def _read_parquet(name: str) -> list[dict[str, Any]]:
+    if os.path.getsize(name) == 0:
+        raise DataError(f"{name}: empty file (0 bytes), not a parquet file; re-create it")
+    try:
+        return pq.read_table(name).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{name}: not a readable parquet file ({first}); re-create it, "
+                        "e.g. with `hybridrl data` or pandas.DataFrame.to_parquet") from None
 
 
 def _guess_split(path: str | os.PathLike) -> str:

@@ -18,14 +18,16 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
+from hybridrl.data.errors import DataError
+
+__all__ = ["DataError", "PromptLoader", "PromptRecord", "collate_prompts", "load_prompt_records", "render_prompt"]
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+# Chat roles the templates of the Llama/Qwen family know; anything else is most often a typo
+# ("User", "human", "gpt" from a ShareGPT export) that a template would silently drop or reject.
+ROLES = ("system", "user", "assistant", "tool")
 
 logger = logging.getLogger("hybridrl.data")
-
-
-class DataError(ValueError):
-    """A data file or row that cannot be used; the message names the file and row."""
 
 
 @dataclass
@@ -49,8 +51,8 @@ def render_prompt(tokenizer, prompt) -> str:
 
 def _check_prompt(prompt, where: str):
     if isinstance(prompt, str):
-        if not prompt:
-            raise DataError(f"{where}: the prompt is an empty string")
+        if not prompt.strip():
+            raise DataError(f"{where}: the prompt is an empty string; remove the row or fill it in")
         return prompt
     if isinstance(prompt, np.ndarray):  # parquet lists of structs come back as arrays
         prompt = list(prompt)
@@ -61,9 +63,37 @@ def _check_prompt(prompt, where: str):
                     f"{where}: prompt message {j} must be a dict with 'role' and 'content', got {msg!r:.120}"
                 )
             if not isinstance(msg["content"], str):
-                raise DataError(f"{where}: prompt message {j} 'content' must be a string")
+                raise DataError(f"{where}: prompt message {j} 'content' must be a string, got {msg['content']!r:.60}")
+            if msg["role"] not in ROLES:
+                raise DataError(f"{where}: prompt message {j} has role {msg['role']!r:.40}; use one of {', '.join(ROLES)}")
+            if not msg["content"].strip() and not msg.get("tool_calls"):
+                raise DataError(f"{where}: prompt message {j} ({msg['role']}) has empty content; fill it in or drop the message")
         return [dict(m) for m in prompt]
     raise DataError(f"{where}: the prompt must be a string or a non-empty list of chat messages, got {prompt!r:.120}")
+
+
+def _data_source(row: dict, key: str, where: str) -> str:
+    """The scorer's name; an integer id (a common export artefact) is accepted as its string."""
+    source = row.get(key)
+    if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
+        return str(source)
+    if source is None:
+        raise DataError(f"{where}: missing {key!r} (data.reward_fn_key), which picks the reward function; "
+                        f"row has {sorted(row)}")
+    if not isinstance(source, str) or not source:
+        raise DataError(f"{where}: {key!r} (data.reward_fn_key) must be a non-empty string naming the scorer, "
+                        f"got {source!r:.60}")
+    return source
+
+
+def _extra_info(row: dict, where: str) -> dict:
+    extra = row.get("extra_info")
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise DataError(f"{where}: 'extra_info' must be a mapping (a JSON object) or absent, got {type(extra).__name__} "
+                        f"{extra!r:.60}")
+    return dict(extra)
 
 
 def load_prompt_records(
@@ -99,9 +129,7 @@ def load_prompt_records(
             if prompt_key not in row or row[prompt_key] is None:
                 raise DataError(f"{where}: missing the prompt field {prompt_key!r} (data.prompt_key); row has {sorted(row)}")
             prompt = _check_prompt(row[prompt_key], where)
-            source = row.get(reward_fn_key)
-            if not isinstance(source, str) or not source:
-                raise DataError(f"{where}: missing {reward_fn_key!r} (data.reward_fn_key), which picks the reward function")
+            source = _data_source(row, reward_fn_key, where)
             reward_model = row.get("reward_model") or {}
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
             if ground_truth is None and require_ground_truth(source):
@@ -119,8 +147,8 @@ def load_prompt_records(
                         f"data.filter_overlong_prompts=true"
                     )
                 ids = truncate(ids, max_prompt_length, truncation)
-            extra = row.get("extra_info") or {}
-            records.append(PromptRecord(ids, text, source, ground_truth, dict(extra) if isinstance(extra, dict) else {}))
+                text = tokenizer.decode(ids)  # what the model sees, for samples.jsonl and eval outputs
+            records.append(PromptRecord(ids, text, source, ground_truth, _extra_info(row, where)))
     if dropped:
         logger.warning(
             "data: dropped %d prompt(s) longer than data.max_prompt_length=%d tokens from %s "
@@ -132,7 +160,7 @@ def load_prompt_records(
                 f"every prompt in {files} is longer than data.max_prompt_length={max_prompt_length} tokens and "
                 f"data.filter_overlong_prompts=true dropped them all; raise data.max_prompt_length"
             )
-        raise DataError(f"no rows in {files}")
+        raise DataError(f"{', '.join(map(str, files))}: no rows (the file is empty); give a file with at least one row")
     return records
 
 

@@ -17,6 +17,7 @@ the run with its file, its index and what is missing or wrong.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
-from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, render_prompt
+from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, render_prompt, truncate
 
 KINDS = ("dpo", "kto", "sft")
 # The completions a row of each kind carries, as batch fields.
@@ -80,7 +81,9 @@ def load_preference_records(
                 raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
             records.append(_parse_row(row, kind, prompt_key, tokenizer, limits, where))
     if not records:
-        raise DataError(f"no rows in {files}")
+        raise DataError(f"{', '.join(map(str, files))}: no rows (the file is empty); give a file with at least one row")
+    if kind == "dpo":
+        _warn_ties(records, files)
     if kind == "kto":
         _pair_mismatched(records, seed)
     return records
@@ -88,6 +91,10 @@ def load_preference_records(
 
 def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str) -> Record:
     if kind == "sft" and "messages" in row:
+        if not isinstance(row["messages"], (list, np.ndarray)):
+            got = f"{type(row['messages']).__name__} {row['messages']!r:.60}"
+            raise DataError(f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got {got}; "
+                            "for plain text use 'prompt' and 'response'")
         messages = _check_prompt(row["messages"], f"{where}: 'messages'")
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
             raise DataError(f"{where}: 'messages' must end with an assistant message after at least one other "
@@ -128,6 +135,29 @@ def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, wher
     return Record(prompt_ids, ids, None if label is None else bool(label))
 
 
+def _warn_ties(records: list[Record], files) -> None:
+    """DPO pairs whose chosen and rejected tokens are equal carry no preference (their loss is a
+    constant log 2): say so once, with the first rows, rather than train on them in silence."""
+    ties = [i for i, r in enumerate(records) if r.completions[K.CHOSEN] == r.completions[K.REJECTED]]
+    if ties:
+        first = ", ".join(map(str, ties[:5])) + (", ..." if len(ties) > 5 else "")
+        print(f"hybridrl: warning: {', '.join(map(str, files))}: {len(ties)} of {len(records)} pairs have chosen == rejected "
+              f"(rows {first}); they teach nothing, drop them from the data", file=sys.stderr)
+
+
+def load_warmup_pairs(files, tokenizer, *, prompt_key: str, max_prompt_length: int, truncation: str):
+    """(prompt_ids, response_ids) of the supervised warm-up rows (`prompt_key` and `response`),
+    checked like SFT rows; prompts are cut to data.max_prompt_length as the RL prompts are."""
+    files = [files] if isinstance(files, str) else list(files)
+    for path in files:
+        if not read_rows(path):
+            raise DataError(f"{path}: no rows (the file is empty); warmup.files needs rows with {prompt_key!r} and "
+                            "'response', or set warmup.steps=0 to skip the warm-up")
+    records = load_preference_records(files, tokenizer, "sft", prompt_key=prompt_key, max_prompt_length=max_prompt_length,
+                                      max_response_length=1 << 30, truncation=truncation)  # fmt: skip
+    return [(r.prompt_ids, r.completions[K.RESPONSES]) for r in records]
+
+
 def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
     if isinstance(value, str):
         if not value:
@@ -151,10 +181,10 @@ def _fit(ids: list[int], limit: int, truncation: str, what: str, key: str, keep_
     if len(ids) <= limit:
         return ids
     if truncation == "error":
-        raise DataError(f"{what} has {len(ids)} tokens > {key}={limit}; raise it or set data.truncation=left|right")
+        raise DataError(f"{what} has {len(ids)} tokens > {key}={limit}; raise it or set data.truncation=left|right|middle")
     if not keep_end:  # a completion keeps its beginning whatever the mode
         return ids[:limit]
-    return ids[-limit:] if truncation == "left" else ids[:limit]
+    return truncate(ids, limit, truncation)
 
 
 def _pair_mismatched(records: list[Record], seed: int) -> None:

@@ -11,21 +11,42 @@ from torch import nn
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
+ALLOW_HUB_ENV = "HYBRIDRL_ALLOW_HUB"
+
+
 class ModelLoadError(ValueError):
-    pass
+    """A model or tokenizer directory that cannot be used, or a device that is not there; the
+    message names the key and the fix. The CLI prints it as one line and exits with status 2."""
 
 
-def _check_dir(path: str, what: str) -> Path:
+def hub_offline_by_default() -> None:
+    """Keep the Hugging Face libraries off the network unless HYBRIDRL_ALLOW_HUB=1.
+
+    A model path that is not a local directory would otherwise be taken for a Hub repo id and
+    retried for about a minute before failing. Must run before `huggingface_hub` is imported
+    (it reads HF_HUB_OFFLINE once); an explicit HF_HUB_OFFLINE in the environment wins.
+    """
+    if os.environ.get(ALLOW_HUB_ENV, "") not in ("1", "true", "yes"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _check_dir(path: str, what: str, need: str = "config.json") -> Path:
     if not path:
         raise ModelLoadError(f"{what} is empty: set it to a local Hugging Face model directory")
     p = Path(path)
-    if not p.is_dir():
+    if not p.exists():
         raise ModelLoadError(
-            f"{what}={path!r} is not a directory. hybridrl loads local model directories only "
-            f"(config.json + weights); see docs/models.md for how to obtain one"
+            f"{what}={path!r} does not exist. hybridrl loads local model directories only (config.json + weights); "
+            f"download one first (e.g. `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir DIR`, "
+            f"docs/models.md) and set {what}=DIR"
         )
-    if not (p / "config.json").exists():
-        raise ModelLoadError(f"{what}={path!r} has no config.json: not a Hugging Face model directory")
+    if not p.is_dir():
+        raise ModelLoadError(f"{what}={path!r} is a file, not a model directory; give the directory that holds config.json")
+    if need == "config.json" and not (p / "config.json").exists():
+        what_is_there = "it is empty" if not any(p.iterdir()) else "not a Hugging Face model directory"
+        raise ModelLoadError(f"{what}={path!r} has no config.json ({what_is_there}); give a directory written by "
+                             "save_pretrained or downloaded from the Hub")
     return p
 
 
@@ -33,10 +54,22 @@ def has_weights(path: str) -> bool:
     return any((Path(path) / f).exists() for f in WEIGHT_FILES)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
+def load_tokenizer(path: str, trust_remote_code: bool = False, what: str = "actor_rollout_ref.model.path"):
+    """The tokenizer in the local directory `path` (`what` names the key it came from, for errors)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    p = _check_dir(path, what, need="tokenizer")
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((p / f).exists() for f in tokenizer_files):
+        state = "it is empty" if not any(p.iterdir()) else ", ".join(tokenizer_files)
+        raise ModelLoadError(f"{what}={path!r} has no tokenizer ({state}); save the tokenizer there "
+                             "(tokenizer.save_pretrained) or set actor_rollout_ref.model.tokenizer_path")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{what}={path!r}: the tokenizer does not load ({first}); re-save it with "
+                             "tokenizer.save_pretrained") from e
     if tok.pad_token_id is None:
         # Decoder-only models often ship without a pad token; padding is masked everywhere.
         tok.pad_token = tok.eos_token
@@ -59,7 +92,11 @@ def load_causal_lm(
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     p = _check_dir(path, what)
-    config = AutoConfig.from_pretrained(p, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(p, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"{what}={path!r}: config.json does not load ({first}); fix or re-save it") from e
     for k, v in (override_config or {}).items():
         setattr(config, k, v)
     cls = AutoModel if backbone_only else AutoModelForCausalLM
@@ -80,7 +117,8 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+        raise ModelLoadError("trainer.device=cuda but torch sees no CUDA device (a CPU-only torch, or no GPU visible); "
+                             "use trainer.device=cpu or auto")
     if device == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device(device)

@@ -19,8 +19,8 @@ import torch
 from hybridrl.config import ConfigError, plan_batches, save_config, to_dict
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.data.converters import read_rows
-from hybridrl.data.dataset import PromptLoader, load_prompt_records, render_prompt
+from hybridrl.data.dataset import PromptLoader, load_prompt_records
+from hybridrl.data.preference import load_warmup_pairs
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
@@ -175,7 +175,8 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
-    tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
+    tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
+    tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
@@ -299,15 +300,8 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 def run_warmup(cfg, actor, tokenizer) -> dict:
     """A short supervised stage on (prompt, response) rows before RL (the quickstart uses it)."""
     w = cfg.warmup
-    files = [w.files] if isinstance(w.files, str) else list(w.files)
-    pairs = []
-    for path in files:
-        for i, row in enumerate(read_rows(path)):
-            if "response" not in row or cfg.data.prompt_key not in row:
-                raise ValueError(f"{path}, row {i}: warm-up rows need {cfg.data.prompt_key!r} and 'response'")
-            prompt_ids = tokenizer(render_prompt(tokenizer, row[cfg.data.prompt_key]), add_special_tokens=False)["input_ids"]
-            resp_ids = tokenizer(str(row["response"]), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            pairs.append((prompt_ids, resp_ids))
+    pairs = load_warmup_pairs(w.files, tokenizer, prompt_key=cfg.data.prompt_key,
+                              max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation)  # fmt: skip
     rng = np.random.default_rng(cfg.trainer.seed)
     pad = tokenizer.pad_token_id
     for step in range(1, w.steps + 1):

@@ -123,12 +123,12 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tiny_model_dir, arith_
 def test_explain_and_config_errors(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data:\n  train_files: x.jsonl\n  train_batch_size: 128\nactor_rollout_ref:\n  model:\n    path: m\n")
-    out = cli("explain", cfg, "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    out = cli("explain", "--no-path-check", cfg, "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo").stdout  # fmt: skip
     assert "1024" in out and "16" in out  # sequences per step; gradient accumulation
     bad = cli("train", cfg, "actor_rollout_ref.actor.lr=1e-6", check=False)
     assert bad.returncode == 2 and "actor_rollout_ref.actor.optim.lr" in bad.stderr
-    bad = cli("explain", cfg, "actor_rollout_ref.actor.ppo_mini_batch_size=48", check=False)
+    bad = cli("explain", "--no-path-check", cfg, "actor_rollout_ref.actor.ppo_mini_batch_size=48", check=False)
     assert bad.returncode == 2 and "data.train_batch_size" in bad.stderr
 
 

@@ -27,7 +27,7 @@ from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import SEQ_KEYS, completion_log_probs, token_log_probs
+from hybridrl.workers.forward import SEQ_KEYS, summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
 from hybridrl.workers.reference import Reference
@@ -150,8 +150,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         parts = self.reference.passes(self.engine) if reference else nullcontext((self.engine, self.model))
         with eval_mode(self.model), parts as (engine, model):
             for key, out in outputs.items():
-                sums = lambda micro, key=key: completion_log_probs(engine.run, micro, key, model)[0].sum(-1)  # noqa: E731
-                batch[out] = engine.infer(batch, Split(self.plan.ref_log_prob_micro_batch), sums)  # (B,)
+                batch[out] = summed_log_probs(engine, model, batch, key, Split(self.plan.ref_log_prob_micro_batch))
         return batch
 
     # -- updates ------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from hybridrl.tracking import perf
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 
-
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None

@@ -59,6 +59,12 @@ def token_log_probs(engine, model, batch: Batch, split, temperature: float) -> t
     return engine.infer(batch.select(SEQ_KEYS), split, fn) * batch[K.RESPONSE_MASK]
 
 
+def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tensor:
+    """Completion field `key`'s log-prob summed over its tokens (B,), in the batch's row order,
+    at temperature 1 (offline objectives' reference and KL terms); no gradients."""
+    return engine.infer(batch, split, lambda micro: completion_log_probs(engine.run, micro, key, model)[0].sum(-1))
+
+
 def values(engine, model, micro: Batch) -> torch.Tensor:
     """V (b, R) of a micro-batch from a `ValueModel`; packed unless the engine stays padded."""
     seqs = [micro[k] for k in SEQ_KEYS]

@@ -41,15 +41,15 @@ def log_prob_split(part, micro_size: int, name: str) -> Split:
 
 
 def offline_step(engine: TrainEngine, batch: Batch, objective, micro_size: int, optimizer: str | None = None) -> dict:
-    """One optimizer step over the whole batch (DPO, KTO, SFT, the warm-up), fixed micro-batches:
-    the objective's metrics and the step's."""
+    """One optimizer step over the whole batch (DPO, KTO, SFT; the warm-up with its named
+    `optimizer`), fixed micro-batches: the objective's metrics, then the step's."""
     m = engine.update(batch, objective, Split(micro_size), optimizer=optimizer)
-    out = {k: v[0] for k, v in m.items() if not k.startswith(engine.role + "/")}
-    skipped = m[f"{engine.role}/nonfinite_skipped"][0]
-    if optimizer is not None:  # a warm-up step: no schedule, no non-finite guard
+    out = {k: v[0] for k, v in m.items() if not k.startswith("actor/")}
+    if optimizer is not None:  # the warm-up reports its loss only
         return out
-    return {**out, "actor/grad_norm": m[f"{engine.role}/grad_norm"][0], "actor/lr": engine.scheduler.get_last_lr()[0],
-            "actor/nonfinite_skipped": skipped, "actor/nonfinite_in_a_row": engine.nonfinite_in_a_row}  # fmt: skip
+    step = {"actor/grad_norm": m["actor/grad_norm"][0], "actor/lr": engine.scheduler.get_last_lr()[0],
+            "actor/nonfinite_skipped": m["actor/nonfinite_skipped"][0]}  # fmt: skip
+    return {**out, **step, "actor/nonfinite_in_a_row": engine.nonfinite_in_a_row}
 
 
 class ActorRolloutRefWorker(ProfiledWorker):

@@ -42,7 +42,8 @@ from hybridrl.data.token_batching import sequence_lengths
 from hybridrl.models.tiny import write_tiny_model_dir
 from hybridrl.tracking import perf
 from hybridrl.models.prepare import compile_decoder_layers
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
+from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.workers.forward import SEQ_KEYS
 
 ARCH = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -109,7 +110,7 @@ def timed(fn, device):
 
 def set_padded(w, packed: bool, micro: int | None = None, lp_micro: int | None = None):
     """Switch one worker between the two paths (same weights, same optimizer)."""
-    w.packing = w._packing_backend if packed else None
+    w.engine.packing = w._packing_backend if packed else None
     w.arr.actor.use_dynamic_bsz = packed
     w.arr.rollout.log_prob_use_dynamic_bsz = packed
     if micro:
@@ -142,13 +143,13 @@ def bench_model(name, s, device, results, args):
     real = float(sequence_lengths(batch).sum())
     targets = int(batch[K.RESPONSE_MASK].sum())
     w = make_worker(model_dir, s, device)
-    w._packing_backend = w.packing
+    w._packing_backend = w.engine.packing
     shape = perf.model_shape(w.model)
     peak = perf.device_peak_flops(device)
     fwd = perf.pass_flops(shape, sequence_lengths(batch), targets)
     warm = batch.index(list(range(s["mini"])))
     row = {"model": name, "sequences": s["seqs"], "real_tokens": real,
-           "padded_slots": float(batch[K.PROMPTS].numel() + batch[K.RESPONSES].numel()), "backend": w.packing}  # fmt: skip
+           "padded_slots": float(batch[K.PROMPTS].numel() + batch[K.RESPONSES].numel()), "backend": w.engine.packing}  # fmt: skip
 
     def record(path, what, seconds, mem, flops, extra=None):
         r = {"path": path, "pass": what, "seconds": seconds, "tokens_per_s": real / seconds,
@@ -174,9 +175,9 @@ def bench_model(name, s, device, results, args):
     few = batch.index(list(range(min(32, len(batch))))).select(SEQ_KEYS)
     valid = few[K.RESPONSE_MASK].bool()
     set_padded(w, False, lp_micro=8)
-    amp, w.amp = w.amp, None
+    amp, w.engine.amp = w.engine.amp, None
     fp32 = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
-    w.amp = amp
+    w.engine.amp = amp
     padded_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
     set_padded(w, True)
     packed_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]

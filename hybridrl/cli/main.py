@@ -135,7 +135,7 @@ def cmd_eval(args) -> int:
     from hybridrl.config.schema import RolloutConfig
     from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
-    from hybridrl.workers.actor import autocast_dtype
+    from hybridrl.workers.engine import autocast_dtype
 
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:

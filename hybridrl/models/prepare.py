@@ -1,27 +1,11 @@
-"""Getting a loaded model ready for fast passes: activation checkpointing, the packed-attention
-hook, and torch.compile of the decoder layers (and turning the compiled layers off again)."""
+"""torch.compile of the decoder layers, and turning the compiled layers off again (a deep copy,
+generation). `hybridrl.distributed.parallelize` applies them with the other training hooks."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
-
-from hybridrl.models.packing import base_model, enable_packing
-
-
-def prepare_model(model, device: torch.device, *, remove_padding: bool, attn_backend: str = "auto",
-                  checkpointing: bool = False, compile_layers: bool = False) -> str | None:  # fmt: skip
-    """Returns the packed-attention backend, or None when the model's passes stay padded.
-    Compilation applies on CUDA only (on CPU it costs more than it saves for the models run there)."""
-    if checkpointing:
-        # Non-reentrant: recomputation sees the same kwargs (the packed row's boundaries), and
-        # it works when the inputs do not require grad (LoRA's frozen embeddings).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    backend = enable_packing(model, attn_backend, device) if remove_padding else None
-    if compile_layers and device.type == "cuda":
-        compile_decoder_layers(model)
-    return backend
+from hybridrl.models.packing import base_model
 
 
 def compile_decoder_layers(model) -> None:

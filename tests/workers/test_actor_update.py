@@ -12,7 +12,10 @@ from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import partition_by_tokens, sequence_lengths
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
+from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.workers.engine import Split
+from hybridrl.workers.forward import SEQ_KEYS
+from hybridrl.workers.objectives import PPOPolicyLoss
 
 
 def make_worker(model_dir, **actor):
@@ -56,7 +59,8 @@ def grads_for_split(worker, batch, micro: int | None = None, budget: int | None 
     a.ppo_max_token_len_per_gpu = budget or 0
     worker.plan = dataclasses.replace(worker.plan, actor=dataclasses.replace(worker.plan.actor, micro_batch=micro or 7))
     worker.model.zero_grad(set_to_none=True)
-    worker._mini_batch_backward(batch)
+    split = Split(worker.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, "ppo_max_token_len_per_gpu")
+    worker.engine.backward(batch, PPOPolicyLoss(a, worker.temperature), split)
     return {n: p.grad.clone() for n, p in worker.model.named_parameters() if p.grad is not None}
 
 
@@ -76,7 +80,7 @@ def test_gradient_independent_of_micro_batch_split(tiny_model_dir, mode, packed)
     worker = make_worker(tiny_model_dir, loss_agg_mode=mode)
     worker.model.double()
     if not packed:
-        worker.packing = None
+        worker.engine.packing = None
     batch = random_batch()
     whole = grads_for_split(worker, batch, micro=7)
     assert sum(g.abs().sum() for g in whole.values()) > 0
@@ -94,7 +98,7 @@ def test_packed_and_padded_log_probs_agree(tiny_model_dir):
     worker = make_worker(tiny_model_dir)
     batch = random_batch()
     packed = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
-    backend, worker.packing = worker.packing, None
+    backend, worker.engine.packing = worker.engine.packing, None
     padded = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
     assert backend == "sdpa"
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
@@ -104,7 +108,7 @@ def test_update_reports_pad_fraction(tiny_model_dir):
     worker = make_worker(tiny_model_dir, ppo_micro_batch_size_per_gpu=7)
     batch = random_batch()
     assert worker.update_actor(batch)["actor/pad_fraction"] == 0.0  # packed: no padding computed
-    worker.packing = None
+    worker.engine.packing = None
     real = float(batch[K.PROMPT_MASK].sum() + batch[K.RESPONSE_MASK].sum())
     want = 1 - real / (7 * (4 + 6))
     assert worker.update_actor(batch)["actor/pad_fraction"] == pytest.approx(want)
@@ -132,7 +136,7 @@ def test_reference_copy_has_its_own_layers(tiny_model_dir):
     from hybridrl.models.prepare import compile_decoder_layers
 
     worker = make_worker(tiny_model_dir)
-    worker.ref = None
+    worker.release_reference()
     compile_decoder_layers(worker.model)
     worker.freeze_reference()
     assert all(m._compiled_call_impl is None for m in worker.ref.modules())
@@ -142,7 +146,7 @@ def test_reference_copy_has_its_own_layers(tiny_model_dir):
 def test_loaded_reference_runs_packed(tiny_model_with_weights):
     """A reference loaded from disk (resume) gets the packed-attention hook too."""
     worker = make_worker(tiny_model_with_weights)
-    worker.ref = None
+    worker.release_reference()
     worker.init_model(tiny_model_with_weights, False, 10, need_ref=True, ref_path=tiny_model_with_weights)
     assert worker.ref.config._attn_implementation == "hybridrl_packed_sdpa"
     batch = random_batch()
@@ -168,3 +172,16 @@ def test_generation_does_not_use_the_compiled_layers(tiny_model_dir):
     out = worker.generate(prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=3))
     assert out[K.RESPONSES].shape[0] == 2
     assert all(layer._compiled_call_impl is must_not_run for layer in layers)  # restored for the training passes
+
+
+def test_reference_copy_runs_the_policys_passes(tiny_model_dir):
+    """freeze_reference copies the policy: right after, the reference's log-probs are the
+    policy's to the bit (same weights, same packed passes); after an update they are not."""
+    worker = make_worker(tiny_model_dir, ppo_micro_batch_size_per_gpu=7)
+    batch = random_batch()
+    batch[K.PROMPT_MASK][:3, :2] = 0  # left padding: a padded pass would not be the packed one to the bit
+    policy = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
+    assert torch.equal(worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS], policy)
+    worker.update_actor(batch)
+    assert not torch.equal(worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS], policy)
+    assert torch.equal(worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS], policy)

@@ -27,7 +27,7 @@ def test_values_agree_across_packing_and_micro_batching(tiny_model_dir):
     packed = w.compute_values(batch.select(batch.keys()))[K.VALUES]
     w.cfg.critic.use_dynamic_bsz = True  # 5 to 10 tokens per row, 12 per micro-batch: reordered groups
     dynamic = w.compute_values(batch.select(batch.keys()))[K.VALUES]
-    w.packing, w.cfg.critic.use_dynamic_bsz = None, False
+    w.engine.packing, w.cfg.critic.use_dynamic_bsz = None, False
     padded = w.compute_values(batch.select(batch.keys()))[K.VALUES]
     assert packed.abs().sum() > 0
     torch.testing.assert_close(dynamic, packed)

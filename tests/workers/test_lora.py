@@ -15,7 +15,8 @@ from hybridrl.data.batch import Batch
 from hybridrl.models.lora import apply_lora, merged_named_parameters
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.rollout import SamplingParams
-from hybridrl.workers.actor import SEQ_KEYS, ActorRolloutRefWorker
+from hybridrl.workers.actor import ActorRolloutRefWorker
+from hybridrl.workers.forward import SEQ_KEYS
 
 
 

@@ -1,0 +1,265 @@
+"""The training engine: one model on its device(s) and everything a trainable role does with it.
+
+Each role holds one: the actor's policy, the frozen reference, the critic (and later the reward
+model). The engine loads nothing itself and knows no loss: the role hands it a placed model's
+forward pass (`hybridrl.workers.forward`) and, for an update, an objective
+(`hybridrl.workers.objectives`): the epoch -> mini-batch -> micro-batch loop, the loss
+normalizers, gradient accumulation, the guarded optimizer step, checkpoints and perf metrics
+are written once, here, for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.token_batching import micro_batches, restore_order, sequence_lengths
+from hybridrl.distributed import checkpoint as dckpt
+from hybridrl.distributed.fsdp import clip_grad_norm, dp_max_min, dp_normalizer
+from hybridrl.distributed.parallelize import parallelize
+from hybridrl.tracking import perf
+from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
+
+
+def autocast_dtype(device: torch.device):
+    """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def to_floats(values: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors as Python floats with one device sync for all of them (exact: the stack
+    promotes to the widest dtype). A `float()` per micro-batch metric would make the host wait
+    for each forward pass before it could queue the backward."""
+    return torch.stack([v.detach() for v in values]).tolist() if values else []
+
+
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside (no dropout: log-probs and values must be deterministic),
+    back in its previous mode after, also when the pass raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a (mini-)batch is cut into micro-batches: `micro_size` rows each, or with `dynamic`
+    by a budget of `max_tokens` real tokens; `what` names the budget's config key in errors."""
+
+    micro_size: int
+    dynamic: bool = False
+    max_tokens: int = 0
+    what: str = ""
+
+
+def dp_micro_batches(batch: Batch, split: Split) -> tuple[list[Batch], list[int]]:
+    """`micro_batches`, with the same number of micro-batches on every data-parallel rank: FSDP
+    gathers weights in every forward (and reduces gradients in every backward), so the ranks
+    must run as many passes. Fixed splits agree already (every rank has as many rows); token
+    budgets are raised to the largest count over the ranks, until all ranks agree (a split into
+    more parts never fails: one row per part always fits)."""
+    micros, order = micro_batches(batch, **asdict(split))
+    if not split.dynamic:
+        return micros, order
+    while True:
+        most, fewest = dp_max_min(len(micros))
+        if most == fewest:
+            return micros, order
+        if most > len(batch):
+            raise RuntimeError(f"{split.what}: another rank needs {most} micro-batches but this one has {len(batch)} rows")
+        micros, order = micro_batches(batch, **asdict(split), min_parts=most)
+
+
+def mini_batch_norms(mini: Batch) -> dict[str, float]:
+    """The loss normalizers of one optimizer step: response tokens and sequences of the whole
+    mini-batch, passed to every micro-batch's loss so that the sum over micro-batches is the
+    mini-batch loss whatever the split. Under data parallelism they are the counts of the
+    mini-batch over all ranks / dp (`dp_normalizer`, an all-reduce): FSDP averages the ranks'
+    gradients, and the average is then the single-device one for every loss_agg_mode.
+    ("seq-mean-token-sum-norm" also divides by the response width R, which every micro-batch and
+    every rank keeps since they are row subsets of the step's batch.)"""
+    return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum())), "global_seqs": dp_normalizer(float(len(mini)))}
+
+
+class Objective(Protocol):
+    """What an update minimizes (`hybridrl.workers.objectives`): the engine calls `norms` once
+    per optimizer step, the objective once per micro-batch (`forward` runs the engine's model
+    on a micro-batch), and `summarize` once per optimizer step with the micro-batches' metrics."""
+
+    def norms(self, mini: Batch) -> dict[str, float]: ...
+
+    def __call__(self, forward: Callable, micro: Batch, norms: dict[str, float]) -> tuple[torch.Tensor, dict]: ...
+
+    def summarize(self, micros: list[dict], norms: dict[str, float]) -> dict[str, list[float]]: ...
+
+
+@dataclass
+class _ExtraOptimizer:
+    optimizer: torch.optim.Optimizer
+    max_norm: float
+
+
+class TrainEngine:
+    """One model on this rank, its forward pass, its optimizer(s), its update loop.
+
+    `forward(engine, model, micro, **kw)` is the role's pass (log-probs, values); it runs under
+    the engine's autocast and packing and adds the token slots it computed to `slots` (for
+    `pad_fraction`). A frozen engine (the reference) just never gets an optimizer.
+    """
+
+    def __init__(self, device: torch.device, role: str, forward: Callable):
+        self.device, self.role, self.forward = device, role, forward
+        self.amp = autocast_dtype(device)
+        self.model = self.packing = self.optimizer = self.scheduler = None
+        self.grad_clip, self.optimizer_offload = 0.0, False
+        self.extra: dict[str, _ExtraOptimizer] = {}  # named optimizers beside the main one (the warm-up's)
+        self.nonfinite_in_a_row = 0
+        self.steps_taken = 0  # optimizer steps that changed the weights (any optimizer): weight sync reads it
+        self.slots = 0  # token slots computed (padding included) since the last reset: pad_fraction
+
+    # -- setup -----------------------------------------------------------------------------------
+    def place(self, model, *, remove_padding: bool, attn_backend: str = "auto", checkpointing: bool = False,
+              compile_layers: bool = False, param_offload: bool = False, forward_methods: tuple[str, ...] = (),
+              hooks_on=None, train: bool = True):  # fmt: skip
+        """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
+        in train mode, or frozen (eval mode, no gradients) with `train=False`."""
+        self.model, self.packing = parallelize(model, self.device, remove_padding=remove_padding, attn_backend=attn_backend,
+                                               checkpointing=checkpointing, compile_layers=compile_layers,
+                                               param_offload=param_offload, forward_methods=forward_methods,
+                                               hooks_on=hooks_on)  # fmt: skip
+        if train:
+            self.model.train()
+        else:
+            self.freeze()
+        return self.model
+
+    def freeze(self) -> None:
+        self.model.eval()
+        self.model.requires_grad_(False)
+
+    def build_optimizer(self, optim_cfg, total_steps: int, grad_clip: float, offload_state: bool = False) -> None:
+        """AdamW over the trainable parameters and its LR schedule (`workers/optim.py`); every
+        `step` clips to `grad_clip` and skips non-finite gradients; `offload_state`
+        (fsdp_config.optimizer_offload) keeps Adam's moments in CPU memory between steps."""
+        self.optimizer = build_optimizer(self.model.parameters(), optim_cfg)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg, total_steps)
+        self.grad_clip, self.optimizer_offload = grad_clip, offload_state
+
+    def add_optimizer(self, name: str, build: Callable[[list], torch.optim.Optimizer], max_norm: float) -> None:
+        """A second optimizer over the trainable parameters, built on first use by `build(params)`
+        (the supervised warm-up's AdamW, so the main optimizer's state stays clean); its `step`
+        clips to `max_norm` and always steps, with no schedule."""
+        if name not in self.extra:
+            self.extra[name] = _ExtraOptimizer(build([p for p in self.model.parameters() if p.requires_grad]), max_norm)
+
+    # -- passes ----------------------------------------------------------------------------------
+    def run(self, micro: Batch, model=None, **kw):
+        """The role's forward of one micro-batch (already on the device) on `model` (default: this
+        engine's; the LoRA reference is the same module with its adapters off)."""
+        return self.forward(self, self.model if model is None else model, micro, **kw)
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, split: Split, fn: Callable | None = None) -> torch.Tensor:
+        """`fn(micro)` (default: the forward, `run`) of every micro-batch (moved to the device), on
+        the host and concatenated in the batch's row order (token-budget micro-batches come
+        reordered). The caller picks the train/eval mode."""
+        micros, order = dp_micro_batches(batch, split)
+        outs = [(fn or self.run)(micro.to(self.device)).cpu() for micro in micros]
+        return restore_order(torch.cat(outs), order)
+
+    # -- update ----------------------------------------------------------------------------------
+    def update(self, batch: Batch, objective: Objective, split: Split, *, epochs: int = 1, shuffle: bool = False,
+               mini_size: int | None = None, optimizer: str | None = None) -> dict[str, list[float]]:  # fmt: skip
+        """`epochs` passes over `batch` (reshuffled each epoch with `shuffle`), one optimizer step
+        per mini-batch of `mini_size` rows (default: the whole batch); the metrics of every step,
+        with `<role>/grad_norm` and `<role>/nonfinite_skipped` (1.0 for a skipped step)."""
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(epochs):
+            rows = batch.index(torch.randperm(len(batch))) if shuffle else batch
+            for mini in rows.split(mini_size or len(batch)):
+                for k, v in self.backward(mini, objective, split).items():
+                    metrics[k].extend(v)
+                grad_norm, stepped = self.step(optimizer)
+                metrics[f"{self.role}/grad_norm"].append(grad_norm)
+                metrics[f"{self.role}/nonfinite_skipped"].append(0.0 if stepped else 1.0)
+        return metrics
+
+    def backward(self, mini: Batch, objective: Objective, split: Split) -> dict[str, list[float]]:
+        """Accumulate one optimizer step's gradient, micro-batch by micro-batch; its metrics.
+        Each micro-batch's loss is its share of the mini-batch loss (`objective.norms` are the
+        whole mini-batch's counts), so the gradient does not depend on the split."""
+        norms = objective.norms(mini)
+        micros, _ = dp_micro_batches(mini, split)
+        parts = []
+        for micro in micros:
+            loss, m = objective(self.run, micro.to(self.device), norms)
+            loss.backward()
+            parts.append(m)
+        return objective.summarize(parts, norms)
+
+    def step(self, optimizer: str | None = None) -> tuple[float, bool]:
+        """The main optimizer's guarded step (`guarded_step`: clip, skip a non-finite gradient,
+        schedule), or named optimizer `optimizer`'s plain clipped step; (grad_norm, stepped)."""
+        if optimizer is not None:
+            extra = self.extra[optimizer]
+            grad_norm, stepped = clip_grad_norm(list(self.model.parameters()), extra.max_norm), True
+            extra.optimizer.step()
+            extra.optimizer.zero_grad(set_to_none=True)
+        else:
+            grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.grad_clip, self.optimizer_offload)
+            self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
+        self.steps_taken += stepped
+        return grad_norm, stepped
+
+    def summarize(self, metrics: dict[str, list[float]]) -> dict[str, float]:
+        """An update's metrics (`update`'s lists) averaged over its steps (`summarize_steps`)."""
+        return summarize_steps(metrics, self.role, self.nonfinite_in_a_row, self.scheduler)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, path: str | Path, tokenizer=None, weights: bool = True) -> None:
+        """Sharded (DCP) weights (unless `weights=False`: the caller wrote them), optimizer and
+        scheduler under `path`; every rank writes its shards."""
+        if weights:
+            dckpt.save_model(self.model, path, self.model.config, tokenizer)
+        if self.optimizer is not None:
+            dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, path)
+
+    def load(self, path: str | Path, weights: bool = True) -> None:
+        """What `save` wrote, saved at any world size."""
+        if weights:
+            dckpt.load_model(self.model, path)
+        if self.optimizer is not None:
+            dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path)
+
+    # -- perf ------------------------------------------------------------------------------------
+    def perf_start(self) -> float:
+        """Start timing an update (and counting its token slots)."""
+        self.slots = 0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return time.perf_counter()
+
+    def perf_metrics(self, batch: Batch, start: float, epochs: int, passes: float) -> dict[str, float]:
+        """perf/mfu/<role> (useful model FLOPs of `passes` forwards per row per epoch,
+        tracking/perf.py), peak memory, <role>/pad_fraction (padding among the computed slots)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
+        out = perf.update_metrics(self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes * epochs,
+                                  seconds, self.device, role=self.role)  # fmt: skip
+        out[f"{self.role}/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self.slots, 1)
+        return out

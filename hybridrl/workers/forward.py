@@ -1,0 +1,74 @@
+"""The forward passes a `TrainEngine` runs: the policy's token log-probs and the critic's values.
+
+Both run padding-free (packed rows, `hybridrl.models.packing`) unless the engine's model stays
+padded (`use_remove_padding=false`), under the engine's autocast, and count the token slots
+they computed (padding included) on the engine for `pad_fraction`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.data.preference import MASK_OF
+from hybridrl.distributed.fsdp import run_as_forward
+from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
+from hybridrl.models.packing import pack, packed_log_probs
+
+SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)  # a sequence pass reads these
+
+
+def _autocast(engine):
+    return torch.autocast(engine.device.type, dtype=engine.amp, enabled=engine.amp is not None)
+
+
+def log_probs(engine, model, micro: Batch, key: str = K.RESPONSES, *, temperature: float = 1.0, with_entropy: bool = False,
+              entropy_grad: bool = False):  # fmt: skip
+    """Log-probs (b, R) of completion field `key` after the prompt, entropy (b, R) or None, and
+    argmax hits (b, R); packed (padding-free, fused LM head) when the engine packs. `temperature`
+    scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""
+    seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], micro[MASK_OF[key]])
+    with _autocast(engine):
+        if engine.packing:
+            packed = pack(*seqs)
+            engine.slots += packed.num_tokens
+            # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
+            return run_as_forward(model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy)
+        logits = response_logits(model, *seqs, temperature=temperature)  # (b, R, V)
+    engine.slots += micro[K.PROMPTS].numel() + micro[key].numel()
+    with nullcontext() if entropy_grad else torch.no_grad():  # a (b, R, V) float32 graph only when needed
+        entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs_from_logits(logits, micro[key]), entropy, logits.argmax(-1) == micro[key]
+
+
+def completion_log_probs(forward, micro: Batch, key: str, model=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token log-probs of completion field `key` after the prompt, masked: (b, R); and the argmax
+    hits (b, R). No temperature: offline objectives score the model's own distribution.
+    `forward` is an engine's `run` (over the `log_probs` pass)."""
+    log_prob, _, hit = forward(micro, model, key=key, temperature=1.0)
+    return log_prob * micro[MASK_OF[key]], hit
+
+
+def token_log_probs(engine, model, batch: Batch, split, temperature: float) -> torch.Tensor:
+    """Response log-probs (B, R) under `model` (the engine's, or the LoRA reference view) at the
+    rollout's `temperature`, in the batch's row order, zero outside the response; no gradients."""
+    fn = lambda micro: engine.run(micro, model, temperature=temperature)[0].float()  # noqa: E731
+    return engine.infer(batch.select(SEQ_KEYS), split, fn) * batch[K.RESPONSE_MASK]
+
+
+def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tensor:
+    """Completion field `key`'s log-prob summed over its tokens (B,), in the batch's row order,
+    at temperature 1 (offline objectives' reference and KL terms); no gradients."""
+    return engine.infer(batch, split, lambda micro: completion_log_probs(engine.run, micro, key, model)[0].sum(-1))
+
+
+def values(engine, model, micro: Batch) -> torch.Tensor:
+    """V (b, R) of a micro-batch from a `ValueModel`; packed unless the engine stays padded."""
+    seqs = [micro[k] for k in SEQ_KEYS]
+    with _autocast(engine):
+        if engine.packing:
+            return model.packed_response_values(pack(*seqs))
+        return model.response_values(*seqs)

@@ -1,0 +1,216 @@
+"""What a `TrainEngine` update minimizes: one small object per objective.
+
+Each is called once per micro-batch as `objective(forward, micro, norms) -> (loss, metrics)`,
+where `forward` runs the engine's model on the micro-batch, `norms` are the whole mini-batch's
+counts (`norms(mini)`, global over data-parallel ranks) and `loss` is the micro-batch's share of
+the mini-batch loss, so that the accumulated gradient is the mini-batch's whatever the split.
+Metrics stay tensors until `summarize` turns one optimizer step's micro-batch metrics into
+floats with one device sync. The math itself lives in `hybridrl.algorithms`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_loss, compute_value_loss, dpo_loss, kl_penalty
+from hybridrl.algorithms import kto_loss, sft_loss
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.distributed.fsdp import dp_normalizer, dp_size
+from hybridrl.workers.engine import mini_batch_norms, to_floats
+from hybridrl.workers.forward import completion_log_probs
+
+
+def _shares_and_means(micros: list[dict], shares: tuple[str, ...]) -> dict[str, list[float]]:
+    """Per optimizer step: loss terms in `shares` summed over the micro-batches (each is its
+    micro-batch's share of the mini-batch loss), every other metric one entry per micro-batch."""
+    pending = [(k, v) for m in micros for k, v in m.items()]
+    out: dict[str, list[float]] = defaultdict(list)
+    summed: dict[str, float] = defaultdict(float)
+    for (k, _), v in zip(pending, to_floats([t for _, t in pending])):
+        if k in shares:
+            summed[k] += v
+        else:
+            out[k].append(v)
+    for k, v in summed.items():
+        out[k].append(v)
+    return out
+
+
+@dataclass
+class PPOPolicyLoss:
+    """The clipped policy-gradient loss (`compute_policy_loss`), minus the entropy bonus, plus
+    the KL loss to the reference with use_kl_loss. Reads OLD_LOG_PROBS, ADVANTAGES (and
+    REF_LOG_PROBS); log-probs at the rollout's `temperature`."""
+
+    actor: object  # ActorConfig
+    temperature: float
+    shares = ("actor/pg_loss", "actor/kl_loss")
+
+    def norms(self, mini: Batch) -> dict[str, float]:
+        return mini_batch_norms(mini)
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        a = self.actor
+        mask = micro[K.RESPONSE_MASK]
+        # (b, R) each
+        log_prob, entropy, _ = forward(micro, with_entropy=True, temperature=self.temperature, entropy_grad=a.entropy_coeff != 0)
+        norm = dict(loss_agg_mode=a.loss_agg_mode, **norms)
+        pg = compute_policy_loss(
+            old_log_prob=micro[K.OLD_LOG_PROBS],
+            log_prob=log_prob,
+            advantages=micro[K.ADVANTAGES],
+            response_mask=mask,
+            clip_ratio_low=a.clip_ratio_low,
+            clip_ratio_high=a.clip_ratio_high,
+            clip_ratio_c=a.clip_ratio_c,
+            **norm,
+        )
+        loss = pg["pg_loss"]
+        if a.entropy_coeff == 0:
+            entropy = entropy.detach()
+        entropy_loss = compute_entropy_loss(entropy, mask, **norm)
+        if a.entropy_coeff != 0:
+            loss = loss - a.entropy_coeff * entropy_loss
+        metrics = {
+            "actor/pg_loss": pg["pg_loss"].detach(),
+            "actor/pg_clipfrac": pg["pg_clipfrac"],
+            "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
+            "actor/ppo_kl": pg["ppo_kl"],
+            "actor/entropy": (entropy.detach() * mask).sum() / mask.sum().clamp(min=1),
+        }
+        if a.use_kl_loss:
+            kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
+            kl_loss = agg_loss(kl, mask, **norm)
+            loss = loss + a.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.detach()
+        return loss, metrics
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        return _shares_and_means(micros, self.shares)
+
+
+@dataclass
+class ValueLoss:
+    """Clipped value regression onto RETURNS (`compute_value_loss`); reads VALUES, RETURNS."""
+
+    critic: object  # CriticConfig
+
+    def norms(self, mini: Batch) -> dict[str, float]:
+        return mini_batch_norms(mini)
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        c = self.critic
+        out = compute_value_loss(
+            vpreds=forward(micro),
+            values=micro[K.VALUES],
+            returns=micro[K.RETURNS],
+            response_mask=micro[K.RESPONSE_MASK],
+            cliprange_value=c.cliprange_value,
+            loss_agg_mode=c.loss_agg_mode,
+            **norms,
+        )
+        return out["vf_loss"], {"loss": out["vf_loss"].detach(), "clipfrac": out["vf_clipfrac"]}
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        values = to_floats([m["loss"] for m in micros] + [m["clipfrac"] for m in micros])  # one sync per mini-batch
+        loss, clipfrac = values[: len(micros)], values[len(micros) :]
+        # the micro-batches' shares of the loss add up; the clip fraction is their mean
+        return {"critic/vf_loss": [sum(loss, 0.0)], "critic/vf_clipfrac": [sum(clipfrac) / len(clipfrac)]}
+
+
+class SFTLoss:
+    """Token-mean negative log-likelihood of RESPONSES (incl. EOS; prompt tokens carry no loss)
+    over the whole mini-batch; metrics `loss`, `mean_token_accuracy`, `num_tokens` (all ranks)."""
+
+    def norms(self, mini: Batch) -> dict[str, float]:
+        return {"global_tokens": dp_normalizer(float(mini[K.RESPONSE_MASK].sum()))}  # global / dp: see dp_normalizer
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        log_prob, hit = completion_log_probs(forward, micro, K.RESPONSES)
+        loss = sft_loss(log_prob, micro[K.RESPONSE_MASK], global_tokens=norms["global_tokens"])
+        return loss, {"loss": loss.detach(), "hits": (hit.float() * micro[K.RESPONSE_MASK]).sum()}
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        n, tokens = len(micros), norms["global_tokens"]
+        values = to_floats([m["loss"] for m in micros] + [m["hits"] for m in micros])  # one sync
+        loss, correct = sum(values[:n], 0.0), sum(values[n:], 0.0)
+        return {"loss": [loss], "mean_token_accuracy": [correct / max(tokens, 1.0)], "num_tokens": [tokens * dp_size()]}
+
+
+def _rows(micros: list[dict]) -> dict[str, torch.Tensor]:
+    """Per-row metrics of all micro-batches, on the host (one move after the loop)."""
+    return {k: torch.cat([m[k] for m in micros]).cpu() for k in micros[0]}
+
+
+def _pair_norms(mini: Batch) -> dict[str, float]:
+    return {"global_seqs": dp_normalizer(len(mini))}
+
+
+@dataclass
+class DPOLoss:
+    """DPO (`dpo_loss`) over PROMPTS, CHOSEN, REJECTED (+ masks), REF_CHOSEN_LOGPS,
+    REF_REJECTED_LOGPS, divided by the pairs of the step; TRL's metric names."""
+
+    pref: object  # PreferenceConfig
+    norms = staticmethod(_pair_norms)
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        p, b = self.pref, len(micro)
+        # chosen and rejected in one forward pass: (2b, R)
+        pair = Batch({K.PROMPTS: micro[K.PROMPTS].repeat(2, 1), K.PROMPT_MASK: micro[K.PROMPT_MASK].repeat(2, 1),
+                      K.RESPONSES: torch.cat([micro[K.CHOSEN], micro[K.REJECTED]]),
+                      K.RESPONSE_MASK: torch.cat([micro[K.CHOSEN_MASK], micro[K.REJECTED_MASK]])})  # fmt: skip
+        logps = completion_log_probs(forward, pair, K.RESPONSES)[0].sum(-1)  # (2b,)
+        out = dpo_loss(logps[:b], logps[b:], micro[K.REF_CHOSEN_LOGPS], micro[K.REF_REJECTED_LOGPS],
+                       p.beta, p.loss_type, p.label_smoothing)  # fmt: skip
+        out.update(chosen_logps=logps[:b], rejected_logps=logps[b:])
+        return out["losses"].sum() / norms["global_seqs"], {k: v.detach() for k, v in out.items()}
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        s = _rows(micros)
+        return {
+            "loss": [float(s["losses"].mean())],
+            "rewards/chosen": [float(s["chosen_rewards"].mean())],
+            "rewards/rejected": [float(s["rejected_rewards"].mean())],
+            "rewards/accuracies": [float((s["chosen_rewards"] > s["rejected_rewards"]).float().mean())],
+            "rewards/margins": [float((s["chosen_rewards"] - s["rejected_rewards"]).mean())],
+            "logps/chosen": [float(s["chosen_logps"].mean())],
+            "logps/rejected": [float(s["rejected_logps"].mean())],
+        }
+
+
+@dataclass
+class KTOLoss:
+    """KTO (`kto_loss`) over PROMPTS, RESPONSES (+ mask), LABEL, REF_LOGPS and the step's KL
+    reference point, divided by the examples of the step; TRL's metric names."""
+
+    pref: object  # PreferenceConfig
+    kl_ref_point: float
+    norms = staticmethod(_pair_norms)
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        p = self.pref
+        logps = completion_log_probs(forward, micro, K.RESPONSES)[0].sum(-1)  # (b,)
+        out = kto_loss(logps, micro[K.REF_LOGPS], micro[K.LABEL], self.kl_ref_point, p.beta,
+                       p.desirable_weight, p.undesirable_weight)  # fmt: skip
+        out.update(logps=logps, labels=micro[K.LABEL])
+        return out["losses"].sum() / norms["global_seqs"], {k: v.detach() for k, v in out.items()}
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        s = _rows(micros)
+        good, z0 = s["labels"], max(float(self.kl_ref_point), 0.0) * self.pref.beta
+        # KTO's "accuracy": the share of examples on the right side of the reference point.
+        right = torch.where(good, s["rewards"] > z0, s["rewards"] < z0)
+        metrics = {"loss": float(s["losses"].mean()), "kl": max(float(self.kl_ref_point), 0.0),
+                   "rewards/accuracies": float(right.float().mean())}  # fmt: skip
+        for name, sel in (("chosen", good), ("rejected", ~good)):
+            if sel.any():  # a batch may hold only one kind
+                metrics[f"rewards/{name}"] = float(s["rewards"][sel].mean())
+                metrics[f"logps/{name}"] = float(s["logps"][sel].mean())
+        if good.any() and (~good).any():
+            metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+        return {k: [v] for k, v in metrics.items()}

@@ -73,8 +73,10 @@ class WorkerHost:
                                 timeout=timedelta(seconds=timeout_s), **kw)  # fmt: skip
 
     def add_role(self, role: str, cls, cfg, plan) -> None:
+        from hybridrl.config.extensions import load_extensions
         from hybridrl.models.loading import pick_device
 
+        load_extensions(cfg.extensions)  # the user's registered estimators / losses, in this process too
         activate(plan_layout(plan, role))  # the role's ranks as the config lays them out (dp_size, FSDP mesh)
         self.workers[role] = cls(cfg, plan, pick_device(cfg.trainer.device))
 

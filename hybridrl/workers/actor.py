@@ -111,7 +111,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.reference.release()
 
     # -- generation ----------------------------------------------------------------------------
-    @register(Dispatch.DP)
+    @register(Dispatch.DP, mesh="rollout")
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT;
         meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time."""
@@ -121,7 +121,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             out = self.rollout.generate(prompts, sampling)
         if self.arr.rollout.free_cache_engine:
             self.rollout.sleep()
-        metrics.update(getattr(self.rollout, "last_metrics", {}))
+        metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out
 
@@ -158,11 +158,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO-clip update over mini-batches and micro-batches (`PPOPolicyLoss`); averaged metrics.
 
-        Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (and REF_LOG_PROBS with use_kl_loss).
+        Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (REF_LOG_PROBS with use_kl_loss, ROLLOUT_IS_WEIGHTS when set).
         """
         a = self.arr.actor
         # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
-        batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *([K.REF_LOG_PROBS] if a.use_kl_loss else [])])
+        extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
+        batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *extra])
         start = self.engine.perf_start()
         split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip

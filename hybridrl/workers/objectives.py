@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_policy_loss, compute_value_loss, dpo_loss, kl_penalty
+from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_value_loss, dpo_loss, get_policy_loss, kl_penalty
 from hybridrl.algorithms import kto_loss, sft_loss
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
@@ -42,7 +42,7 @@ def _shares_and_means(micros: list[dict], shares: tuple[str, ...]) -> dict[str, 
 
 @dataclass
 class PPOPolicyLoss:
-    """The clipped policy-gradient loss (`compute_policy_loss`), minus the entropy bonus, plus
+    """The policy-gradient loss (`policy_loss.loss_mode`, vanilla = PPO clip), minus the entropy bonus, plus
     the KL loss to the reference with use_kl_loss. Reads OLD_LOG_PROBS, ADVANTAGES (and
     REF_LOG_PROBS); log-probs at the rollout's `temperature`."""
 
@@ -59,14 +59,15 @@ class PPOPolicyLoss:
         # (b, R) each
         log_prob, entropy, _ = forward(micro, with_entropy=True, temperature=self.temperature, entropy_grad=a.entropy_coeff != 0)
         norm = dict(loss_agg_mode=a.loss_agg_mode, **norms)
-        pg = compute_policy_loss(
+        # the loss registered as policy_loss.loss_mode (vanilla: the PPO clip); with
+        # algorithm.rollout_correction.rollout_is, weighted by the train/rollout mismatch weights
+        pg = get_policy_loss(a.policy_loss.loss_mode)(
             old_log_prob=micro[K.OLD_LOG_PROBS],
             log_prob=log_prob,
             advantages=micro[K.ADVANTAGES],
             response_mask=mask,
-            clip_ratio_low=a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio_high,
-            clip_ratio_c=a.clip_ratio_c,
+            config=a,
+            rollout_is_weights=micro[K.ROLLOUT_IS_WEIGHTS] if K.ROLLOUT_IS_WEIGHTS in micro else None,
             **norm,
         )
         loss = pg["pg_loss"]

@@ -49,6 +49,6 @@ class WeightSync:
         gathered, when the engine runs on it under FSDP: ranks may decode different numbers of
         steps, with no collectives)."""
         model = self.engine.model
-        on_policy = getattr(rollout, "model", None) is model
+        on_policy = rollout.model is model
         with full_weights(model) if on_policy else nullcontext(), eager_layers(model):
             yield

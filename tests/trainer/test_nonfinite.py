@@ -3,7 +3,7 @@
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-import hybridrl.workers.objectives as objectives_mod
+from hybridrl.algorithms.policy_losses import POLICY_LOSSES
 from hybridrl.config import config_from_dict
 from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
 
@@ -20,7 +20,7 @@ def test_stops_after_max_nonfinite_steps_and_keeps_last_checkpoint(tiny_model_wi
         }  # fmt: skip
     )
     trainer = PPOTrainer(cfg)
-    real = objectives_mod.compute_policy_loss
+    real = POLICY_LOSSES["vanilla"]  # the policy loss the actor calls (policy_loss.loss_mode)
     calls = {"n": 0}
 
     def poisoned(**kw):
@@ -30,7 +30,7 @@ def test_stops_after_max_nonfinite_steps_and_keeps_last_checkpoint(tiny_model_wi
             out["pg_loss"] = out["pg_loss"] * float("nan")
         return out
 
-    monkeypatch.setattr(objectives_mod, "compute_policy_loss", poisoned)
+    monkeypatch.setitem(POLICY_LOSSES, "vanilla", poisoned)
     with pytest.raises(NonFiniteError, match="2 updates in a row"):
         trainer.fit()
     # the healthy step's optimizer state (Adam moments) was saved, in the sharded format

@@ -9,31 +9,35 @@ this file knows the order of the stages and nothing about devices or sharding.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import torch
 
-from hybridrl.algorithms import apply_kl_penalty, get_adv_estimator, make_kl_controller
+from hybridrl.algorithms import apply_kl_penalty, estimator_needs, get_adv_estimator, make_kl_controller
+from hybridrl.config import ConfigError
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
+from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
 from hybridrl.trainer.scoring import evaluate, last_token_scores, score
-from hybridrl.trainer.setup import RunContext, build_run
+from hybridrl.trainer.setup import build_run
+
+__all__ = ["NonFiniteError", "PPOTrainer"]
 
 
-class NonFiniteError(RuntimeError):
-    pass
+class PPOTrainer(Trainer):
+    """The RL trainer; the loop around `step` (cadence, logging, checkpoints) is `Trainer.fit`."""
 
+    # Inputs an estimator may declare (`register_adv_estimator(..., needs=)`) and the loop can produce.
+    PRODUCIBLE_NEEDS = (K.REWARD_BASELINES,)
 
-class PPOTrainer:
     def __init__(self, cfg):
-        self.cfg = cfg
-        self.run: RunContext = build_run(cfg)
         algo = cfg.algorithm
+        self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
+        if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:
+            raise ConfigError([f"algorithm.adv_estimator={algo.adv_estimator} needs {unmet}, which the RL loop does not "
+                               f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"])  # fmt: skip
+        super().__init__(cfg, build_run(cfg))
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         if self.run.trainer_state.get("kl_ctrl"):
             self.kl_ctrl.load_state_dict(self.run.trainer_state["kl_ctrl"])
@@ -42,41 +46,9 @@ class PPOTrainer:
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
 
-    # -- the loop ------------------------------------------------------------------------------
-    def fit(self) -> dict:
-        run, cfg = self.run, self.cfg
-        if run.global_step == 0:
-            before = dict(run.trainer_state.pop("warmup_metrics", {}))
-            if cfg.trainer.val_before_train and run.val_records:
-                before.update(self.validate())
-            if before:
-                run.tracker.log(before, step=0)
-        metrics: dict = {}
-        while run.global_step < run.total_steps:
-            run.global_step += 1
-            t0 = time.perf_counter()
-            with run.profiled():
-                metrics = self.step(run.loader.next_batch())
-            metrics["timing_s/step"] = time.perf_counter() - t0
-            metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
-            metrics["training/global_step"] = run.global_step
-            metrics["training/epoch"] = run.loader.epoch
-            last = run.is_last_step()
-            if run.val_records and (last or (cfg.trainer.test_freq > 0 and run.global_step % cfg.trainer.test_freq == 0)):
-                metrics.update(self.validate())
-            run.tracker.log(metrics, step=run.global_step)
-            self._check_nonfinite(metrics)
-            if last or (cfg.trainer.save_freq > 0 and run.global_step % cfg.trainer.save_freq == 0):
-                run.save_checkpoint(self.kl_ctrl.state_dict())
-                _fault_injection_point(run.global_step)
-            if last:
-                break
-        run.finish()
-        return metrics
-
     def step(self, prompts: Batch) -> dict:
         """One RL step on a batch of prompts; returns its metrics."""
-        run, cfg, algo = self.run, self.cfg, self.cfg.algorithm
+        run, cfg = self.run, self.cfg
         timer, metrics = StageTimer(), {}
         with timer("gen"):
             batch = run.actor.generate(prompts, self.sampling)
@@ -84,7 +56,7 @@ class PPOTrainer:
         with timer("reward"):
             scores, reward_metrics = score(batch, run.compute_score)
             batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])
-            if algo.adv_estimator == "remax":
+            if K.REWARD_BASELINES in self.estimator_needs:
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
         # Critic calls are submitted first: with split placement they run while the actor works.
         if run.critic is not None:
@@ -133,7 +105,7 @@ class PPOTrainer:
             response_mask=batch[K.RESPONSE_MASK],
             index=batch[K.UID],
             values=batch[K.VALUES] if K.VALUES in batch else None,
-            reward_baselines=batch[K.REWARD_BASELINES] if algo.adv_estimator == "remax" else None,
+            **{key: batch[key] for key in self.estimator_needs},
             gamma=algo.gamma,
             lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
@@ -155,18 +127,5 @@ class PPOTrainer:
         )
         return metrics
 
-    def _check_nonfinite(self, metrics: dict) -> None:
-        limit = self.cfg.trainer.max_nonfinite_steps
-        for role in ("actor", "critic"):
-            if metrics.get(f"{role}/nonfinite_in_a_row", 0) >= limit:
-                raise NonFiniteError(
-                    f"{role}: {int(metrics[f'{role}/nonfinite_in_a_row'])} updates in a row had a non-finite loss or "
-                    f"gradient norm (trainer.max_nonfinite_steps={limit}); the last good checkpoint is intact. "
-                    f"Lower the learning rate ({role} optim.lr), check the reward for inf/NaN, or enable grad_clip."
-                )
-
-
-def _fault_injection_point(step: int) -> None:
-    """Tests kill the process right after a checkpoint to prove resume is exact."""
-    if os.environ.get("HYBRIDRL_KILL_AFTER_SAVE_STEP") == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)
+    def state_dict(self) -> dict:
+        return {"kl_ctrl": self.kl_ctrl.state_dict()}

@@ -19,6 +19,7 @@ import os
 import signal
 import time
 
+from hybridrl.config import Config
 from hybridrl.data.batch import Batch
 from hybridrl.trainer.setup import RunContext
 
@@ -32,7 +33,7 @@ _ROLE_CONFIG = {"actor": "actor_rollout_ref.actor", "critic": "critic"}
 
 
 class Trainer:
-    def __init__(self, cfg, run: RunContext):
+    def __init__(self, cfg: Config, run: RunContext):
         self.cfg, self.run = cfg, run
 
     def step(self, batch: Batch) -> dict:

@@ -7,6 +7,7 @@ of rows and one optimizer step, with no generation. Subclasses define `update(ba
 
 from __future__ import annotations
 
+from hybridrl.config import Config
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF, RecordLoader, load_preference_records
@@ -14,7 +15,7 @@ from hybridrl.trainer.loop import Trainer
 from hybridrl.trainer.setup import build_run
 
 
-def record_data(cfg):
+def record_data(cfg: Config):
     """`build_run`'s data hook: a resumable loader over the rows of data.train_files, no validation."""
 
     def load(tokenizer):
@@ -31,7 +32,7 @@ def record_data(cfg):
 
 
 class OfflineTrainer(Trainer):
-    def __init__(self, cfg, need_ref: bool):
+    def __init__(self, cfg: Config, need_ref: bool):
         super().__init__(cfg, build_run(cfg, data=record_data(cfg), need_ref=need_ref))
 
     def update(self, batch: Batch) -> dict:

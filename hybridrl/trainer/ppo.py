@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybridrl.algorithms import apply_kl_penalty, estimator_needs, get_adv_estimator, make_kl_controller
-from hybridrl.config import ConfigError
+from hybridrl.config import Config, ConfigError
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
@@ -31,7 +31,7 @@ class PPOTrainer(Trainer):
     # Inputs an estimator may declare (`register_adv_estimator(..., needs=)`) and the loop can produce.
     PRODUCIBLE_NEEDS = (K.REWARD_BASELINES,)
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         algo = cfg.algorithm
         self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
         if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:

@@ -146,7 +146,9 @@ def _check_reward_kwargs(cfg, custom, records) -> None:
         raise ConfigError([str(e)]) from None
 
 
-def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
+def build_run(
+    cfg: Config, data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None, need_ref: bool | None = None
+) -> RunContext:
     """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
 
     The RL loop calls it with the defaults. Other trainers pass `data(tokenizer) -> (loader,

@@ -33,6 +33,8 @@ _ROLE_CONFIG = {"actor": "actor_rollout_ref.actor", "critic": "critic"}
 
 
 class Trainer:
+    """Base of every trainer: `fit` is the loop; a subclass gives `step` (and `validate`, `state_dict`)."""
+
     def __init__(self, cfg: Config, run: RunContext):
         self.cfg, self.run = cfg, run
 

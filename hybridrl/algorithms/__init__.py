@@ -2,6 +2,7 @@
 
 from hybridrl.algorithms.advantages import (
     ADV_ESTIMATORS,
+    ESTIMATOR_NEEDS,
     compute_gae_advantages,
     compute_gpg_advantages,
     compute_grpo_advantages,
@@ -11,6 +12,7 @@ from hybridrl.algorithms.advantages import (
     compute_reinforce_plus_plus_advantages,
     compute_remax_advantages,
     compute_rloo_advantages,
+    estimator_needs,
     get_adv_estimator,
     register_adv_estimator,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "kto_loss",
     "sft_loss",
     "ADV_ESTIMATORS",
+    "ESTIMATOR_NEEDS",
     "KL_TYPES",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
@@ -61,6 +64,7 @@ __all__ = [
     "compute_remax_advantages",
     "compute_rloo_advantages",
     "compute_value_loss",
+    "estimator_needs",
     "get_adv_estimator",
     "kl_penalty",
     "make_kl_controller",

@@ -9,7 +9,9 @@ Every estimator is called with the same keywords and returns `(advantages, retur
 Estimators take the full signature (and ignore what they do not use) so that a misspelt keyword
 raises instead of being silently dropped. `index` holds one hashable group id per row: rows with
 the same id are samples of the same prompt, in any order. Advantages are constants for the
-policy loss, so every estimator runs under no_grad.
+policy loss, so every estimator runs under no_grad. An estimator that needs an input the loop
+does not always compute declares it, `register_adv_estimator("remax", needs=("reward_baselines",))`,
+and the loop produces it (ReMax: the reward of a greedy response) only for such estimators.
 """
 
 from __future__ import annotations
@@ -24,15 +26,19 @@ from hybridrl.algorithms.core import masked_whiten
 AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
+# Estimator name -> the batch keys it needs beyond rewards, mask, index and values, which the RL
+# loop then produces and passes as keywords of the same names (ReMax: "reward_baselines").
+ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {}
 
 
-def register_adv_estimator(name: str) -> Callable[[AdvEstimator], AdvEstimator]:
-    """Decorator: make `fn` available as `get_adv_estimator(name)`."""
+def register_adv_estimator(name: str, needs: tuple[str, ...] = ()) -> Callable[[AdvEstimator], AdvEstimator]:
+    """Decorator: make `fn` available as `get_adv_estimator(name)`, declaring the extra inputs it `needs`."""
 
     def decorator(fn: AdvEstimator) -> AdvEstimator:
         if name in ADV_ESTIMATORS and ADV_ESTIMATORS[name] is not fn:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADV_ESTIMATORS[name] = fn
+        ESTIMATOR_NEEDS[name] = tuple(needs)
         return fn
 
     return decorator
@@ -46,6 +52,12 @@ def get_adv_estimator(name: str) -> AdvEstimator:
         raise ValueError(
             f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}"
         ) from None
+
+
+def estimator_needs(name: str) -> tuple[str, ...]:
+    """The extra batch keys estimator `name` takes as keywords (unknown names raise as in `get_adv_estimator`)."""
+    get_adv_estimator(name)
+    return ESTIMATOR_NEEDS[name]
 
 
 def _group_ids(index: Sequence[Any] | None, batch_size: int, device: torch.device) -> torch.Tensor:
@@ -216,7 +228,7 @@ def compute_reinforce_plus_plus_advantages(
     return advantages, returns
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs=("reward_baselines",))  # = data.keys.REWARD_BASELINES
 @torch.no_grad()
 def compute_remax_advantages(
     *,

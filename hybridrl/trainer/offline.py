@@ -1,22 +1,21 @@
-"""The loop shared by the trainers that learn from a fixed dataset (DPO, KTO, SFT).
+"""The base of the trainers that learn from a fixed dataset (DPO, KTO, SFT).
 
-Same plumbing as the RL loop — `build_run` (workers, frozen reference, resume), checkpoints,
-tracking, the non-finite guard — but a step is one batch of rows and one optimizer step, with no
-generation. Subclasses define `step(batch) -> metrics`.
+The loop, checkpoints, tracking and the non-finite guard are the RL trainer's (`loop.Trainer`);
+what differs is the data (rows of data.train_files, no validation) and that a step is one batch
+of rows and one optimizer step, with no generation. Subclasses define `update(batch) -> metrics`.
 """
 
 from __future__ import annotations
 
-import time
-
+from hybridrl.config import Config
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF, RecordLoader, load_preference_records
-from hybridrl.trainer.ppo import NonFiniteError, _fault_injection_point
-from hybridrl.trainer.setup import RunContext, build_run
+from hybridrl.trainer.loop import Trainer
+from hybridrl.trainer.setup import build_run
 
 
-def record_data(cfg):
+def record_data(cfg: Config):
     """`build_run`'s data hook: a resumable loader over the rows of data.train_files, no validation."""
 
     def load(tokenizer):
@@ -32,49 +31,19 @@ def record_data(cfg):
     return load
 
 
-class OfflineTrainer:
-    def __init__(self, cfg, need_ref: bool):
-        self.cfg = cfg
-        self.run: RunContext = build_run(cfg, data=record_data(cfg), need_ref=need_ref)
+class OfflineTrainer(Trainer):
+    def __init__(self, cfg: Config, need_ref: bool):
+        super().__init__(cfg, build_run(cfg, data=record_data(cfg), need_ref=need_ref))
 
-    def step(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> dict:
+        """The optimizer step on one batch of rows (and what it needs first, e.g. reference log-probs)."""
         raise NotImplementedError
 
-    def fit(self) -> dict:
-        run, cfg = self.run, self.cfg
-        if run.global_step == 0 and run.trainer_state.get("warmup_metrics"):
-            run.tracker.log(run.trainer_state.pop("warmup_metrics"), step=0)
-        metrics: dict = {}
-        while run.global_step < run.total_steps:
-            run.global_step += 1
-            t0 = time.perf_counter()
-            batch = run.loader.next_batch()
-            with run.profiled():
-                metrics = self.step(batch)
-            seconds = time.perf_counter() - t0
-            metrics.update({
-                "timing_s/step": seconds,
-                "perf/total_num_tokens": num_tokens(batch),
-                "perf/throughput": num_tokens(batch) / seconds,
-                "perf/samples_per_s": len(batch) / seconds,
-                "training/global_step": run.global_step,
-                "training/epoch": run.loader.epoch,
-            })  # fmt: skip
-            run.tracker.log(metrics, step=run.global_step)
-            if metrics["actor/nonfinite_in_a_row"] >= cfg.trainer.max_nonfinite_steps:
-                raise NonFiniteError(
-                    f"actor: {int(metrics['actor/nonfinite_in_a_row'])} updates in a row had a non-finite gradient "
-                    f"norm (trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps}); the last good checkpoint "
-                    "is intact. Lower actor_rollout_ref.actor.optim.lr or enable grad_clip."
-                )
-            last = run.is_last_step()
-            if last or (cfg.trainer.save_freq > 0 and run.global_step % cfg.trainer.save_freq == 0):
-                run.save_checkpoint({})
-                _fault_injection_point(run.global_step)
-            if last:
-                break
-        run.finish()
-        return metrics
+    def step(self, batch: Batch) -> dict:
+        return {**self.update(batch), "perf/total_num_tokens": num_tokens(batch)}
+
+    def rates(self, batch: Batch, metrics: dict, seconds: float) -> dict:
+        return {**super().rates(batch, metrics, seconds), "perf/samples_per_s": len(batch) / seconds}
 
 
 def num_tokens(batch: Batch) -> float:

@@ -9,34 +9,38 @@ this file knows the order of the stages and nothing about devices or sharding.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import torch
 
-from hybridrl.algorithms import apply_kl_penalty, get_adv_estimator, make_kl_controller
+from hybridrl.algorithms import apply_kl_penalty, estimator_needs, get_adv_estimator, make_kl_controller
+from hybridrl.config import Config, ConfigError
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.dynamic_sampling import RolloutSampler
+from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
 from hybridrl.trainer.mismatch import correct_rollout_mismatch
 from hybridrl.trainer.mismatch import enabled as correction_enabled
 from hybridrl.trainer.scoring import evaluate, score
-from hybridrl.trainer.setup import RunContext, build_run
+from hybridrl.trainer.setup import build_run
+
+__all__ = ["NonFiniteError", "PPOTrainer"]
 
 
-class NonFiniteError(RuntimeError):
-    pass
+class PPOTrainer(Trainer):
+    """The RL trainer; the loop around `step` (cadence, logging, checkpoints) is `Trainer.fit`."""
 
+    # Inputs an estimator may declare (`register_adv_estimator(..., needs=)`) and the loop can produce.
+    PRODUCIBLE_NEEDS = (K.REWARD_BASELINES,)
 
-class PPOTrainer:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.run: RunContext = build_run(cfg)
+    def __init__(self, cfg: Config):
         algo = cfg.algorithm
+        self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
+        if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:
+            raise ConfigError([f"algorithm.adv_estimator={algo.adv_estimator} needs {unmet}, which the RL loop does not "
+                               f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"])  # fmt: skip
+        super().__init__(cfg, build_run(cfg))
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         if self.run.trainer_state.get("kl_ctrl"):
             self.kl_ctrl.load_state_dict(self.run.trainer_state["kl_ctrl"])
@@ -46,46 +50,14 @@ class PPOTrainer:
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
         self.sampler = RolloutSampler(cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch)
 
-    # -- the loop ------------------------------------------------------------------------------
-    def fit(self) -> dict:
-        run, cfg = self.run, self.cfg
-        if run.global_step == 0:
-            before = dict(run.trainer_state.pop("warmup_metrics", {}))
-            if cfg.trainer.val_before_train and run.val_records:
-                before.update(self.validate())
-            if before:
-                run.tracker.log(before, step=0)
-        metrics: dict = {}
-        while run.global_step < run.total_steps:
-            run.global_step += 1
-            t0 = time.perf_counter()
-            with run.profiled():
-                metrics = self.step(run.loader.next_batch())
-            metrics["timing_s/step"] = time.perf_counter() - t0
-            metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
-            metrics["training/global_step"] = run.global_step
-            metrics["training/epoch"] = run.loader.epoch
-            last = run.is_last_step()
-            if run.val_records and (last or (cfg.trainer.test_freq > 0 and run.global_step % cfg.trainer.test_freq == 0)):
-                metrics.update(self.validate())
-            run.tracker.log(metrics, step=run.global_step)
-            self._check_nonfinite(metrics)
-            if last or (cfg.trainer.save_freq > 0 and run.global_step % cfg.trainer.save_freq == 0):
-                run.save_checkpoint(self.kl_ctrl.state_dict())
-                _fault_injection_point(run.global_step)
-            if last:
-                break
-        run.finish()
-        return metrics
-
     def step(self, prompts: Batch) -> dict:
         """One RL step on a batch of prompts; returns its metrics."""
-        run, cfg, algo = self.run, self.cfg, self.cfg.algorithm
+        run, cfg = self.run, self.cfg
         timer, metrics = StageTimer(), {}
         # generate + score; with DAPO dynamic sampling, more rounds until enough prompts' samples differ
         batch, prompts, rollout_metrics, reward_metrics = self.sampler.sample(prompts, timer)
         metrics.update(rollout_metrics)
-        if algo.adv_estimator == "remax":
+        if K.REWARD_BASELINES in self.estimator_needs:
             with timer("reward"):
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
         # Critic calls are submitted first: with split placement they run while the actor works.
@@ -93,12 +65,8 @@ class PPOTrainer:
             with timer("values"):
                 values = run.critic.submit("compute_values", batch)
         with timer("old_log_prob"):
-            if algo.rollout_correction.bypass_mode:  # the engine's log-probs serve as the old ones
-                batch[K.OLD_LOG_PROBS] = batch[K.ROLLOUT_LOG_PROBS]
-            else:
-                batch = run.actor.compute_log_prob(batch)
-        if correction_enabled(algo.rollout_correction):
-            metrics.update(correct_rollout_mismatch(batch, algo.rollout_correction))
+            batch, correction = self.old_log_probs(batch)
+        metrics.update(correction)
         if run.need_ref:
             with timer("ref"):
                 batch = run.actor.compute_ref_log_prob(batch)
@@ -123,6 +91,16 @@ class PPOTrainer:
         return metrics
 
     # -- stages that run on the controller -----------------------------------------------------
+    def old_log_probs(self, batch: Batch) -> tuple[Batch, dict]:
+        """OLD_LOG_PROBS, recomputed by the trainer or (rollout_correction.bypass_mode) the engine's
+        own; then the train/rollout mismatch correction when one is configured (trainer/mismatch.py)."""
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.bypass_mode:
+            batch[K.OLD_LOG_PROBS] = batch[K.ROLLOUT_LOG_PROBS]
+        else:
+            batch = self.run.actor.compute_log_prob(batch)
+        return batch, (correct_rollout_mismatch(batch, rc) if correction_enabled(rc) else {})
+
     def compute_advantages(self, batch: Batch) -> dict:
         """TOKEN_LEVEL_SCORES (-> KL-penalized TOKEN_LEVEL_REWARDS) -> ADVANTAGES, RETURNS."""
         algo, metrics = self.cfg.algorithm, {}
@@ -141,7 +119,7 @@ class PPOTrainer:
             response_mask=batch[K.RESPONSE_MASK],
             index=batch[K.UID],
             values=batch[K.VALUES] if K.VALUES in batch else None,
-            reward_baselines=batch[K.REWARD_BASELINES] if algo.adv_estimator == "remax" else None,
+            **{key: batch[key] for key in self.estimator_needs},
             gamma=algo.gamma,
             lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
@@ -163,18 +141,5 @@ class PPOTrainer:
         )
         return metrics
 
-    def _check_nonfinite(self, metrics: dict) -> None:
-        limit = self.cfg.trainer.max_nonfinite_steps
-        for role in ("actor", "critic"):
-            if metrics.get(f"{role}/nonfinite_in_a_row", 0) >= limit:
-                raise NonFiniteError(
-                    f"{role}: {int(metrics[f'{role}/nonfinite_in_a_row'])} updates in a row had a non-finite loss or "
-                    f"gradient norm (trainer.max_nonfinite_steps={limit}); the last good checkpoint is intact. "
-                    f"Lower the learning rate ({role} optim.lr), check the reward for inf/NaN, or enable grad_clip."
-                )
-
-
-def _fault_injection_point(step: int) -> None:
-    """Tests kill the process right after a checkpoint to prove resume is exact."""
-    if os.environ.get("HYBRIDRL_KILL_AFTER_SAVE_STEP") == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)
+    def state_dict(self) -> dict:
+        return {"kl_ctrl": self.kl_ctrl.state_dict()}

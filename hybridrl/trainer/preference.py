@@ -29,7 +29,7 @@ class PreferenceTrainer(OfflineTrainer):
         if self.precomputed:
             self.precompute_reference()
 
-    def step(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> dict:
         actor, timer = self.run.actor, StageTimer()
         if not self.precomputed:
             with timer("ref"):

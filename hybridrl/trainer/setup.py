@@ -1,28 +1,30 @@
 """Everything a run needs before its first step: data, workers, rewards, tracking, resume.
 
-Kept apart from the loop so `ppo.py` reads as the algorithm and this file as the plumbing.
+Kept apart from the loop (`loop.py`) and the steps (`ppo.py`, `offline.py`) so that those read as the
+algorithm and this file as the plumbing. `build_run` is the one way to build a run.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from hybridrl.config import ConfigError, plan_batches, save_config, to_dict
+from hybridrl.config import Config, ConfigError, plan_batches, save_config, to_dict
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.data.dataset import PromptLoader, load_prompt_records
+from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
 from hybridrl.data.preference import load_warmup_pairs
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
+from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.rewards.managers import ManagedScorer
@@ -42,63 +44,48 @@ def checkpoints_dir(cfg) -> Path:
     return run_dir(cfg) / "checkpoints"
 
 
+# A reward function: (data_source, solution_str, ground_truth, extra_info, **reward_kwargs) -> score
+# or a dict with a "score" and extra metrics (hybridrl/rewards).
+ComputeScore = Callable[..., float | dict[str, float]]
+
+
 @dataclass
 class RunContext:
-    cfg: object
+    """What a trainer's steps use: the data, the worker groups, the reward, tracking, the step
+    counter; and what is done to the whole run (checkpoint, samples, finish)."""
+
+    cfg: Config
     dir: Path
-    loader: PromptLoader
-    val_records: list
-    actor: object
-    critic: object | None
-    compute_score: object
+    loader: PromptLoader  # prompts (RL) or preference/SFT rows (RecordLoader)
+    val_records: list[PromptRecord]
+    actor: WorkerGroup[ActorRolloutRefWorker]
+    critic: WorkerGroup[CriticWorker] | None
+    compute_score: ComputeScore
     need_ref: bool
     save_ref: bool
     tracker: Tracker
     total_steps: int
     pad_token_id: int
     val_batch_size: int
-    workers: WorkerGroups | None = None
+    workers: WorkerGroups
     global_step: int = 0
-    trainer_state: dict = field(default_factory=dict)
+    trainer_state: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
-    started: float = field(default_factory=time.perf_counter)
-
-    def is_last_step(self) -> bool:
-        """The step just taken ends the run: the step count is reached, or the wall-clock budget
-        (`trainer.max_wall_time_s`, counted from when this process built the run) is spent."""
-        limit = self.cfg.trainer.max_wall_time_s
-        return self.global_step >= self.total_steps or (limit is not None and time.perf_counter() - self.started >= limit)
-
-    @contextlib.contextmanager
-    def profiled(self):
-        """Around one step: torch.profiler in every worker process when the step is one of
-        `trainer.profile_steps` (hybridrl/tracking/profiler.py); nothing otherwise."""
-        step = self.global_step
-        if step not in self.cfg.trainer.profile_steps:
-            yield
-            return
-        out = self.dir / "profile" / f"step_{step}"
-        groups = [g for g in (self.actor, self.critic) if g is not None]
-        for g in groups:
-            g.start_profile(str(out))
-        try:
-            yield
-        finally:
-            tables = [t for g in groups for t in g.stop_profile() if t]
-            print(f"[hybridrl] step {step} profiled: {len(tables)} trace(s) and op table(s) in {out}", flush=True)
+    started: float = field(default_factory=time.perf_counter)  # trainer.max_wall_time_s counts from here
 
     @property
     def ckpt_root(self) -> Path:
         return checkpoints_dir(self.cfg)
 
-    def save_checkpoint(self, kl_ctrl_state: dict) -> Path:
+    def save_checkpoint(self, trainer_state: dict[str, Any]) -> Path:
+        """Workers' models, optimizers and RNGs, the data position and the trainer's own state."""
         tmp = ckpt.begin_save(self.ckpt_root, self.global_step)
         self.actor.save_checkpoint(str(tmp), self.save_ref)
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp))
         if self.workers.backend is not None:  # each worker process's RNG (sampling, shuffles)
             self.workers.backend.run_on_hosts(_save_worker_rng, str(tmp))
-        state = {"global_step": self.global_step, "data": self.loader.state_dict(), "kl_ctrl": kl_ctrl_state}
+        state = {"global_step": self.global_step, "data": self.loader.state_dict(), **trainer_state}
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
 
     def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
@@ -162,7 +149,9 @@ def _check_reward_kwargs(cfg, custom, records) -> None:
         raise ConfigError([str(e)]) from None
 
 
-def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
+def build_run(
+    cfg: Config, data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None, need_ref: bool | None = None
+) -> RunContext:
     """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
 
     The RL loop calls it with the defaults. Other trainers pass `data(tokenizer) -> (loader,

@@ -1,6 +1,6 @@
 """Supervised fine-tuning (algorithm.name = sft): token-mean NLL on the response tokens only.
 
-Shares the loop, checkpoints and tracking of the preference trainers (`offline.py`); one step
+Shares the loop, checkpoints and tracking of every trainer (`loop.py`, `offline.py`); one step
 is one optimizer step over data.train_batch_size rows.
 """
 
@@ -15,7 +15,7 @@ class SFTTrainer(OfflineTrainer):
     def __init__(self, cfg):
         super().__init__(cfg, need_ref=False)
 
-    def step(self, batch: Batch) -> dict:
+    def update(self, batch: Batch) -> dict:
         timer = StageTimer()
         with timer("update_actor"):
             metrics = self.run.actor.update_sft(batch)

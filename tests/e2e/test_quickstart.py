@@ -1,4 +1,5 @@
-"""The README's quickstart, run as shipped: the reward must clearly rise (the promise it makes)."""
+"""The README's quickstart, run as shipped: the reward must clearly rise (the promise it makes), and
+every deterministic metric must equal the stored run's (tests/e2e/golden/quickstart.jsonl)."""
 
 import json
 import os
@@ -8,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from golden_metrics import GOLDEN_ENV, assert_matches_golden
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quickstart_reward_rises(tmp_path):
+def test_quickstart_reward_rises_and_matches_golden_metrics(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "hybridrl", "train", "configs/quickstart.yaml",
          f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console,jsonl]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ),
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **GOLDEN_ENV},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -26,3 +29,5 @@ def test_quickstart_reward_rises(tmp_path):
     assert last - first >= 0.3, f"reward rose only {first:.3f} -> {last:.3f}"
     val = [r["val-core/arith/reward/mean@1"] for r in rows if "val-core/arith/reward/mean@1" in r]
     assert val[-1] > val[0], f"held-out greedy accuracy did not improve: {val}"
+    # The refactors of issue 14 (engine, loop, layout) must leave every number of the run unchanged.
+    assert_matches_golden("quickstart", rows)

@@ -9,11 +9,31 @@ import tempfile
 from pathlib import Path
 
 
+def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
+    """`[CONFIG] key=value ...`: the first argument is a config file unless it is an override.
+    With no config file the run starts from verl's defaults (a verl command line, docs/verl.md)."""
+    items = list(args.args)
+    config = items.pop(0) if items and "=" not in items[0] and not items[0].startswith(("~", "+")) else None
+    verl = args.verl or ("ppo" if config is None else None)
+    return config, items, verl
+
+
+def _load(args):
+    """The config of a train/explain command line, and its notices printed once (stderr)."""
+    from hybridrl.config import load_config
+
+    config, overrides, verl = _config_and_overrides(args)
+    cfg = load_config(config, overrides, verl=verl)
+    for notice in cfg.notices:
+        print(f"hybridrl: note: {notice}", file=sys.stderr)
+    return cfg
+
+
 def cmd_train(args) -> int:
-    from hybridrl.config import ConfigError, load_config
+    from hybridrl.config import ConfigError
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _load(args)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -39,10 +59,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from hybridrl.config import ConfigError, explain, load_config
+    from hybridrl.config import ConfigError, explain
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _load(args)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -204,8 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("explain", cmd_explain, "show how batch sizes resolve and every config error, loading nothing"),
     ):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("config", help="YAML config file")
-        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+        s.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
+                       help="a YAML config file (optional: without one, verl's defaults, so a verl command line "
+                            "runs as is) and dotted overrides, e.g. data.train_batch_size=64; +key=, ++key=, ~key "
+                            "as in Hydra")
+        s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("data", help="write datasets in verl's row format")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hybridrl.config import ConfigError, plan_batches, save_config, to_dict
+from hybridrl.config import ConfigError, plan_batches, resolve, save_config, to_dict
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
@@ -166,6 +166,7 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
     reference policy); the rest (workers, checkpoints, resume, tracking) is shared.
     """
+    resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)
     out = run_dir(cfg)
     resume_from = _find_resume(cfg)
@@ -266,7 +267,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
             max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
             require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
         )  # fmt: skip
-    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    loader = PromptLoader(records, cfg.data.train_batch_size, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=_shuffle_seed(cfg))
     return loader, val_records
 
 
@@ -324,3 +325,8 @@ def _sft_batch(pairs, pad: int) -> Batch:
         prompts[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
         responses[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
     return Batch({K.PROMPTS: prompts, K.PROMPT_MASK: prompt_mask, K.RESPONSES: responses, K.RESPONSE_MASK: response_mask})
+
+
+def _shuffle_seed(cfg) -> int:
+    """data.seed (verl's name) seeds the prompt shuffle; unset, trainer.seed does."""
+    return cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed

@@ -333,8 +333,8 @@ class TrainerConfig:
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
     log_val_generations: int = option(
-        0, "Validation prompt/response/score triples written to val_samples.jsonl (and shown by the loggers) per "
-        "validation; 0 = none."
+        0, "Validation prompt/response/score triples written to val_samples.jsonl in the run directory per "
+        "validation (the first N of the validation set); 0 = none."
     )
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
     max_wall_time_s: float | None = option(

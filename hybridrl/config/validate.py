@@ -129,6 +129,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.test_freq", _OFF_OR_1),
     ("trainer.max_nonfinite_steps", _AT_LEAST_0),
     ("trainer.log_samples", _AT_LEAST_0),
+    ("trainer.log_val_generations", _AT_LEAST_0),
     ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
@@ -353,7 +354,11 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         out.append(_suggest("warmup.batch_size", w.batch_size,
                             f"must divide by the actor's data-parallel size {dp}", fix))
     rank = cfg.actor_rollout_ref.model.lora_rank
-    if rank > 0 and dp > 1:
+    if cfg.actor_rollout_ref.model.lora_adapter_path and dp > 1:
+        out.append(_suggest("actor_rollout_ref.model.lora_adapter_path", cfg.actor_rollout_ref.model.lora_adapter_path,
+                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
+                            f"{dp}", None))
+    elif rank > 0 and dp > 1:
         # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
         out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
                             f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "

@@ -100,6 +100,14 @@ class RunContext:
         state = {"global_step": self.global_step, "data": self.loader.state_dict(), "kl_ctrl": kl_ctrl_state}
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
 
+    def log_val_samples(self, rows: list[dict]) -> None:
+        """trainer.log_val_generations (verl's name): the first N validation generations of each
+        validation, in the validation set's order, to val_samples.jsonl."""
+        n = self.cfg.trainer.log_val_generations
+        if n > 0:
+            append_samples(self.dir / "val_samples.jsonl", self.global_step, [r["prompt"] for r in rows],
+                           [r["response"] for r in rows], [r["score"] for r in rows], n)  # fmt: skip
+
     def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
         n = self.cfg.trainer.log_samples
         if n > 0:

@@ -155,7 +155,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         `actor/adapter` is loaded onto its base: model.path, or the saved random-init base)."""
         m = self.arr.model
         adapter = Path(model_path) / lora.ADAPTER_DIR
-        self.lora = m.lora_rank > 0
+        self.lora = m.lora_rank > 0 or bool(m.lora_adapter_path)
         if self.lora and adapter.is_dir():
             saved_base = Path(model_path).parent / lora.BASE_DIR
             base_path, random_init = (str(saved_base), False) if saved_base.is_dir() else (m.path, m.random_init)
@@ -168,6 +168,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             return model
         if adapter.is_dir():
             return lora.load_lora(model, adapter)
+        if m.lora_adapter_path:  # verl's lora_adapter_path: start from a saved peft adapter
+            return lora.load_lora(model, lora.check_adapter_dir(m.lora_adapter_path))
         return lora.apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
 
     @register(Dispatch.ALL)

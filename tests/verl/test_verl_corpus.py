@@ -1,4 +1,4 @@
-"""31 of verl's own example command lines (tests/verl/scripts/) are accepted with no config file,
+"""32 of verl's own example command lines (tests/verl/scripts/) are accepted with no config file,
 and hybridrl's batch plan is verl's normalization, worked out independently in corpus.py."""
 
 from collections import Counter
@@ -14,7 +14,7 @@ def test_the_corpus_is_large_enough():
     assert len(names) >= 30
     families = {n.split("__")[0] for n in names}
     assert {"ppo_trainer", "grpo_trainer", "rloo_trainer", "remax_trainer", "reinforce_plus_plus_trainer",
-            "cispo_trainer", "gpg_trainer", "tuning", "recipe", "docs"} <= families
+            "cispo_trainer", "gpg_trainer", "gmpo_trainer", "tuning", "recipe", "docs"} <= families
 
 
 @pytest.mark.parametrize("script", params(marks_pending=True))
@@ -53,7 +53,7 @@ def test_the_pending_features_are_exactly_the_algos_ones():
     to the schema and these values to validate.py's choices, the marks turn off by themselves."""
     used = Counter(a.split("=")[0] for s in scripts() for a in s.pending())
     assert used == {
-        "data.filter_overlong_prompts": 29, "actor_rollout_ref.actor.policy_loss.loss_mode": 2,
+        "data.filter_overlong_prompts": 30, "actor_rollout_ref.actor.policy_loss.loss_mode": 3,
         "algorithm.adv_estimator": 2, "data.gen_batch_size": 1, "algorithm.filter_groups.enable": 1,
         "algorithm.filter_groups.metric": 1, "algorithm.filter_groups.max_num_gen_batches": 1,
         "reward_model.reward_manager": 1, "reward_model.overlong_buffer.enable": 1,

@@ -210,9 +210,31 @@ def cmd_export(args) -> int:
         return 2
     import torch
 
-    out = export_hf(role_dir, args.output, getattr(torch, args.dtype))
-    print(f"wrote {out} (from {role_dir}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    dtype, why = (args.dtype, "--dtype") if args.dtype != "auto" else model_dtype(role_dir)
+    out = export_hf(role_dir, args.output, getattr(torch, dtype))
+    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_dtype(role_dir: Path) -> tuple[str, str]:
+    """The dtype the trained model came in, as verl's model merger keeps it: the `torch_dtype` of
+    the run's actor_rollout_ref.model.path (training holds fp32 masters, so the checkpoint's own
+    config.json says float32); float32 when that is unknown. Returns (dtype, where it came from)."""
+    import yaml
+
+    run_config = Path(role_dir).resolve().parents[2] / "config.yaml"  # run/checkpoints/step_N/actor
+    try:
+        model_path = yaml.safe_load(run_config.read_text())["actor_rollout_ref"]["model"]["path"]
+        hf = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return "float32", "the base model's dtype is unknown"
+    dtype = hf.get("torch_dtype") or hf.get("dtype")
+    if dtype not in _DTYPES:
+        return "float32", f"{model_path} names no dtype"
+    return dtype, f"the dtype of {model_path}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
     s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
     s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="dtype of the written weights (training keeps float32 master weights)")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="dtype of the written weights; auto (default) = the dtype the base model came in "
+                        "(actor_rollout_ref.model.path's config.json), as verl's model merger does; training "
+                        "keeps float32 master weights")
     s.set_defaults(fn=cmd_export)
     return p
 

@@ -1,4 +1,6 @@
-"""`python -m hybridrl.main_dapo key=value ...`: verl's `python3 -m recipe.dapo.main_dapo` command line, run by hybridrl (docs/verl.md)."""
+"""`python -m hybridrl.main_dapo key=value ...`:
+verl's `python3 -m recipe.dapo.main_dapo` command line, run by hybridrl (docs/verl.md).
+"""
 
 import sys
 

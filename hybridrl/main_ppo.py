@@ -1,4 +1,6 @@
-"""`python -m hybridrl.main_ppo key=value ...`: verl's `python3 -m verl.trainer.main_ppo` command line, run by hybridrl (docs/verl.md)."""
+"""`python -m hybridrl.main_ppo key=value ...`:
+verl's `python3 -m verl.trainer.main_ppo` command line, run by hybridrl (docs/verl.md).
+"""
 
 import sys
 

@@ -1,4 +1,6 @@
-"""`python -m hybridrl.sft_trainer key=value ...`: verl's `torchrun -m verl.trainer.fsdp_sft_trainer` command line, run by hybridrl (docs/verl.md)."""
+"""`python -m hybridrl.sft_trainer key=value ...`:
+verl's `torchrun -m verl.trainer.fsdp_sft_trainer` command line, run by hybridrl (docs/verl.md).
+"""
 
 import sys
 

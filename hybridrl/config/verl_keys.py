@@ -229,7 +229,7 @@ NEEDS: dict[str, Need] = {
 # --------------------------------------------------------------------------- renamed and normalized
 
 RENAMED: dict[str, str] = {
-    "*.optim.warmup_steps_ratio": "lr_warmup_steps_ratio",  # hybridrl's earlier spelling
+    "*.optim.warmup_steps_ratio": "lr_warmup_steps_ratio",  # hybridrl's earlier spelling (not verl's)
     "*.optim.clip_grad": "../grad_clip",  # verl's new location of the role's gradient clipping
     "*.optim.warmup_style": "lr_scheduler_type",  # deprecated verl spelling
     "ray_kwargs.ray_init.address": "ray_init.address",
@@ -549,3 +549,36 @@ def verl_base(entry: str, known: set[str]) -> dict:
     for key, value in defaults.items():
         put(tree, key, list(value) if isinstance(value, list) else value)
     return tree
+
+
+# --------------------------------------------------------------------------- docs/verl.md
+
+
+def markdown() -> str:
+    """The tables of docs/verl.md between its generated-section markers (tests/verl checks them)."""
+    def target(pattern: str, to: str) -> str:
+        if to.startswith("../"):
+            return f"{pattern.split('.optim.')[0]}.{to[3:]}"
+        return to if "." in to else f"{pattern.rsplit('.', 1)[0]}.{to}"
+
+    out = ["### Renamed (same meaning, hybridrl's key)", "", "| verl key | hybridrl key |", "| --- | --- |"]
+    out += [f"| `{k}` | `{target(k, v)}` |" for k, v in RENAMED.items()]
+    out += ["| `trainer.max_actor_ckpt_to_keep`, `trainer.max_critic_ckpt_to_keep` | `trainer.max_ckpt_to_keep` "
+            "(one step directory holds both: the larger count) |",
+            "| `data.val_max_samples=-1` | `data.val_max_samples=null` (every row) |", ""]
+    out += ["### Deprecated global micro-batch sizes (divided by the data-parallel size, as verl does)", "",
+            "| verl key | becomes |", "| --- | --- |"]
+    out += [f"| `{k}` | `{v}` = value // (nnodes x n_gpus_per_node) |" for k, v in GLOBAL_MICRO.items()]
+    out += ["", "### Accepted with a notice when > 1", "", "| verl key | what happens here |", "| --- | --- |"]
+    out += [f"| `{k}` | {v}{_ABOVE_ONE_TAIL} |" for k, v in ABOVE_ONE.items()]
+    out += ["", "### Ignored, no effect here (listed once in one notice at start)", "", "| verl key | why |", "| --- | --- |"]
+    out += [f"| `{k}` | {v} |" for k, v in IGNORED.items()]
+    out += ["", "### Refused unless at the harmless value (an error naming what is missing)", "",
+            "| verl key | accepted values | what hybridrl lacks |", "| --- | --- | --- |"]
+    for k, n in NEEDS.items():
+        ok = ", ".join(f"`{show(v)}`" for v in n.ok) or "any (checked through its switch)"
+        lack = n.missing + (f" (comes with the {n.pending} work)" if n.pending else "")
+        out.append(f"| `{k}` | {ok} | {lack} |")
+    out += ["", "### verl's defaults used with no hybridrl config file", "", "| key | verl default |", "| --- | --- |"]
+    out += [f"| `{k}` | `{show(v)}` |" for k, v in VERL_DEFAULTS.items()]
+    return "\n".join(out) + "\n"

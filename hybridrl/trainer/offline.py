@@ -26,7 +26,8 @@ def record_data(cfg):
             max_prompt_length=d.max_prompt_length, max_response_length=d.max_response_length,
             truncation=d.truncation, seed=cfg.trainer.seed,
         )  # fmt: skip
-        loader = RecordLoader(records, d.train_batch_size, tokenizer.pad_token_id, shuffle=d.shuffle, seed=d.seed if d.seed is not None else cfg.trainer.seed)
+        seed = d.seed if d.seed is not None else cfg.trainer.seed  # data.seed, verl's name for the shuffle seed
+        loader = RecordLoader(records, d.train_batch_size, tokenizer.pad_token_id, shuffle=d.shuffle, seed=seed)
         return loader, []
 
     return load

@@ -172,6 +172,13 @@ NEEDS: dict[str, Need] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "DAPO overlong shaping", _ALGOS),
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "DAPO overlong reward shaping", _ALGOS),
     "reward_model.reward_kwargs.max_resp_len": Need((None,), "DAPO overlong reward shaping", _ALGOS),
+    # the DAPO recipe's own section (recipe/dapo/config/dapo_trainer.yaml) spells the same as reward.*
+    "reward.reward_manager.name": Need(("naive",), "this reward manager", _ALGOS),
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "DAPO overlong reward shaping", _ALGOS),
+    "reward.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "DAPO overlong reward shaping", _ALGOS),
+    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "DAPO overlong shaping", _ALGOS),
+    "reward.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "DAPO overlong reward shaping", _ALGOS),
+    "reward.reward_kwargs.max_resp_len": Need((None,), "DAPO overlong reward shaping", _ALGOS),
     "trainer.rollout_data_dir": Need((None,), "JSONL dumps of each step's rollouts", "report"),
     "trainer.validation_data_dir": Need((None,), "JSONL dumps of validation generations", "report"),
     # features hybridrl does not have

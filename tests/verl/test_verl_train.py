@@ -22,7 +22,8 @@ BY_NAME = {s.name: s for s in scripts()}
 ])
 def test_a_verl_script_trains_two_steps(name, keys, ignores, tiny_model_with_weights, arith_data, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main("ppo", tiny_overrides(BY_NAME[name], tiny_model_with_weights, arith_data, out)) == 0
+    argv = tiny_overrides(BY_NAME[name], tiny_model_with_weights, arith_data, out) + ["trainer.log_val_generations=3"]
+    assert main("ppo", argv) == 0
     err = capsys.readouterr().err
     assert "hybridrl: note: actor_rollout_ref.rollout.name=vllm: hybridrl's own engine generates" in err
     assert err.count("ignored, no effect here") == ignores  # the engine knobs, all in one notice
@@ -32,6 +33,8 @@ def test_a_verl_script_trains_two_steps(name, keys, ignores, tiny_model_with_wei
     for key in keys:
         assert all(key in r for r in train), key
     assert "val-core/arith/reward/mean@1" in rows[-1]
+    val = [json.loads(line) for line in (out / "val_samples.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2, 2, 2] and all(set(v) == {"step", "prompt", "response", "score"} for v in val)
     ckpt = out / "checkpoints" / "step_2" / "actor"
     assert ckpt.is_dir()
     if "lora" not in name:

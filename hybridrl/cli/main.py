@@ -24,19 +24,22 @@ class UsageError(ValueError):
     """A command-line argument that cannot be used (the CLI's own user error)."""
 
 
-def _load(args, notices: list[str]):
-    """The config of `train`/`explain`, with the paths it names checked on this machine."""
+def _load(args):
+    """The config of a `train`/`explain` command line (`[CONFIG] key=value ...`; no CONFIG = verl's
+    defaults), with the paths it names checked on this machine; its notices printed once (stderr)."""
     from hybridrl.config import ConfigError, load_config
     from hybridrl.config.paths import missing_paths
 
-    cfg = load_config(args.config, args.overrides, notices=notices)
+    config, overrides, verl = _config_and_overrides(args)
+    args.config = config  # named in error messages
+    cfg = load_config(config, overrides, verl=verl)
     problems = missing_paths(cfg) + _device_problems(cfg)
     if problems and getattr(args, "no_path_check", False):
         for p in problems:
             print(f"hybridrl: warning: {p} (not checked further: --no-path-check)", file=sys.stderr)
     elif problems:
         raise ConfigError(problems)
-    for n in notices:
+    for n in cfg.notices:
         print(f"hybridrl: notice: {n}", file=sys.stderr)
     return cfg
 
@@ -81,13 +84,22 @@ def _user_code_line(e: BaseException, path: str) -> str:
     return f", line {line}" if line else ""
 
 
+def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
+    """`[CONFIG] key=value ...`: the first argument is a config file unless it is an override.
+    With no config file the run starts from verl's defaults (a verl command line, docs/verl.md)."""
+    items = list(args.args)
+    config = items.pop(0) if items and "=" not in items[0] and not items[0].startswith(("~", "+")) else None
+    verl = args.verl or ("ppo" if config is None else None)
+    return config, items, verl
+
+
 def cmd_train(args) -> int:
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts
 
-    cfg = args.cfg = _load(args, [])
+    cfg = args.cfg = _load(args)
     _check_reward_file(cfg)
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer
@@ -104,10 +116,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from hybridrl.config import explain_text
+    from hybridrl.config import explain
 
-    cfg = _load(args, [])
-    print(explain_text(cfg))
+    cfg = _load(args)
+    print(explain(cfg))
     return 0
 
 
@@ -247,8 +259,9 @@ def cmd_export(args) -> int:
                          "directory, a checkpoints/step_N directory or step_N/actor")
     import torch
 
-    out = export_hf(role_dir, args.output, getattr(torch, args.dtype))
-    print(f"wrote {out} (from {role_dir}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    dtype, why = (args.dtype, "--dtype") if args.dtype != "auto" else model_dtype(role_dir)
+    out = export_hf(role_dir, args.output, getattr(torch, dtype))
+    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
 
 
@@ -257,6 +270,27 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"hybridrl: error: {message}; see `{self.prog} --help`\n")
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_dtype(role_dir: Path) -> tuple[str, str]:
+    """The dtype the trained model came in, as verl's model merger keeps it: the `torch_dtype` of
+    the run's actor_rollout_ref.model.path (training holds fp32 masters, so the checkpoint's own
+    config.json says float32); float32 when that is unknown. Returns (dtype, where it came from)."""
+    import yaml
+
+    run_config = Path(role_dir).resolve().parents[2] / "config.yaml"  # run/checkpoints/step_N/actor
+    try:
+        model_path = yaml.safe_load(run_config.read_text())["actor_rollout_ref"]["model"]["path"]
+        hf = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return "float32", "the base model's dtype is unknown"
+    dtype = hf.get("torch_dtype") or hf.get("dtype")
+    if dtype not in _DTYPES:
+        return "float32", f"{model_path} names no dtype"
+    return dtype, f"the dtype of {model_path}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,8 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("explain", cmd_explain, "show how batch sizes resolve and every config error, loading nothing"),
     ):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("config", help="YAML config file")
-        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_batch_size=64")
+        s.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
+                       help="a YAML config file (optional: without one, verl's defaults, so a verl command line "
+                            "runs as is) and dotted overrides, e.g. data.train_batch_size=64; +key=, ++key=, ~key "
+                            "as in Hydra")
+        s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
         s.set_defaults(fn=fn)
         if name == "explain":
             s.add_argument("--no-path-check", action="store_true",
@@ -302,8 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
     s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
     s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="dtype of the written weights (training keeps float32 master weights)")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="dtype of the written weights; auto (default) = the dtype the base model came in "
+                        "(actor_rollout_ref.model.path's config.json), as verl's model merger does; training "
+                        "keeps float32 master weights")
     s.set_defaults(fn=cmd_export)
     return p
 

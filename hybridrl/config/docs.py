@@ -16,8 +16,9 @@ _INTRO = """\
 A run is configured by one YAML file plus `key=value` overrides, for example
 `data.train_batch_size=128 actor_rollout_ref.actor.optim.lr=1e-6`.
 
-- Keys are dotted paths; names follow verl's, so verl launch scripts carry over
-  (a leading `+`, as Hydra users write, is accepted and ignored).
+- Keys are dotted paths; names follow verl's, so verl launch scripts carry over: Hydra's `+key=`,
+  `++key=` and `~key` (back to the default) work, and the keys of verl's tree that are not listed
+  here are renamed, ignored with a note, or refused with what is missing ([verl.md](verl.md)).
 - Values are read as YAML: `1e-6`, `[console,wandb]`, `null`, `true`.
 - A YAML file may be partial; every key it leaves out takes the default below.
 - Unknown keys, wrong types and batch sizes that do not fit are all reported at once, each with a

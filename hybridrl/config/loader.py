@@ -18,8 +18,10 @@ from typing import Any
 
 import yaml
 
+from . import verl_keys
 from .schema import Config, ConfigError, resolve, type_name, walk
 from .extensions import load_extensions
+from .validate import config_notices as validation_notices
 from .validate import find_problems
 
 
@@ -72,28 +74,47 @@ def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, dee
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_once)
 
 _ENTRIES = {e.path: e for e in walk(Config())}
+_DEFAULTS = {path: e.value for path, e in _ENTRIES.items()}
+_DICT_KEYS = {path for path, e in _ENTRIES.items() if not e.is_section and (e.type is dict or typing.get_origin(e.type) is dict)}
 
 
 # --------------------------------------------------------------------------- public API
 
 
 def load_config(
-    path: str | Path | None, overrides: Sequence[str] = (), *, check: bool = True, notices: list[str] | None = None
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    *,
+    check: bool = True,
+    notices: list[str] | None = None,
+    verl: str | None = None,
 ) -> Config:
     """Read a (possibly partial) YAML file, apply overrides, type-check, validate, resolve.
 
     path: a YAML mapping, or None for the defaults alone.
-    overrides: `a.b.c=value` strings (a leading `+` or `++`, as Hydra users write, is ignored);
-        the value is parsed as YAML, so `1e-6`, `[a,b]`, `null`, `true` work.
+    overrides: `a.b.c=value` strings (a leading `+` or `++`, as Hydra users write, is ignored;
+        `~a.b.c` resets a key to its default); the value is parsed as YAML, so `1e-6`, `[a,b]`,
+        `null`, `true` work.
     check: also run `validate` (batch sizes, choices, ranges); type errors are always raised.
-    notices: when a list, gets one line per setting that is valid but probably not what was
+    notices: when a list, gets `cfg.notices`: one line per setting that is valid but probably not what was
         meant (settings the run ignores, two mechanisms doing the same job).
+    verl: a verl command line (no hybridrl config file) of that entry point (ppo, dapo, sft):
+        start from verl's defaults where they differ from ours, and map verl's engine and logger
+        names (docs/verl.md).
+
+    Keys of verl's config tree that are not ours are translated (`verl_keys`); what that ignored
+    or changed is in `cfg.notices`, to be shown once at start.
     """
     errors: list[str] = []
     tree = _read_yaml(path, errors) if path is not None else {}
-    cfg = _load(copy.deepcopy(tree), overrides, check, errors, readable=not errors)
+    if verl:
+        base = verl_keys.verl_base(verl, set(_ENTRIES))
+        _merge(base, tree)
+        tree = base
+    cfg = _load(copy.deepcopy(tree), overrides, check, errors, readable=not errors, verl=verl)
+    cfg.notices = cfg.notices + config_notices(cfg, tree, overrides)
     if notices is not None:
-        notices.extend(config_notices(cfg, tree, overrides))
+        notices.extend(cfg.notices)
     return cfg
 
 
@@ -179,11 +200,16 @@ def save_config(cfg: Config, path: str | Path) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], readable: bool) -> Config:
+def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], readable: bool,
+          verl: str | None = None) -> Config:
     if isinstance(overrides, str):  # a single override passed bare would be split into characters
         overrides = [overrides]
     for item in overrides:
         _apply_override(tree, item, errors)
+    translation = verl_keys.translate(tree, set(_ENTRIES), _DICT_KEYS, _DEFAULTS)
+    if verl:
+        verl_keys.verl_argv(tree, translation)
+    errors.extend(translation.errors)
     cfg = Config()
     bad: set[str] = set()  # keys whose value was rejected; validation of them would mislead
     _fill(cfg, tree, "", errors, bad)
@@ -198,6 +224,7 @@ def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], 
                 errors.append(problem.message)
     if errors:
         raise ConfigError(errors)
+    cfg.notices = translation.notices + validation_notices(cfg)
     return resolve(cfg)
 
 
@@ -237,6 +264,11 @@ def _read_yaml(path: str | Path, errors: list[str]) -> dict:
 def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
     key, sep, text = str(item).partition("=")
     key = key.strip().lstrip("+")
+    if key.startswith("~"):  # Hydra's delete: back to the default
+        key = key[1:]
+        if key and verl_keys.get(tree, key, "absent") != "absent":
+            verl_keys.pop(tree, key)
+        return
     if not sep or not key:
         errors.append(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=128)")
         return
@@ -386,6 +418,17 @@ def _unknown_key(path: str, value: Any, section: str | None = None) -> list[str]
     return [f"unknown key '{path}'; did you mean '{close[0]}'?{more}"]
 
 
+# Words that make names a letter or two apart mean different things: a suggestion never swaps them
+# (`ppo_micro_batch_size` is not a typo of `ppo_mini_batch_size`).
+_OPPOSITES = (("micro", "mini"), ("max", "min"), ("low", "high"), ("actor", "critic"), ("train", "val"))
+
+
+def _other_meaning(leaf: str, candidate: str) -> bool:
+    words, other = set(leaf.split("_")), set(candidate.split("_"))
+    return any(a in words and b in other and a not in other or b in words and a in other and b not in other
+               for a, b in _OPPOSITES)
+
+
 def suggest_keys(path: str, limit: int = 3) -> list[str]:
     """Valid keys a mistyped or misplaced one probably meant, best first.
 
@@ -397,6 +440,8 @@ def suggest_keys(path: str, limit: int = 3) -> list[str]:
     ranked = []
     for candidate in _ENTRIES:
         candidate_leaf = candidate.rsplit(".", 1)[-1]
+        if _other_meaning(leaf, candidate_leaf):
+            continue
         ratio = difflib.SequenceMatcher(None, path, candidate).ratio()
         if candidate_leaf == leaf:
             tier = 0

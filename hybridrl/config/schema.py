@@ -15,7 +15,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple
+from typing import Any, ClassVar, Iterator, NamedTuple
 
 
 def option(default: Any, doc: str) -> Any:
@@ -42,6 +42,9 @@ class DataConfig:
     train_files: str | list[str] = option("", "Training prompts: one or more local parquet or jsonl files.")
     val_files: str | list[str] | None = option(None, "Validation prompts (same format); null = no validation.")
     prompt_key: str = option("prompt", "Column holding the prompt (a string or a list of chat messages).")
+    response_key: str | None = option(
+        None, "SFT: column holding the response to train on; null = `response` (or `completion`)."
+    )
     reward_fn_key: str = option("data_source", "Column that selects the reward function for each row.")
     max_prompt_length: int = option(512, "Longest prompt in tokens; longer ones are handled per `truncation`.")
     max_response_length: int = option(512, "Most tokens generated per response.")
@@ -60,6 +63,7 @@ class DataConfig:
         None, "Prompts generated per round with algorithm.filter_groups (DAPO dynamic sampling); null = train_batch_size."
     )
     shuffle: bool = option(True, "Shuffle the training prompts every epoch.")
+    seed: int | None = option(None, "Seed of the training-prompt shuffle; null = trainer.seed.")
 
 
 # --------------------------------------------------------------------------- actor / rollout / ref
@@ -85,6 +89,10 @@ class ModelConfig:
     )
     lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
     lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
+    lora_adapter_path: str | None = option(
+        None, "A saved peft adapter directory (adapter_config.json + weights) to start LoRA training from; its "
+        "rank, alpha and target modules replace lora_rank, lora_alpha and target_modules."
+    )
     target_modules: str | list[str] = option(
         "all-linear", "Modules that get LoRA adapters: all-linear (every linear layer but the LM head) or a list of names."
     )
@@ -97,8 +105,8 @@ class OptimConfig:
     lr: float = option(1e-6, "Peak learning rate.")
     weight_decay: float = option(0.01, "AdamW weight decay.")
     betas: list[float] = option([0.9, 0.999], "AdamW (beta1, beta2).")
-    warmup_steps_ratio: float = option(0.0, "Warm-up length as a fraction of the total optimizer steps.")
-    lr_warmup_steps: int = option(-1, "Warm-up length in optimizer steps; a value >= 0 overrides warmup_steps_ratio.")
+    lr_warmup_steps_ratio: float = option(0.0, "Warm-up length as a fraction of the total optimizer steps.")
+    lr_warmup_steps: int = option(-1, "Warm-up length in optimizer steps; a value >= 0 overrides lr_warmup_steps_ratio.")
     lr_scheduler_type: str = option("constant", "Learning-rate shape after warm-up.")
     min_lr_ratio: float = option(0.0, "Cosine schedule floor as a fraction of `lr`.")
 
@@ -273,7 +281,9 @@ class CriticConfig:
         None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
     )
     ppo_epochs: int | None = option(None, "Passes over each step's rollouts; null = the actor's.")
-    use_dynamic_bsz: bool = option(False, "Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu.")
+    use_dynamic_bsz: bool | None = option(
+        None, "Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu; null = the actor's use_dynamic_bsz."
+    )
     ppo_max_token_len_per_gpu: int = option(
         32768, "With use_dynamic_bsz: most real tokens in one forward/backward pass of the critic on one device."
     )
@@ -281,7 +291,7 @@ class CriticConfig:
         None, "With use_dynamic_bsz: token budget of one value (forward-only) pass; null = ppo_max_token_len_per_gpu."
     )
     cliprange_value: float = option(0.5, "Clip range of the value update around the old values.")
-    loss_agg_mode: str = option("token-mean", "How per-token value losses are averaged.")
+    loss_agg_mode: str | None = option(None, "How per-token value losses are averaged; null = the actor's loss_agg_mode.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
 
 
@@ -422,6 +432,10 @@ class TrainerConfig:
     seed: int = option(1, "Random seed.")
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
+    log_val_generations: int = option(
+        0, "Validation prompt/response/score triples written to val_samples.jsonl in the run directory per "
+        "validation (the first N of the validation set); 0 = none."
+    )
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
     max_wall_time_s: float | None = option(
         None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
@@ -461,6 +475,10 @@ class RayInitConfig:
         "environment variable, else start a local cluster when trainer.nnodes x n_gpus_per_node > 1."
     )
     num_cpus: int | None = option(None, "CPUs of a local cluster the driver starts; null = all of the machine's.")
+    kwargs: dict = option(
+        {}, "Further keyword arguments for ray.init (verl's ray_kwargs.ray_init.*, e.g. runtime_env); address and "
+        "num_cpus above take precedence."
+    )
 
 
 @dataclass
@@ -510,6 +528,9 @@ class Config:
         "by name (docs/algorithms.md)."
     )
 
+    # What loading changed or ignored (verl keys, parallelism notices, warnings), shown once at start.
+    notices: ClassVar[tuple[str, ...]] = ()
+
     @property
     def critic_enabled(self) -> bool:
         """Only GAE needs a learned value function; the other estimators use group baselines."""
@@ -536,6 +557,12 @@ def resolve(cfg: Config) -> Config:
         critic.ppo_mini_batch_size = actor.ppo_mini_batch_size
     if critic.ppo_epochs is None:
         critic.ppo_epochs = actor.ppo_epochs
+    if critic.use_dynamic_bsz is None:  # verl: critic.use_dynamic_bsz follows the actor's
+        critic.use_dynamic_bsz = actor.use_dynamic_bsz
+    if critic.loss_agg_mode is None:
+        critic.loss_agg_mode = actor.loss_agg_mode
+    if cfg.data.seed is None:
+        cfg.data.seed = cfg.trainer.seed
     if critic.forward_max_token_len_per_gpu is None:
         critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
     for part in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):  # log-prob passes follow the actor

@@ -15,10 +15,14 @@ from typing import Any, Callable
 from .extensions import algorithm_problems, registered_choices
 from .layout import ParallelLayout, build_layout, layout_problem
 from .schema import Config, ConfigError, resolve, show, walk
+from .verl_keys import PENDING_CHOICES
 
 # algorithm.adv_estimator and actor.policy_loss.loss_mode take the names registered in
 # hybridrl.algorithms (built-in or from `extensions`): see extensions.py and `all_choices`.
-GROUP_ESTIMATORS = ("grpo", "rloo")  # baselines from the other responses to the same prompt
+# Baselines from the other responses to the same prompt: RLOO needs n > 1 (leave-one-out over
+# nothing otherwise); GRPO with n = 1 runs as verl's does (a group of one: mean 0, std 1, so the
+# advantage is the score itself), with a warning (`config_notices`).
+GROUP_ESTIMATORS = ("rloo",)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -74,7 +78,7 @@ def _optim_rules(prefix: str) -> list[tuple[str, _Rule]]:
     return [
         (f"{prefix}.lr", _POSITIVE),
         (f"{prefix}.weight_decay", _AT_LEAST_0),
-        (f"{prefix}.warmup_steps_ratio", _UNIT),
+        (f"{prefix}.lr_warmup_steps_ratio", _UNIT),
         (f"{prefix}.lr_warmup_steps", _OFF_OR_0),
         (f"{prefix}.min_lr_ratio", _UNIT),
     ]
@@ -132,6 +136,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.test_freq", _OFF_OR_1),
     ("trainer.max_nonfinite_steps", _AT_LEAST_0),
     ("trainer.log_samples", _AT_LEAST_0),
+    ("trainer.log_val_generations", _AT_LEAST_0),
     ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
@@ -177,6 +182,17 @@ class Problem:
     message: str  # names the keys and suggests a value that works
     keys: tuple[str, ...]  # the keys involved, first the one to change
     fix: dict[str, Any] | None = None  # overrides that remove this problem, when one change does
+
+
+def config_notices(cfg: Config) -> list[str]:
+    """Warnings about a valid config: settings that run, but probably not as meant."""
+    out = []
+    a = cfg.algorithm
+    if a.name == "rl" and a.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 1:
+        out.append("algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group holds one response, "
+                   "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
+                   "actor_rollout_ref.rollout.n=5")
+    return out
 
 
 def validate(cfg: Config) -> list[str]:
@@ -226,6 +242,8 @@ def _choice_problems(cfg: Config) -> list[Problem]:
     for key, choices in all_choices().items():
         if key.startswith("critic.") and not cfg.critic_enabled:
             continue
+        if key == "critic.loss_agg_mode" and cfg.critic.loss_agg_mode == cfg.actor_rollout_ref.actor.loss_agg_mode:
+            continue  # inherited from the actor's: reported there once
         value = _get(cfg, key)
         wrong = [v for v in (value if isinstance(value, list) else [value]) if v not in choices]
         if not wrong:
@@ -234,6 +252,11 @@ def _choice_problems(cfg: Config) -> list[Problem]:
             fix = [v for v in value if v in choices] or _DEFAULTS[key]
             rule = f"has {', '.join(map(repr, wrong))}, not among {', '.join(choices)}"
             out.append(_suggest(key, value, rule, fix))
+            continue
+        branch = PENDING_CHOICES.get(key, {}).get(value)
+        if branch:
+            out.append(Problem(f"{key}={value} is not in this hybridrl build yet (it comes with the {branch} work); "
+                               f"choose one of {', '.join(choices)}", (key,)))
             continue
         close = get_close_matches(str(value), choices, n=3, cutoff=0.5)
         fix = next((c for c in [*close, _DEFAULTS[key], *choices] if _harmless(cfg, key, c)), _DEFAULTS[key])
@@ -340,7 +363,11 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         out.append(_suggest("warmup.batch_size", w.batch_size,
                             f"must divide by the actor's data-parallel size {dp}", fix))
     rank = cfg.actor_rollout_ref.model.lora_rank
-    if rank > 0 and dp > 1:
+    if cfg.actor_rollout_ref.model.lora_adapter_path and dp > 1:
+        out.append(_suggest("actor_rollout_ref.model.lora_adapter_path", cfg.actor_rollout_ref.model.lora_adapter_path,
+                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
+                            f"{dp}", None))
+    elif rank > 0 and dp > 1:
         # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
         out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
                             f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
@@ -377,9 +404,10 @@ def _token_budget_problems(cfg: Config) -> list[Problem]:
         budget = a.actor.ppo_max_token_len_per_gpu if inherited else part.log_prob_max_token_len_per_gpu
         budgets.append((f"{section}.log_prob_max_token_len_per_gpu", on, budget, actor[0] if inherited else None))
     if cfg.critic_enabled:
-        budgets.append(("critic.ppo_max_token_len_per_gpu", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, None))
+        critic_on = a.actor.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
+        budgets.append(("critic.ppo_max_token_len_per_gpu", critic_on, c.ppo_max_token_len_per_gpu, None))
         inherited = c.forward_max_token_len_per_gpu in (None, c.ppo_max_token_len_per_gpu)
-        budgets.append(("critic.forward_max_token_len_per_gpu", c.use_dynamic_bsz,
+        budgets.append(("critic.forward_max_token_len_per_gpu", critic_on,
                         c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
                         "critic.ppo_max_token_len_per_gpu" if inherited else None))  # fmt: skip
     out, reported = [], set()

@@ -61,6 +61,7 @@ def load_preference_records(
     kind: str,
     *,
     prompt_key: str = "prompt",
+    response_key: str | None = None,
     max_prompt_length: int,
     max_response_length: int,
     truncation: str = "error",
@@ -79,7 +80,7 @@ def load_preference_records(
             where = f"{path}, row {i}"
             if not isinstance(row, dict):
                 raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
-            records.append(_parse_row(row, kind, prompt_key, tokenizer, limits, where))
+            records.append(_parse_row(row, kind, prompt_key, tokenizer, limits, where, response_key))
     if not records:
         raise DataError(f"{', '.join(map(str, files))}: no rows (the file is empty); give a file with at least one row")
     if kind == "dpo":
@@ -89,7 +90,8 @@ def load_preference_records(
     return records
 
 
-def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str) -> Record:
+def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str,
+               sft_response_key: str | None = None) -> Record:
     if kind == "sft" and "messages" in row:
         if not isinstance(row["messages"], (list, np.ndarray)):
             got = f"{type(row['messages']).__name__} {row['messages']!r:.60}"
@@ -101,13 +103,13 @@ def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, wher
                             f"message (the response to train on); got roles {[m['role'] for m in messages]}")
         prompt, completions = messages[:-1], {K.RESPONSES: messages[-1:]}
     else:
-        response_key = next((k for k in ("response", "completion") if k in row), "response")
+        response_key = sft_response_key or next((k for k in ("response", "completion") if k in row), "response")
         needed = _REQUIRED.get(kind, (response_key,))
         missing = [k for k in (prompt_key, *needed) if row.get(k) is None]
         if missing:
             hint = {"dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
                     "kto": f"KTO rows need {prompt_key!r}, 'completion' and 'label'",
-                    "sft": f"SFT rows need 'messages', or {prompt_key!r} and 'response'"}[kind]  # fmt: skip
+                    "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}"}[kind]  # fmt: skip
             raise DataError(f"{where}: missing {', '.join(map(repr, missing))} ({hint}); row has {sorted(row)}")
         prompt = _check_prompt(row[prompt_key], f"{where}: {prompt_key!r}")
         fields = {"dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"}, "kto": {K.RESPONSES: "completion"},

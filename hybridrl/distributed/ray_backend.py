@@ -279,7 +279,7 @@ def init_ray(cfg) -> None:
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
     if address:
         try:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(**{"log_to_driver": True, **_extra_init_kwargs(cfg), "address": address})
         except (ConnectionError, RuntimeError) as e:
             raise BackendError(
                 f"cannot join the Ray cluster at {address} (ray_init.address or RAY_ADDRESS): {e}; start it with "
@@ -288,4 +288,9 @@ def init_ray(cfg) -> None:
         return
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     num_cpus = cfg.ray_init.num_cpus or max(os.cpu_count() or 1, world)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    ray.init(**{"include_dashboard": False, "log_to_driver": True, **_extra_init_kwargs(cfg), "num_cpus": num_cpus})
+
+
+def _extra_init_kwargs(cfg) -> dict:
+    """ray_init.kwargs (verl's ray_kwargs.ray_init.*, e.g. runtime_env) passed on to ray.init."""
+    return {k: v for k, v in cfg.ray_init.kwargs.items() if k not in ("address", "num_cpus")}

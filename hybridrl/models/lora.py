@@ -41,6 +41,14 @@ def load_lora(model, adapter_dir: str | Path):
     return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
 
 
+def check_adapter_dir(path: str | Path) -> Path:
+    """`path` if it holds a saved peft adapter; a one-line error naming the key otherwise."""
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"actor_rollout_ref.model.lora_adapter_path={path} holds no adapter_config.json: "
+                                "point it at a directory written by peft's save_pretrained")
+    return Path(path)
+
+
 def is_lora(model) -> bool:
     return hasattr(model, "peft_config")
 

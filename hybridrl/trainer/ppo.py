@@ -136,9 +136,10 @@ class PPOTrainer(Trainer):
 
     def validate(self) -> dict:
         run = self.run
-        _, metrics = evaluate(
+        rows, metrics = evaluate(
             run.actor, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
         )
+        run.log_val_samples(rows)
         return metrics
 
     def state_dict(self) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrl.config import Config, ConfigError, plan_batches, save_config, to_dict
+from hybridrl.config import Config, ConfigError, plan_batches, resolve, save_config, to_dict
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
@@ -87,6 +87,14 @@ class RunContext:
             self.workers.backend.run_on_hosts(_save_worker_rng, str(tmp))
         state = {"global_step": self.global_step, "data": self.loader.state_dict(), **trainer_state}
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
+
+    def log_val_samples(self, rows: list[dict]) -> None:
+        """trainer.log_val_generations (verl's name): the first N validation generations of each
+        validation, in the validation set's order, to val_samples.jsonl."""
+        n = self.cfg.trainer.log_val_generations
+        if n > 0:
+            append_samples(self.dir / "val_samples.jsonl", self.global_step, [r["prompt"] for r in rows],
+                           [r["response"] for r in rows], [r["score"] for r in rows], n)  # fmt: skip
 
     def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
         n = self.cfg.trainer.log_samples
@@ -158,6 +166,7 @@ def build_run(
     val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
     reference policy); the rest (workers, checkpoints, resume, tracking) is shared.
     """
+    resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)
     out = run_dir(cfg)
     resume_from = _find_resume(cfg)
@@ -263,7 +272,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     # DAPO dynamic sampling draws data.gen_batch_size prompts per generation round
     prompts_per_batch = (cfg.data.gen_batch_size or cfg.data.train_batch_size) if cfg.algorithm.filter_groups.enable \
         else cfg.data.train_batch_size
-    loader = PromptLoader(records, prompts_per_batch, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    loader = PromptLoader(records, prompts_per_batch, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=_shuffle_seed(cfg))
     return loader, val_records
 
 
@@ -314,3 +323,8 @@ def _sft_batch(pairs, pad: int) -> Batch:
         prompts[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
         responses[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
     return Batch({K.PROMPTS: prompts, K.PROMPT_MASK: prompt_mask, K.RESPONSES: responses, K.RESPONSE_MASK: response_mask})
+
+
+def _shuffle_seed(cfg) -> int:
+    """data.seed (verl's name) seeds the prompt shuffle; unset, trainer.seed does."""
+    return cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed

@@ -21,7 +21,7 @@ def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
 def warmup_steps(optim_cfg, total_steps: int) -> int:
     if optim_cfg.lr_warmup_steps >= 0:
         return optim_cfg.lr_warmup_steps
-    return int(optim_cfg.warmup_steps_ratio * total_steps)
+    return int(optim_cfg.lr_warmup_steps_ratio * total_steps)
 
 
 def build_scheduler(optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -16,7 +16,7 @@ from hybridrl.models.loading import load_causal_lm
 class PolicyWeights:
     def __init__(self, model_cfg):
         self.cfg = model_cfg
-        self.lora = model_cfg.lora_rank > 0
+        self.lora = model_cfg.lora_rank > 0 or bool(model_cfg.lora_adapter_path)
         # forward + backward per row; LoRA computes no weight gradients of the base (perf/mfu)
         self.train_passes = 2.0 if self.lora else 3.0
 
@@ -35,6 +35,8 @@ class PolicyWeights:
             return model
         if adapter.is_dir():
             return lora.load_lora(model, adapter)
+        if m.lora_adapter_path:  # verl's lora_adapter_path: start from a saved peft adapter
+            return lora.load_lora(model, lora.check_adapter_dir(m.lora_adapter_path))
         return lora.apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
 
     def named_weights(self, model):

@@ -128,7 +128,7 @@ def test_yaml_number_in_a_text_key_suggests_quoting(tmp_path):
         ("actor_rollout_ref.actr.ppo_epochs", "actor_rollout_ref.actor.ppo_epochs"),
         ("data.train_batch", "data.train_batch_size"),
         ("trainer.n_gpus", "trainer.n_gpus_per_node"),
-        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.warmup_steps_ratio"),
+        ("actor_rollout_ref.actor.optim.lr_warmup_step_ratio", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio"),
         ("algorithm.kl_ctrl.kl_coeff", "algorithm.kl_ctrl.kl_coef"),
     ],
 )

@@ -132,7 +132,7 @@ BROKEN = [
     (["critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size=48 does not divide data.train_batch_size=256"),
     (["trainer.nnodes=2", "trainer.n_gpus_per_node=4", "data.train_batch_size=12", f"{A}.ppo_mini_batch_size=12"],
      "(trainer.nnodes=2 x trainer.n_gpus_per_node=4)"),
-    (["algorithm.adv_estimator=grpo"], f"needs {R}.n > 1 (got 1); use {R}.n=5"),
+    (["algorithm.adv_estimator=rloo"], f"needs {R}.n > 1 (got 1); use {R}.n=5"),
     (["algorithm.adv_estimator=rloo", f"{R}.n=1"], f"use {R}.n=5"),
     # ranges
     (["data.train_batch_size=0"], "data.train_batch_size=0 must be >= 1; use e.g. data.train_batch_size=256"),
@@ -158,7 +158,7 @@ BROKEN = [
     (["warmup.lr=0", "warmup.steps=5", "warmup.files=w.jsonl"], "warmup.lr=0.0 must be > 0"),
     # choices
     (["algorithm.adv_estimator=gpro", f"{R}.n=4"], "use e.g. algorithm.adv_estimator=grpo"),
-    (["algorithm.adv_estimator=gpro"], "grpo would also need other keys changed"),
+    (["algorithm.adv_estimator=rlo"], "rloo would also need other keys changed"),
     ([f"{A}.loss_agg_mode=token_mean"], f"use e.g. {A}.loss_agg_mode=token-mean"),
     ([f"{A}.kl_loss_type=lowvar_kl"], f"use e.g. {A}.kl_loss_type=low_var_kl"),
     (["algorithm.kl_penalty=full"], "algorithm.kl_penalty=full is not one of kl, k1, abs, mse, k2, low_var_kl, k3"),

@@ -155,3 +155,32 @@ def test_an_engine_with_its_own_weights_follows_the_lora_policy(tiny_model_dir):
     assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])
     torch.testing.assert_close(got[K.ROLLOUT_LOG_PROBS], want[K.ROLLOUT_LOG_PROBS], rtol=1e-4, atol=1e-5)
     assert base_model(w.model) is not own
+
+
+def test_lora_adapter_path_starts_from_the_saved_adapter(tiny_model_dir, tmp_path):
+    """verl's actor_rollout_ref.model.lora_adapter_path: the policy is base + the saved adapter (its
+    rank and alpha, not lora_rank's), trainable; the reference stays the base."""
+    torch.manual_seed(0)
+    base = load_causal_lm(tiny_model_dir, random_init=True)
+    base.save_pretrained(tmp_path / "base")
+    peft_model = apply_lora(copy.deepcopy(base), 2, 6, ["q_proj", "v_proj"])
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, generator=torch.Generator().manual_seed(1))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    want = dict(merged_named_parameters(peft_model))
+
+    w = lora_worker(str(tmp_path / "base"), random_init=False, lora_rank=0,
+                    lora_adapter_path=str(tmp_path / "adapter"))
+    ours = dict(merged_named_parameters(w.model))
+    q = "model.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(ours[q], want[q])
+    assert not torch.allclose(ours[q], base.state_dict()[q])  # the adapter's delta is in
+    assert w.model.peft_config["default"].r == 2 and w.model.peft_config["default"].lora_alpha == 6
+    trainable = [n for n, p in w.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_lora_adapter_path_without_an_adapter_is_a_clear_error(tiny_model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="lora_adapter_path=.* holds no adapter_config.json"):
+        lora_worker(tiny_model_dir, lora_adapter_path=str(tmp_path))

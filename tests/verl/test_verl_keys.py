@@ -1,0 +1,159 @@
+"""Every key of verl's PPO config tree is known: ours, renamed, normalized, ignored with a notice,
+or refused with what is missing (hybridrl/config/verl_keys.py)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridrl.config import ConfigError, load_config, plan_batches
+from hybridrl.config.schema import walk
+
+VERL_KEYS = yaml.safe_load((Path(__file__).parent / "data" / "ppo_trainer_keys.yaml").read_text())
+REQUIRED = ["actor_rollout_ref.model.path=models/m", "data.train_files=data/train.parquet"]
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+
+
+def verl(*overrides, entry="ppo"):
+    return load_config(None, [*REQUIRED, *overrides], verl=entry)
+
+
+def errors(*overrides):
+    with pytest.raises(ConfigError) as info:
+        verl(*overrides)
+    return info.value.errors
+
+
+def _literal(v) -> bool:
+    return not (isinstance(v, str) and ("${" in v or v == "???"))
+
+
+def test_verls_whole_default_tree_is_accepted():
+    """All 507 leaves of verl's ppo_trainer.yaml at verl's defaults: no error, no unknown key."""
+    assert len(VERL_KEYS) == 507
+    overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                 for k, v in VERL_KEYS.items() if _literal(v)]
+    cfg = verl(*overrides, f"{R}.name=vllm")
+    (ignored,) = [n for n in cfg.notices if n.startswith("ignored, no effect here: ")]
+    assert "actor_rollout_ref.rollout.enable_chunked_prefill" in ignored and "(vLLM/SGLang/TRT-LLM engine knob" in ignored
+    assert "actor_rollout_ref.model.use_shm" in ignored and "(shm model loading)" in ignored
+    assert ignored.count("actor_rollout_ref.rollout.load_format") == 1
+    assert any(n.startswith(f"{R}.tensor_model_parallel_size=2: rollout runs as data-parallel replicas") for n in cfg.notices)
+
+
+@pytest.mark.parametrize("key", [k for k, v in VERL_KEYS.items() if not _literal(v)])
+def test_every_interpolated_verl_key_is_known(key):
+    """Keys whose verl default is an interpolation: set to a value, never 'unknown'."""
+    try:
+        verl(f"{key}=null")
+    except ConfigError as e:
+        assert not [m for m in e.errors if "unknown key" in m], e.errors
+
+
+def test_no_config_defaults_are_verls_for_every_shared_key():
+    ours = {e.path: e.value for e in walk(verl())}
+    differ = {k: (v, ours[k]) for k, v in VERL_KEYS.items() if k in ours and _literal(v) and ours[k] != v}
+    assert differ == {
+        # paths: verl's are placeholders; here an empty one is an error naming the key
+        "actor_rollout_ref.model.path": ("~/models/deepseek-llm-7b-chat", "models/m"),
+        "actor_rollout_ref.model.tokenizer_path": (None, "models/m"),  # resolved from the model path, as verl does
+        "critic.model.path": ("~/models/deepseek-llm-7b-chat", "models/m"),
+        "data.train_files": ("~/data/rlhf/gsm8k/train.parquet", "data/train.parquet"),
+        "data.val_files": ("~/data/rlhf/gsm8k/test.parquet", None),
+        "data.val_max_samples": (-1, None),  # both mean every row
+        "data.seed": (None, 1),  # verl: null = trainer.seed too
+        "trainer.logger": (["console", "wandb"], ["console", "wandb", "jsonl"]),  # + the run's metrics.jsonl
+        "trainer.device": ("cuda", "auto"),  # cuda where there is one
+    }
+    assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
+    assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8
+
+
+def test_a_hybridrl_config_file_keeps_hybridrl_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {train_files: t.parquet}\nactor_rollout_ref: {model: {path: m}}\n")
+    cfg = load_config(path)
+    assert cfg.data.train_batch_size == 256 and cfg.trainer.n_gpus_per_node == 1 and cfg.notices == []
+
+
+def test_a_key_that_would_change_the_result_is_an_error_naming_what_is_missing():
+    assert errors("actor_rollout_ref.hybrid_engine=false") == [
+        "actor_rollout_ref.hybrid_engine=false needs a non-colocated actor and rollout (hybridrl always colocates "
+        "them; split the critic with resource_pool instead), which hybridrl does not have; use "
+        "actor_rollout_ref.hybrid_engine=true or leave it out"]
+    (e,) = errors(f"{A}.strategy=megatron")
+    assert "needs the Megatron strategy" in e
+    verl("actor_rollout_ref.hybrid_engine=true", f"{A}.strategy=fsdp2", "reward_model.enable=false")
+
+
+def test_renamed_keys():
+    cfg = verl(f"{A}.optim.clip_grad=0.5", f"{A}.optim.warmup_style=cosine", "critic.optim.lr_warmup_steps_ratio=0.1",
+               "trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=2",
+               "global_profiler.tool=torch", "global_profiler.steps=[2,4]", "ray_kwargs.ray_init.num_cpus=4",
+               "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false")
+    a = cfg.actor_rollout_ref.actor
+    assert (a.grad_clip, a.optim.lr_scheduler_type, cfg.critic.optim.lr_warmup_steps_ratio) == (0.5, "cosine", 0.1)
+    assert cfg.trainer.max_ckpt_to_keep == 3  # one step directory holds both: the larger count
+    assert cfg.trainer.profile_steps == [2, 4]
+    assert cfg.ray_init.num_cpus == 4
+    assert cfg.ray_init.kwargs == {"runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": False}}}
+
+
+def test_global_micro_batch_sizes_are_divided_by_the_world_as_verl_does():
+    cfg = verl("trainer.n_gpus_per_node=4", f"{A}.ppo_micro_batch_size=32", f"{R}.log_prob_micro_batch_size=64",
+               "actor_rollout_ref.ref.log_prob_micro_batch_size=16", "critic.ppo_micro_batch_size=8")
+    a = cfg.actor_rollout_ref
+    assert (a.actor.ppo_micro_batch_size_per_gpu, a.rollout.log_prob_micro_batch_size_per_gpu,
+            a.ref.log_prob_micro_batch_size_per_gpu, cfg.critic.ppo_micro_batch_size_per_gpu) == (8, 16, 4, 2)
+    (e,) = errors("trainer.n_gpus_per_node=4", f"{A}.ppo_micro_batch_size=32", f"{A}.ppo_micro_batch_size_per_gpu=8")
+    assert e.startswith(f"{A}.ppo_micro_batch_size and {A}.ppo_micro_batch_size_per_gpu are both set; set only one")
+    (e,) = errors("trainer.n_gpus_per_node=4", f"{R}.log_prob_micro_batch_size=2")
+    assert "smaller than the data-parallel size 4" in e
+
+
+def test_sequence_and_tensor_parallelism_run_as_data_parallel_with_a_notice():
+    cfg = verl("trainer.n_gpus_per_node=8", f"{A}.ulysses_sequence_parallel_size=2", f"{R}.tensor_model_parallel_size=4",
+               f"{A}.ppo_micro_batch_size_per_gpu=16", "critic.ppo_micro_batch_size_per_gpu=32")
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8  # verl's 16 split over 2 devices
+    assert cfg.critic.ppo_micro_batch_size_per_gpu == 32  # the critic has no SP here
+    plan = plan_batches(cfg)
+    assert plan.dp == 8 and plan.actor.per_device_mini_batch == 256 // 8  # verl: 256 // (8 // 2) = 64 = 2 x 32
+    text = "\n".join(cfg.notices)
+    assert f"{A}.ulysses_sequence_parallel_size=2: training runs without sequence parallelism (the samples" in text
+    assert f"{R}.tensor_model_parallel_size=4: rollout runs as data-parallel replicas" in text
+    (e,) = errors(f"{R}.tensor_model_parallel_size=0")
+    assert e == f"{R}.tensor_model_parallel_size=0 must be an integer >= 1"
+
+
+def test_verl_engines_and_loggers_map_onto_ours():
+    cfg = verl(f"{R}.name=sglang", "trainer.logger=[console,swanlab,file]")
+    assert cfg.actor_rollout_ref.rollout.name == "auto"
+    assert cfg.trainer.logger == ["console", "jsonl"]
+    assert any("swanlab not available here" in n for n in cfg.notices)
+    assert load_config(None, [*REQUIRED, f"{R}.name=vllm"]).actor_rollout_ref.rollout.name == "vllm"  # hybridrl's own
+
+
+def test_grpo_with_one_sample_is_a_warning_as_in_verl():
+    cfg = verl("algorithm.adv_estimator=grpo", f"{R}.n=1")
+    assert any(n.startswith("algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1") for n in cfg.notices)
+    (e,) = errors("algorithm.adv_estimator=rloo", f"{R}.n=1")
+    assert "needs actor_rollout_ref.rollout.n > 1" in e
+
+
+def test_hydra_forms():
+    cfg = verl(f"{R}.n=5", f"~{R}.n", "+data.seed=7", "++trainer.max_ckpt_to_keep=2")
+    assert (cfg.actor_rollout_ref.rollout.n, cfg.data.seed, cfg.trainer.max_ckpt_to_keep) == (1, 7, 2)
+
+
+def test_did_you_mean_never_points_to_a_key_with_another_meaning():
+    (e,) = errors(f"{A}.ppo_micro_batch=4")
+    assert f"did you mean '{A}.ppo_micro_batch_size_per_gpu'" in e and "mini" not in e
+    (e,) = errors("data.min_prompt_length=4")
+    assert "did you mean" not in e
+    verl(f"{A}.ppo_micro_batch_size=8")  # verl's deprecated global size: known, not a typo
+
+
+def test_critic_follows_the_actors_dynamic_batching_and_loss_aggregation():
+    c = verl(f"{A}.use_dynamic_bsz=true", f"{A}.loss_agg_mode=seq-mean-token-mean").critic
+    assert (c.use_dynamic_bsz, c.loss_agg_mode, c.ppo_max_token_len_per_gpu) == (True, "seq-mean-token-mean", 32768)
+    assert verl(f"{A}.use_dynamic_bsz=true", "critic.use_dynamic_bsz=false").critic.use_dynamic_bsz is False

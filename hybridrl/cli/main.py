@@ -1,4 +1,4 @@
-"""`hybridrl` command line: train, explain, data, eval, export."""
+"""`hybridrl` command line: train, explain, data, eval, export, report, dashboard."""
 
 from __future__ import annotations
 
@@ -238,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the written weights (training keeps float32 master weights)")
     s.set_defaults(fn=cmd_export)
+
+    from hybridrl.cli import dashboard, report
+
+    report.add_parser(sub)
+    dashboard.add_parser(sub)
     return p
 
 

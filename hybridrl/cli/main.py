@@ -17,6 +17,9 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    from hybridrl.tracking.tracker import notice
+
+    notice(f"{args.config}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts

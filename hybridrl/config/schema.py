@@ -313,7 +313,10 @@ class TrainerConfig:
     save_freq: int = option(-1, "Save a checkpoint every N steps; -1 = only at the end.")
     test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).")
     val_before_train: bool = option(True, "Validate once before the first step.")
-    logger: list[str] = option(["console", "jsonl", "tensorboard"], "Where metrics go.")
+    logger: list[str] = option(
+        ["console", "jsonl", "tensorboard"], "Where metrics go: console, jsonl (or file, verl's name for it), tensorboard, "
+        "wandb, mlflow, swanlab. metrics.jsonl is written in any case (hybridrl report and dashboard read it)."
+    )
     default_local_dir: str | None = option(None, "Output directory; null = runs/<project_name>/<experiment_name>.")
     resume_mode: str = option(
         "auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path."
@@ -321,7 +324,20 @@ class TrainerConfig:
     resume_from_path: str | None = option(None, "Checkpoint directory to resume from (resume_mode=resume_path).")
     seed: int = option(1, "Random seed.")
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
-    log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
+    log_samples: int = option(
+        4, "Prompts per training step written to samples.jsonl with all n of their responses, the ground truth, "
+        "scores and advantages (the report's rollout inspector); 0 = none."
+    )
+    log_val_samples: int = option(
+        8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none."
+    )
+    rollout_data_dir: str | None = option(
+        None, "verl's key: dump every training sample of every step to <dir>/<step>.jsonl (input, output, gts, score, "
+        "step, advantage, data_source, uid); null = off."
+    )
+    validation_data_dir: str | None = option(
+        None, "verl's key: dump every validation sample to <dir>/<step>.jsonl (same fields as rollout_data_dir); null = off."
+    )
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
     max_wall_time_s: float | None = option(
         None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "

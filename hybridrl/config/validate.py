@@ -24,7 +24,7 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 TRUNCATIONS = ("error", "left", "right")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
@@ -125,6 +125,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.test_freq", _OFF_OR_1),
     ("trainer.max_nonfinite_steps", _AT_LEAST_0),
     ("trainer.log_samples", _AT_LEAST_0),
+    ("trainer.log_val_samples", _AT_LEAST_0),
     ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),

@@ -10,7 +10,8 @@ of every training step and `trainer.log_val_samples` prompts of every validation
 
 `trainer.rollout_data_dir` / `trainer.validation_data_dir` (verl's keys) additionally dump every
 sample of a step to `<dir>/<step>.jsonl`, one line per response with verl's field names
-(`input`, `output`, `gts`, `score`, `step`) plus `advantage`, `data_source` and `uid`.
+(`input`, `output`, `gts`, `score`, `step`) plus `advantage`, `data_source` and `uid`; each
+step's file is written whole and renamed into place.
 
 Every write appends whole lines and flushes them, so a crash loses at most the line being
 written; `tracking/runlog.py` skips (and reports) such a partial line.
@@ -60,6 +61,15 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_dump(path: Path, rows: list[dict]) -> None:
+    """One step's dump file, written whole under a temporary name and renamed into place: a crash
+    leaves the previous file or none, and a resumed run rewrites the steps it repeats."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    os.replace(tmp, path)
 
 
 def dump_rows(groups: list[dict]) -> list[dict]:

@@ -21,6 +21,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.metrics import compute_data_metrics
+from hybridrl.trainer.rollout_log import log_val_samples
 from hybridrl.trainer.scoring import evaluate, last_token_scores, score
 from hybridrl.trainer.setup import RunContext, build_run
 
@@ -150,9 +151,10 @@ class PPOTrainer:
 
     def validate(self) -> dict:
         run = self.run
-        _, metrics = evaluate(
+        rows, metrics = evaluate(
             run.actor, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
         )
+        log_val_samples(run.dir, self.cfg.trainer, run.global_step, rows)
         return metrics
 
     def _check_nonfinite(self, metrics: dict) -> None:

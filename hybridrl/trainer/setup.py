@@ -25,8 +25,10 @@ from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
-from hybridrl.tracking.tracker import Tracker, append_samples
+from hybridrl.tracking.summary import end_of_run_summary
+from hybridrl.tracking.tracker import Tracker, notice
 from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -101,15 +103,15 @@ class RunContext:
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
 
     def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
-        n = self.cfg.trainer.log_samples
-        if n > 0:
-            append_samples(self.dir / "samples.jsonl", self.global_step, batch[K.RAW_PROMPT], batch[K.RESPONSE_TEXT], scores.tolist(), n)
+        log_train_samples(self.dir, self.cfg.trainer, self.global_step, batch, scores)
 
     def finish(self) -> None:
         """Close the loggers and stop the workers; safe to call twice."""
         if not self.closed:
             self.tracker.close()
             self.closed = True
+            end_of_run_summary(self.dir, to_dict(self.cfg), self.global_step, self.total_steps,
+                               time.perf_counter() - self.started, ckpt.latest_checkpoint(self.ckpt_root))  # fmt: skip
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -172,9 +174,12 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
+    notice(f"loading the tokenizer of {m.tokenizer_path or m.path}")
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
+    notice(f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
+           f"({'Ray' if cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node > 1 or cfg.ray_init.address else 'in-process'})")
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
@@ -199,6 +204,9 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     critic_steps = total_steps * plan.critic.optimizer_steps_per_step if critic else 0
 
     state: dict = {}
+    notice(f"loading the policy {m.path}{' (random weights)' if m.random_init and resume_from is None else ''}"
+           f"{' + the frozen reference' if need_ref else ''}{' and the critic' if critic else ''}"
+           f"{f' from {resume_from}' if resume_from else ''}; rollout engine {cfg.actor_rollout_ref.rollout.name}")
     if resume_from is None:
         actor.init_model(m.path, m.random_init, actor_steps, need_ref, ref_path=None)
         if critic:
@@ -226,9 +234,13 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     if resume_from is None:
         (out / "samples.jsonl").unlink(missing_ok=True)
         if cfg.warmup.steps > 0:
+            notice(f"supervised warm-up: {cfg.warmup.steps} steps on {cfg.warmup.files}")
             state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
         actor.freeze_reference()
         print(f"[hybridrl] run dir {out} | {total_steps} steps | {_where(cfg, workers)}", flush=True)
+        r, dev = cfg.actor_rollout_ref.rollout, cfg.trainer.device
+        if r.name in ("native", "auto") and not r.enforce_eager and (dev == "cuda" or dev == "auto" and torch.cuda.is_available()):
+            notice("the first generation captures the native engine's CUDA graphs (once per batch-size band)")
     else:
         _truncate_jsonl(out / "samples.jsonl", global_step)
         print(f"[hybridrl] resumed from {resume_from} at step {global_step}/{total_steps}", flush=True)
@@ -309,7 +321,7 @@ def run_warmup(cfg, actor, tokenizer) -> dict:
         idx = rng.choice(len(pairs), size=size, replace=False)
         m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
         if step == w.steps or step % max(1, w.steps // 5) == 0:
-            print(f"warm-up {step}/{w.steps} | loss {m['warmup/loss']:.3f} | token_acc {m['warmup/token_acc']:.3f}", flush=True)
+            print(f"warm-up {step}/{w.steps} | warmup/loss {m['warmup/loss']:.3f} | warmup/token_acc {m['warmup/token_acc']:.3f}", flush=True)
     return m
 
 

@@ -40,7 +40,10 @@ class DataConfig:
     """Where prompts come from and how long prompts and responses may be."""
 
     train_files: str | list[str] = option("", "Training prompts: one or more local parquet or jsonl files.")
-    val_files: str | list[str] | None = option(None, "Validation prompts (same format); null = no validation.")
+    val_files: str | list[str] | None = option(
+        None, "Validation rows in the training rows' format (prompts for RL; pairs / labelled examples / SFT rows for "
+        "dpo / kto / sft, scored by log-probs: docs/preference.md); null = no validation."
+    )
     prompt_key: str = option("prompt", "Column holding the prompt (a string or a list of chat messages).")
     reward_fn_key: str = option("data_source", "Column that selects the reward function for each row.")
     max_prompt_length: int = option(512, "Longest prompt in tokens; longer ones are handled per `truncation`.")

@@ -679,9 +679,4 @@ def _offline_problems(cfg: Config) -> list[Problem]:
             f"preference.label_smoothing={show(p.label_smoothing)} applies to the sigmoid loss only "
             f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
             ("preference.label_smoothing", "preference.loss_type"), {"preference.label_smoothing": 0.0}))
-    if cfg.algorithm.name != "rl" and cfg.data.val_files:
-        out.append(Problem(
-            f"data.val_files is not used with algorithm.name={cfg.algorithm.name} "
-            "(dpo/kto/sft have no validation pass); use data.val_files=null",
-            ("data.val_files", "algorithm.name"), {"data.val_files": None}))
     return out

@@ -12,6 +12,7 @@ import time
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF, RecordLoader, load_preference_records
+from hybridrl.trainer.offline_eval import OfflineValidator
 from hybridrl.trainer.ppo import NonFiniteError, _fault_injection_point
 from hybridrl.trainer.setup import RunContext, build_run
 
@@ -36,14 +37,19 @@ class OfflineTrainer:
     def __init__(self, cfg, need_ref: bool):
         self.cfg = cfg
         self.run: RunContext = build_run(cfg, data=record_data(cfg), need_ref=need_ref)
+        self.validator = OfflineValidator.create(cfg, self.run)  # data.val_files; None without
 
     def step(self, batch: Batch) -> dict:
         raise NotImplementedError
 
     def fit(self) -> dict:
         run, cfg = self.run, self.cfg
-        if run.global_step == 0 and run.trainer_state.get("warmup_metrics"):
-            run.tracker.log(run.trainer_state.pop("warmup_metrics"), step=0)
+        if run.global_step == 0:
+            before = dict(run.trainer_state.pop("warmup_metrics", {}))
+            if self.validator and cfg.trainer.val_before_train:
+                before.update(self.validator.evaluate())
+            if before:
+                run.tracker.log(before, step=0)
         metrics: dict = {}
         while run.global_step < run.total_steps:
             run.global_step += 1
@@ -60,6 +66,8 @@ class OfflineTrainer:
                 "training/global_step": run.global_step,
                 "training/epoch": run.loader.epoch,
             })  # fmt: skip
+            if self.validator and self.validator.due(run.global_step, run.is_last_step()):
+                metrics.update(self.validator.evaluate())
             run.tracker.log(metrics, step=run.global_step)
             if metrics["actor/nonfinite_in_a_row"] >= cfg.trainer.max_nonfinite_steps:
                 raise NonFiniteError(

@@ -53,6 +53,12 @@
     if (Number.isInteger(v) && Math.abs(v) < 1e6) return String(v);
     return String(Number(v.toPrecision(4)));
   }
+  function axisFmt(v) {  // tick labels: 150k, 2.5M
+    const a = Math.abs(v);
+    if (a >= 1e6) return fmt(v / 1e6) + "M";
+    if (a >= 1e4) return fmt(v / 1e3) + "k";
+    return fmt(v);
+  }
   function dur(s) {
     if (s === null || s === undefined) return "–";
     s = Math.round(s);
@@ -71,7 +77,7 @@
   }
   function writeHash() {
     const p = new URLSearchParams();
-    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && !(k === "page" && v === 1) && !(k === "run" && v === 0) && !(k === "sort" && v === "step")) p.set(k, v);
+    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && k !== "only" && k !== "diff" && !(k === "page" && v === 1) && !(k === "run" && v === 0) && !(k === "sort" && v === "step")) p.set(k, v);
     const s = p.toString();
     history.replaceState(null, "", "#inspector" + (s ? "?" + s : ""));
   }
@@ -110,7 +116,7 @@
     const u = new uPlot({
       width, height: opts.height || 220, series, legend: { live: true },
       scales: { x: { time: false } },
-      axes: [{ label: "step", size: 34, labelSize: 14 }, { size: 56, values: (u, vals) => vals.map(fmt) }],
+      axes: [{ label: "step", size: 34, labelSize: 14 }, { size: 56, values: (u, vals) => vals.map(axisFmt) }],
       cursor: { drag: { x: true, y: false } },
       hooks: { draw: [(u) => { box.dataset.ink = String(countInk(u, hexRgb(lines[0].stroke))); }] },
     }, data, box);
@@ -123,7 +129,7 @@
       if (i < 0) continue;
       const v = l.raw ? l.raw[i] : l.ys[i];
       last[l.label] = { step: l.xs[i], value: v };
-      if (!opts.noCaption) cap.append(el("span", { class: "last", "data-key": l.key, "data-run": l.run },
+      if (!opts.noCaption && lines.length <= 3) cap.append(el("span", { class: "last", "data-key": l.key, "data-run": l.run },
         l.label + ": last " + fmt(v) + " @ step " + l.xs[i]), "  ");
     }
     if (opts.caption) cap.append(opts.caption);
@@ -306,7 +312,12 @@
       el("span", { class: "page-info" }, "page " + insp.page + " of " + pages + " · ", el("b", { id: "match-count" }, String(gs.length)), " of " + all.length + " prompt groups"),
       el("button", { onclick: () => set("page", insp.page + 1), disabled: insp.page >= pages ? "" : null }, "next ›"));
     body.append(pager());
-    for (const g of gs.slice((insp.page - 1) * PAGE, insp.page * PAGE)) body.append(renderGroup(run, g));
+    const shown = gs.slice((insp.page - 1) * PAGE, insp.page * PAGE);
+    if (insp.diff === "1" && !Object.keys(diffOpen).length) {  // #inspector?diff=1: open the first diff view
+      const g = shown.find((g) => groupsOf(run).filter((h) => h.prompt === g.prompt && h.kind === g.kind).length > 1);
+      if (g) diffOpen[g.kind + ":" + g.step + ":" + g.uid] = true;
+    }
+    for (const g of shown) body.append(renderGroup(run, g));
     if (gs.length > PAGE) body.append(pager());
   }
 
@@ -372,6 +383,9 @@
     renderAny();
   }
   function renderAll() {
+    // #...?only=curves|timing|inspector|summary shows one section (links and screenshots).
+    const only = readHash().only;
+    if (only) for (const sec of document.querySelectorAll("main > section")) sec.style.display = sec.id === only || (only === "summary" && sec.id === "runs-section") ? "" : "none";
     renderRuns();
     renderSummary();
     renderAllCharts();

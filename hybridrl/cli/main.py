@@ -257,11 +257,17 @@ def _quiet_libraries() -> None:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("report", "dashboard"):  # they only read files: no torch import (seconds on a small machine)
+        try:
+            return args.fn(args)
+        except FileNotFoundError as e:
+            print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
+            return 2
     from hybridrl.data.dataset import DataError
     from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
 
-    args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):
         _quiet_libraries()
     try:

@@ -64,7 +64,8 @@ def summarize(run: RunData) -> dict:
     val = {}
     for key in val_keys:
         pts = [(r["step"], r[key]) for r in rows if key in r]
-        best = max(pts, key=lambda p: p[1]) if not key.endswith("loss") else min(pts, key=lambda p: p[1])
+        lower_is_better = key.endswith(("loss", "perplexity"))
+        best = min(pts, key=lambda p: p[1]) if lower_is_better else max(pts, key=lambda p: p[1])
         val[key] = {"first": pts[0][1], "first_step": pts[0][0], "last": pts[-1][1], "last_step": pts[-1][0],
                     "best": best[1], "best_step": best[0]}  # fmt: skip
     stage_keys = sorted({key for r in steps for key in r if key.startswith("timing_s/") and key != "timing_s/step"})

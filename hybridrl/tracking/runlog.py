@@ -60,10 +60,6 @@ class RunData:
         return max((int(r.get("step", 0)) for r in self.metrics), default=0)
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / METRICS).exists() or (path / CONFIG).exists() and (path / SAMPLES).exists()
-
-
 def find_runs(root: Path) -> list[Path]:
     """Every run directory at or under `root` (a directory holding metrics.jsonl), sorted."""
     root = Path(root)

@@ -62,19 +62,20 @@ def load_runs(paths: list[str]):
     return runs
 
 
-def build_report(paths: list[str], *, title: str | None = None, max_points: int | None = None) -> tuple[str, list]:
+def build_report(paths: list[str], *, title: str | None = None, max_points: int | None = None,
+                 max_samples: int | None = None) -> tuple[str, list]:  # fmt: skip
     """(the HTML of the report of `paths`, the runs read)."""
-    from hybridrl.tracking.report import MAX_POINTS, payload, render_page
+    from hybridrl.tracking.report import MAX_GROUPS, MAX_POINTS, payload, render_page
 
     runs = load_runs(paths)
     diffs = {r.name: config_diff(r.config) for r in runs}
-    data = payload(runs, diffs, max_points or MAX_POINTS)
+    data = payload(runs, diffs, max_points or MAX_POINTS, max_samples or MAX_GROUPS)
     title = title or "hybridrl report: " + ", ".join(r.name for r in runs)
     return render_page(data, title=title), runs
 
 
 def cmd_report(args) -> int:
-    html, runs = build_report(args.runs, title=args.title, max_points=args.max_points)
+    html, runs = build_report(args.runs, title=args.title, max_points=args.max_points, max_samples=args.max_samples)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)
@@ -92,4 +93,6 @@ def add_parser(sub) -> None:
     s.add_argument("--out", default="report.html", help="the HTML file to write (default: report.html)")
     s.add_argument("--title", default=None, help="page title (default: the run names)")
     s.add_argument("--max-points", type=int, default=None, help="points per curve; longer runs are averaged in buckets (default 1500)")
+    s.add_argument("--max-samples", type=int, default=None,
+                   help="prompt groups per run and kind embedded; above it, all groups of evenly spaced steps (default 3000)")
     s.set_defaults(fn=cmd_report)

@@ -4,8 +4,9 @@ the data inlined), and the JSON the live dashboard serves to the same page.
 The page (hybridrl/assets/report/) draws with uPlot (hybridrl/assets/uplot/, MIT): 51 kB
 minified, canvas-based, fast on 10^5-point series, no dependencies. docs/observability.md says
 why it was chosen. Large runs stay fast because every curve is downsampled here to at most
-`max_points` points (bucket means; the last step is always kept) and the rollout inspector pages
-through the prompt groups in the browser.
+`max_points` points (bucket means; the last step is always kept), at most `max_groups` prompt
+groups of each kind are embedded (all the groups of evenly spaced steps), and the rollout
+inspector pages through them in the browser.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from importlib import resources
 from hybridrl.tracking.runlog import RunData
 
 MAX_POINTS = 1500
-MAX_GROUPS = 20000  # prompt groups per run embedded in a report (the newest are kept)
+MAX_GROUPS = 3000  # prompt groups per run and kind (training / validation) embedded in a report
 
 
 def _asset(*parts: str) -> str:
@@ -100,8 +101,25 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def run_payload(run: RunData, config_diff: list | None = None, max_points: int = MAX_POINTS) -> dict:
-    groups = run.samples[-MAX_GROUPS:]
+def thin_samples(groups: list[dict], max_groups: int) -> list[dict]:
+    """At most `max_groups` prompt groups of each kind: all the groups of evenly spaced steps
+    (the first and the last step always among them), so the inspector still spans the run and
+    the diff view still finds a prompt at several steps."""
+    out = []
+    for kind in ("train", "val"):
+        mine = [g for g in groups if g["kind"] == kind]
+        steps = sorted({g["step"] for g in mine})
+        if len(mine) > max_groups and steps:
+            per_step = len(mine) / len(steps)
+            n = max(2, int(max_groups / per_step))
+            keep = {steps[round(i * (len(steps) - 1) / (n - 1))] for i in range(n)} if n < len(steps) else set(steps)
+            mine = [g for g in mine if g["step"] in keep][-max_groups:]
+        out += mine
+    return sorted(out, key=lambda g: (g["step"], g["kind"] != "train"))
+
+
+def run_payload(run: RunData, config_diff: list | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS) -> dict:
+    groups = thin_samples(run.samples, max_groups)
     return {
         "name": run.name,
         "summary": summarize(run),
@@ -114,9 +132,10 @@ def run_payload(run: RunData, config_diff: list | None = None, max_points: int =
     }
 
 
-def payload(runs: list[RunData], diffs: dict | None = None, max_points: int = MAX_POINTS) -> dict:
+def payload(runs: list[RunData], diffs: dict | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS) -> dict:
     diffs = diffs or {}
-    return {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": [run_payload(r, diffs.get(r.name), max_points) for r in runs]}
+    return {"generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "runs": [run_payload(r, diffs.get(r.name), max_points, max_groups) for r in runs]}  # fmt: skip
 
 
 def render_page(data: dict | None, *, title: str, live: dict | None = None) -> str:

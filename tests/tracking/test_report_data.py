@@ -154,3 +154,15 @@ def test_critic_backbone_load_hides_only_the_lm_head_report(tmp_path, caplog):
         load_causal_lm(str(tmp_path / "m"), backbone_only=True)
     reports = [r.getMessage() for r in caplog.records if "LOAD REPORT" in r.getMessage()]
     assert len(reports) == 1 and "norm.weight" in reports[0] and "MISSING" in reports[0]
+
+
+def test_thin_samples_keeps_whole_steps_evenly_spaced_with_first_and_last():
+    from hybridrl.tracking.report import thin_samples
+
+    groups = [{"step": s, "kind": "train", "uid": str(u)} for s in range(1, 101) for u in range(4)]
+    groups += [{"step": s, "kind": "val", "uid": str(u)} for s in (0, 50, 100) for u in range(8)]
+    kept = thin_samples(groups, max_groups=40)  # 10 steps of 4 training groups; the 24 validation ones all
+    train = [g for g in kept if g["kind"] == "train"]
+    assert sorted({g["step"] for g in train}) == [1, 12, 23, 34, 45, 56, 67, 78, 89, 100]
+    assert len(train) == 40 and len([g for g in kept if g["kind"] == "val"]) == 24
+    assert thin_samples(groups, max_groups=1000) == sorted(groups, key=lambda g: (g["step"], g["kind"] != "train"))

@@ -227,7 +227,7 @@
     const notes = document.getElementById("notes");
     notes.innerHTML = "";
     for (const r of DATA.runs) for (const n of r.notes || []) notes.append(el("div", { class: "notes" }, "⚠ " + n));
-    for (const r of DATA.runs) if (r.samples_dropped) notes.append(el("div", { class: "notes" }, r.name + ": the oldest " + r.samples_dropped + " prompt groups are not embedded"));
+    for (const r of DATA.runs) if (r.samples_dropped) notes.append(el("div", { class: "notes" }, r.name + ": " + r.samples_dropped + " prompt groups left out (all the groups of evenly spaced steps are kept; hybridrl report --max-samples N for more)"));
   }
 
   function renderSummary() {

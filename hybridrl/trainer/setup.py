@@ -21,7 +21,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
 from hybridrl.data.dataset import PromptLoader, load_prompt_records, render_prompt
-from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
+from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses_ray
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
@@ -179,7 +179,7 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     notice(f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
-           f"({'Ray' if cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node > 1 or cfg.ray_init.address else 'in-process'})")
+           f"({'Ray' if uses_ray(cfg) else 'in-process'})")
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward

@@ -1,4 +1,4 @@
-"""`hybridrl` command line: train, explain, data, eval, export.
+"""`hybridrl` command line: train, explain, data, eval, export, report, dashboard.
 
 Errors: a problem with the user's input (config, data, paths, model directory, reward file, a
 full or read-only disk) is printed as ONE line, `hybridrl: error: <what, where, the fix>`, and the
@@ -94,6 +94,9 @@ def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
 
 
 def cmd_train(args) -> int:
+    from hybridrl.tracking.tracker import notice
+
+    notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
@@ -344,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(actor_rollout_ref.model.path's config.json), as verl's model merger does; training "
                         "keeps float32 master weights")
     s.set_defaults(fn=cmd_export)
+
+    from hybridrl.cli import dashboard, report
+
+    report.add_parser(sub)
+    dashboard.add_parser(sub)
     return p
 
 
@@ -355,10 +363,16 @@ def _quiet_libraries() -> None:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("report", "dashboard"):  # they only read files: no torch import (seconds on a small machine)
+        try:
+            return args.fn(args)
+        except FileNotFoundError as e:
+            print(f"hybridrl: error: {e}", file=sys.stderr)
+            return 2
     from hybridrl.models.loading import hub_offline_by_default
 
     hub_offline_by_default()  # before anything imports huggingface_hub
-    args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):
         _quiet_libraries()
     try:

@@ -40,7 +40,10 @@ class DataConfig:
     """Where prompts come from and how long prompts and responses may be."""
 
     train_files: str | list[str] = option("", "Training prompts: one or more local parquet or jsonl files.")
-    val_files: str | list[str] | None = option(None, "Validation prompts (same format); null = no validation.")
+    val_files: str | list[str] | None = option(
+        None, "Validation rows in the training rows' format (prompts for RL; pairs / labelled examples / SFT rows for "
+        "dpo / kto / sft, scored by log-probs: docs/preference.md); null = no validation."
+    )
     prompt_key: str = option("prompt", "Column holding the prompt (a string or a list of chat messages).")
     response_key: str | None = option(
         None, "SFT: column holding the response to train on; null = `response` (or `completion`)."
@@ -423,7 +426,10 @@ class TrainerConfig:
     save_freq: int = option(-1, "Save a checkpoint every N steps; -1 = only at the end.")
     test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).")
     val_before_train: bool = option(True, "Validate once before the first step.")
-    logger: list[str] = option(["console", "jsonl", "tensorboard"], "Where metrics go.")
+    logger: list[str] = option(
+        ["console", "jsonl", "tensorboard"], "Where metrics go: console, jsonl (or file, verl's name for it), tensorboard, "
+        "wandb, mlflow, swanlab. metrics.jsonl is written in any case (hybridrl report and dashboard read it)."
+    )
     default_local_dir: str | None = option(None, "Output directory; null = runs/<project_name>/<experiment_name>.")
     resume_mode: str = option(
         "auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path."
@@ -431,10 +437,19 @@ class TrainerConfig:
     resume_from_path: str | None = option(None, "Checkpoint directory to resume from (resume_mode=resume_path).")
     seed: int = option(1, "Random seed.")
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
-    log_samples: int = option(4, "Prompt/response/score triples written to samples.jsonl per step.")
-    log_val_generations: int = option(
-        0, "Validation prompt/response/score triples written to val_samples.jsonl in the run directory per "
-        "validation (the first N of the validation set); 0 = none."
+    log_samples: int = option(
+        4, "Prompts per training step written to samples.jsonl with all n of their responses, the ground truth, "
+        "scores and advantages (the report's rollout inspector); 0 = none."
+    )
+    log_val_samples: int = option(
+        8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none."
+    )
+    rollout_data_dir: str | None = option(
+        None, "verl's key: dump every training sample of every step to <dir>/<step>.jsonl (input, output, gts, score, "
+        "step, advantage, data_source, uid); null = off."
+    )
+    validation_data_dir: str | None = option(
+        None, "verl's key: dump every validation sample to <dir>/<step>.jsonl (same fields as rollout_data_dir); null = off."
     )
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
     max_wall_time_s: float | None = option(

@@ -29,7 +29,7 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
 ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
@@ -136,7 +136,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.test_freq", _OFF_OR_1),
     ("trainer.max_nonfinite_steps", _AT_LEAST_0),
     ("trainer.log_samples", _AT_LEAST_0),
-    ("trainer.log_val_generations", _AT_LEAST_0),
+    ("trainer.log_val_samples", _AT_LEAST_0),
     ("trainer.max_ckpt_to_keep", _AT_LEAST_1),
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
@@ -735,9 +735,4 @@ def _offline_problems(cfg: Config) -> list[Problem]:
             f"preference.label_smoothing={show(p.label_smoothing)} applies to the sigmoid loss only "
             f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
             ("preference.label_smoothing", "preference.loss_type"), {"preference.label_smoothing": 0.0}))
-    if cfg.algorithm.name != "rl" and cfg.data.val_files:
-        out.append(Problem(
-            f"data.val_files is not used with algorithm.name={cfg.algorithm.name} "
-            "(dpo/kto/sft have no validation pass); use data.val_files=null",
-            ("data.val_files", "algorithm.name"), {"data.val_files": None}))
     return out

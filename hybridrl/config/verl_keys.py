@@ -243,6 +243,7 @@ RENAMED: dict[str, str] = {
     "ray_kwargs.ray_init.num_cpus": "ray_init.num_cpus",
     "ray_kwargs.ray_init.*": "ray_init.kwargs.*",  # anything else goes to ray.init as is
     "global_profiler.steps": "trainer.profile_steps",
+    "trainer.log_val_generations": "trainer.log_val_samples",  # validation prompts kept in samples.jsonl
 }
 
 # verl's deprecated global micro-batch sizes: per_gpu = global // (world // sp) (fsdp_workers.py).

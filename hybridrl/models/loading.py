@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -108,8 +111,32 @@ def load_causal_lm(
                 f"{what}={path!r} has a config.json but no weights ({', '.join(WEIGHT_FILES[::2])}); "
                 f"set actor_rollout_ref.model.random_init=true to build it with random weights"
             )
-        model = cls.from_pretrained(p, config=config, trust_remote_code=trust_remote_code, dtype=torch.float32)
+        with _without_lm_head_report() if backbone_only else contextlib.nullcontext():
+            model = cls.from_pretrained(p, config=config, trust_remote_code=trust_remote_code, dtype=torch.float32)
     return model
+
+
+class _DropLmHeadReport(logging.Filter):
+    """transformers' load report when the only keys left unused are the LM head's: expected when a
+    critic loads the backbone of a causal LM, so it would only alarm. Any other report passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = re.sub(r"\x1b\[[0-9;]*m", "", str(record.getMessage()))
+        if "LOAD REPORT" not in msg:
+            return True
+        rows = [ln.split("|") for ln in msg.splitlines() if ln.count("|") >= 2 and not ln.startswith(("Key", "-"))]
+        return not rows or not all(r[0].strip().startswith("lm_head.") and "UNEXPECTED" in r[1] for r in rows)
+
+
+@contextlib.contextmanager
+def _without_lm_head_report():
+    log = logging.getLogger("transformers.modeling_utils")
+    f = _DropLmHeadReport()
+    log.addFilter(f)
+    try:
+        yield
+    finally:
+        log.removeFilter(f)
 
 
 def pick_device(device: str) -> torch.device:

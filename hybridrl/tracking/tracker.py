@@ -1,8 +1,10 @@
-"""Where metrics go: console lines, metrics.jsonl, TensorBoard, and optionally W&B / MLflow.
+"""Where metrics go: console lines, metrics.jsonl, TensorBoard, and optionally W&B / MLflow / SwanLab.
 
-`metrics.jsonl` is the source of truth (one JSON object per step, verl's metric names); the
-other backends are views of it. On resume, lines past the resumed step are dropped first so
-that the file never holds the same step twice.
+`metrics.jsonl` is the source of truth (one JSON object per step, verl's metric names) and is
+always written: `hybridrl report` and `hybridrl dashboard` read it. The other backends are views
+of it, under the same names. `trainer.logger` takes verl's values (`file` is verl's name for the
+JSONL file). On resume, lines past the resumed step are dropped first so that the file never
+holds the same step twice.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import time
 from pathlib import Path
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 
 
 def _fmt_duration(s: float) -> str:
@@ -20,41 +22,69 @@ def _fmt_duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+_FIRST_NOTICE: list[float] = []
+
+
+def launched_at() -> float | None:
+    """perf_counter() of the first start-up notice of this process, if any."""
+    return _FIRST_NOTICE[0] if _FIRST_NOTICE else None
+
+
+def notice(msg: str) -> None:
+    """A start-up line saying what is loading now, with the seconds since the first such line,
+    so a newcomer sees progress (and where the time goes) before the first step."""
+    now = time.perf_counter()
+    if not _FIRST_NOTICE:
+        _FIRST_NOTICE.append(now)
+    print(f"[hybridrl {now - _FIRST_NOTICE[0]:5.1f}s] {msg}", flush=True)
+
+
 class ConsoleLogger:
-    """One line per step: progress, ETA, and the numbers people watch."""
+    """One line per step: progress, ETA, and the numbers people watch, each under its
+    metrics.jsonl name (`critic/score/mean 0.412`), so what the console shows can be found in the
+    file, TensorBoard and the report. The ETA is the smaller of the step-rate estimate and the
+    wall-clock budget left (`trainer.max_wall_time_s`)."""
 
     FIELDS = (
-        ("critic/score/mean", "reward", "{:.3f}"),
-        ("actor/reward_kl_penalty", "kl", "{:.4f}"),
-        ("actor/kl_loss", "kl", "{:.4f}"),
-        ("response_length/mean", "resp_len", "{:.1f}"),
-        ("loss", "loss", "{:.4f}"),  # dpo / kto / sft
-        ("rewards/accuracies", "acc", "{:.3f}"),
-        ("rewards/margins", "margin", "{:.3f}"),
-        ("kl", "kl", "{:.4f}"),
-        ("mean_token_accuracy", "token_acc", "{:.3f}"),
-        ("timing_s/step", "step_s", "{:.2f}"),
+        ("critic/score/mean", "{:.3f}"),
+        ("actor/reward_kl_penalty", "{:.4f}"),
+        ("actor/kl_loss", "{:.4f}"),
+        ("response_length/mean", "{:.1f}"),
+        ("loss", "{:.4f}"),  # dpo / kto / sft
+        ("rewards/accuracies", "{:.3f}"),
+        ("rewards/margins", "{:.3f}"),
+        ("kl", "{:.4f}"),
+        ("mean_token_accuracy", "{:.3f}"),
+        ("timing_s/step", "{:.2f}"),
     )
 
-    def __init__(self, total_steps: int, start_step: int = 0):
+    def __init__(self, total_steps: int, start_step: int = 0, max_wall_time_s: float | None = None):
         self.total, self.start_step, self.t0 = total_steps, start_step, time.perf_counter()
+        self.max_wall_time_s, self.launched = max_wall_time_s, time.perf_counter()
 
     def log(self, metrics: dict, step: int) -> None:
         if step == self.start_step:  # the pre-training line: time the ETA from here, not from load
             self.t0 = time.perf_counter()
         parts = [f"step {step}/{self.total}"]
-        shown = set()
-        for key, label, fmt in self.FIELDS:
-            if key in metrics and label not in shown:
-                parts.append(f"{label} {fmt.format(metrics[key])}")
-                shown.add(label)
-        val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
-        parts += [f"{k.removeprefix('val-core/')} {v:.3f}" for k, v in val.items()]
-        done = step - self.start_step
-        if 0 < done and step < self.total:
-            eta = (time.perf_counter() - self.t0) / done * (self.total - step)
+        parts += [f"{key} {fmt.format(metrics[key])}" for key, fmt in self.FIELDS if key in metrics]
+        val = {k: v for k, v in metrics.items() if k.startswith(("val-core/", "val/"))}
+        parts += [f"{k} {v:.3f}" for k, v in val.items()]
+        eta = self.eta(step)
+        if eta is not None:
             parts.append(f"eta {_fmt_duration(eta)}")
         print(" | ".join(parts), flush=True)
+
+    def eta(self, step: int, now: float | None = None) -> float | None:
+        """Seconds left: (time per step so far) x (steps left), capped by the wall-clock budget
+        left; None before the first step and after the last."""
+        now = time.perf_counter() if now is None else now
+        done = step - self.start_step
+        if done <= 0 or step >= self.total:
+            return None
+        eta = (now - self.t0) / done * (self.total - step)
+        if self.max_wall_time_s is not None:
+            eta = min(eta, max(0.0, self.max_wall_time_s - (now - self.launched)))
+        return eta
 
 
 class JsonlLogger:
@@ -124,24 +154,44 @@ class MlflowLogger:
         self.mlflow.end_run()
 
 
+class SwanlabLogger:
+    def __init__(self, project: str, name: str, config: dict, run_dir: Path):
+        try:
+            import swanlab
+        except ImportError as e:
+            raise ImportError("trainer.logger includes 'swanlab' but swanlab is not installed: pip install swanlab") from e
+        self.swanlab = swanlab
+        swanlab.init(project=project, experiment_name=name, config=config, logdir=str(run_dir / "swanlab"))
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.swanlab.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def close(self):
+        self.swanlab.finish()
+
+
 class Tracker:
     def __init__(self, loggers, run_dir: Path, *, project: str, name: str, config: dict, total_steps: int, resume_step: int | None):
         unknown = [x for x in loggers if x not in LOGGERS]
         if unknown:
             raise ValueError(f"unknown trainer.logger entries {unknown}; choose from {LOGGERS}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.backends = []
-        for name_ in loggers:
+        self.run_dir = run_dir
+        (run_dir / "run_summary.json").unlink(missing_ok=True)  # written again when this launch finishes
+        # metrics.jsonl always: the report, the dashboard and the end-of-run summary read it.
+        self.backends = [JsonlLogger(run_dir / "metrics.jsonl", resume_step)]
+        wall = (config.get("trainer") or {}).get("max_wall_time_s") if isinstance(config, dict) else None
+        for name_ in dict.fromkeys(loggers):
             if name_ == "console":
-                self.backends.append(ConsoleLogger(total_steps, resume_step or 0))
-            elif name_ == "jsonl":
-                self.backends.append(JsonlLogger(run_dir / "metrics.jsonl", resume_step))
+                self.backends.append(ConsoleLogger(total_steps, resume_step or 0, wall))
             elif name_ == "tensorboard":
                 self.backends.append(TensorBoardLogger(run_dir / "tensorboard"))
             elif name_ == "wandb":
                 self.backends.append(WandbLogger(project, name, config, run_dir))
             elif name_ == "mlflow":
                 self.backends.append(MlflowLogger(project, name, config))
+            elif name_ == "swanlab":
+                self.backends.append(SwanlabLogger(project, name, config, run_dir))
 
     def log(self, metrics: dict, step: int) -> None:
         for b in self.backends:
@@ -151,10 +201,3 @@ class Tracker:
         for b in self.backends:
             if hasattr(b, "close"):
                 b.close()
-
-
-def append_samples(path: Path, step: int, prompts, responses, scores, n: int) -> None:
-    """A few prompt/response/score triples per step, for reading what the policy does."""
-    with path.open("a") as f:
-        for p, r, s in list(zip(prompts, responses, scores))[:n]:
-            f.write(json.dumps({"step": step, "prompt": p, "response": r, "score": s}) + "\n")

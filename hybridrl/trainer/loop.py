@@ -43,6 +43,10 @@ class Trainer:
         `perf/total_num_tokens` (the tokens it trained on) and `{role}/nonfinite_in_a_row`."""
         raise NotImplementedError
 
+    def has_validation(self) -> bool:
+        """Whether the run has held-out data to validate on (the RL loop: data.val_files prompts)."""
+        return bool(self.run.val_records)
+
     def validate(self) -> dict:
         return {}
 
@@ -63,7 +67,7 @@ class Trainer:
             run.global_step += 1
             metrics = self._timed_step()
             last = is_last_step(run)
-            if run.val_records and (last or _every(t.test_freq, run.global_step)):
+            if self.has_validation() and (last or _every(t.test_freq, run.global_step)):
                 metrics.update(self.validate())
             run.tracker.log(metrics, step=run.global_step)
             check_finite(metrics, t.max_nonfinite_steps)
@@ -78,7 +82,7 @@ class Trainer:
     def _log_before_training(self) -> None:
         run = self.run
         before = dict(run.trainer_state.pop("warmup_metrics", {}))
-        if self.cfg.trainer.val_before_train and run.val_records:
+        if self.cfg.trainer.val_before_train and self.has_validation():
             before.update(self.validate())
         if before:
             run.tracker.log(before, step=0)

@@ -23,6 +23,10 @@ def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, fl
     seq_rewards = batch[K.TOKEN_LEVEL_REWARDS].sum(-1)
     m = {}
     m.update(_stats("critic/score", seq_scores))
+    sources = list(batch[K.DATA_SOURCE]) if K.DATA_SOURCE in batch else []
+    if len(set(sources)) > 1:  # a mixture: each source's mean score, to see which one the reward comes from
+        for src in sorted(set(sources)):
+            m[f"critic/score/{src}/mean"] = float(seq_scores[torch.tensor([s == src for s in sources])].mean())
     m.update(_stats("critic/rewards", seq_rewards))
     m.update(_stats("critic/advantages", batch[K.ADVANTAGES][valid]))
     m.update(_stats("critic/returns", batch[K.RETURNS][valid]))

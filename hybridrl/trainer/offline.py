@@ -12,6 +12,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF, RecordLoader, load_preference_records
 from hybridrl.trainer.loop import Trainer
+from hybridrl.trainer.offline_eval import OfflineValidator
 from hybridrl.trainer.setup import build_run
 
 
@@ -35,6 +36,7 @@ def record_data(cfg: Config):
 class OfflineTrainer(Trainer):
     def __init__(self, cfg: Config, need_ref: bool):
         super().__init__(cfg, build_run(cfg, data=record_data(cfg), need_ref=need_ref))
+        self.validator = OfflineValidator.create(cfg, self.run)  # data.val_files; None without
 
     def update(self, batch: Batch) -> dict:
         """The optimizer step on one batch of rows (and what it needs first, e.g. reference log-probs)."""
@@ -45,6 +47,12 @@ class OfflineTrainer(Trainer):
 
     def rates(self, batch: Batch, metrics: dict, seconds: float) -> dict:
         return {**super().rates(batch, metrics, seconds), "perf/samples_per_s": len(batch) / seconds}
+
+    def has_validation(self) -> bool:
+        return self.validator is not None
+
+    def validate(self) -> dict:
+        return self.validator.evaluate()
 
 
 def num_tokens(batch: Batch) -> float:

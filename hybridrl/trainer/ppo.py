@@ -22,6 +22,7 @@ from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
 from hybridrl.trainer.mismatch import correct_rollout_mismatch
 from hybridrl.trainer.mismatch import enabled as correction_enabled
+from hybridrl.trainer.rollout_log import log_val_samples
 from hybridrl.trainer.scoring import evaluate, score
 from hybridrl.trainer.setup import build_run
 
@@ -139,7 +140,7 @@ class PPOTrainer(Trainer):
         rows, metrics = evaluate(
             run.actor, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
         )
-        run.log_val_samples(rows)
+        log_val_samples(run.dir, self.cfg.trainer, run.global_step, rows)
         return metrics
 
     def state_dict(self) -> dict:

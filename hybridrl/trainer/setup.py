@@ -22,14 +22,16 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
 from hybridrl.data.preference import load_warmup_pairs
-from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
+from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses_ray
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.rewards.managers import ManagedScorer
-from hybridrl.tracking.tracker import Tracker, append_samples
+from hybridrl.tracking.summary import end_of_run_summary
+from hybridrl.tracking.tracker import Tracker, notice
 from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -88,24 +90,16 @@ class RunContext:
         state = {"global_step": self.global_step, "data": self.loader.state_dict(), **trainer_state}
         return ckpt.finish_save(self.ckpt_root, tmp, self.global_step, state, self.cfg.trainer.max_ckpt_to_keep)
 
-    def log_val_samples(self, rows: list[dict]) -> None:
-        """trainer.log_val_generations (verl's name): the first N validation generations of each
-        validation, in the validation set's order, to val_samples.jsonl."""
-        n = self.cfg.trainer.log_val_generations
-        if n > 0:
-            append_samples(self.dir / "val_samples.jsonl", self.global_step, [r["prompt"] for r in rows],
-                           [r["response"] for r in rows], [r["score"] for r in rows], n)  # fmt: skip
-
     def log_samples(self, batch: Batch, scores: torch.Tensor) -> None:
-        n = self.cfg.trainer.log_samples
-        if n > 0:
-            append_samples(self.dir / "samples.jsonl", self.global_step, batch[K.RAW_PROMPT], batch[K.RESPONSE_TEXT], scores.tolist(), n)
+        log_train_samples(self.dir, self.cfg.trainer, self.global_step, batch, scores)
 
     def finish(self) -> None:
         """Close the loggers and stop the workers; safe to call twice."""
         if not self.closed:
             self.tracker.close()
             self.closed = True
+            end_of_run_summary(self.dir, to_dict(self.cfg), self.global_step, self.total_steps,
+                               time.perf_counter() - self.started, ckpt.latest_checkpoint(self.ckpt_root))  # fmt: skip
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -174,9 +168,12 @@ def build_run(
 
     m = cfg.actor_rollout_ref.model
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
+    notice(f"loading the tokenizer of {m.tokenizer_path or m.path}")
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
+    notice(f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
+           f"({'Ray' if uses_ray(cfg) else 'in-process'})")
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
@@ -201,6 +198,9 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     critic_steps = total_steps * plan.critic.optimizer_steps_per_step if critic else 0
 
     state: dict = {}
+    notice(f"loading the policy {m.path}{' (random weights)' if m.random_init and resume_from is None else ''}"
+           f"{' + the frozen reference' if need_ref else ''}{' and the critic' if critic else ''}"
+           f"{f' from {resume_from}' if resume_from else ''}; rollout engine {cfg.actor_rollout_ref.rollout.name}")
     if resume_from is None:
         actor.init_model(m.path, m.random_init, actor_steps, need_ref, ref_path=None)
         if critic:
@@ -228,9 +228,13 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     if resume_from is None:
         (out / "samples.jsonl").unlink(missing_ok=True)
         if cfg.warmup.steps > 0:
+            notice(f"supervised warm-up: {cfg.warmup.steps} steps on {cfg.warmup.files}")
             state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
         actor.freeze_reference()
         print(f"[hybridrl] run dir {out} | {total_steps} steps | {_where(cfg, workers)}", flush=True)
+        r, dev = cfg.actor_rollout_ref.rollout, cfg.trainer.device
+        if r.name in ("native", "auto") and not r.enforce_eager and (dev == "cuda" or dev == "auto" and torch.cuda.is_available()):
+            notice("the first generation captures the native engine's CUDA graphs (once per batch-size band)")
     else:
         _truncate_jsonl(out / "samples.jsonl", global_step)
         print(f"[hybridrl] resumed from {resume_from} at step {global_step}/{total_steps}", flush=True)
@@ -308,7 +312,7 @@ def run_warmup(cfg, actor, tokenizer) -> dict:
         idx = rng.choice(len(pairs), size=size, replace=False)
         m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
         if step == w.steps or step % max(1, w.steps // 5) == 0:
-            print(f"warm-up {step}/{w.steps} | loss {m['warmup/loss']:.3f} | token_acc {m['warmup/token_acc']:.3f}", flush=True)
+            print(f"warm-up {step}/{w.steps} | warmup/loss {m['warmup/loss']:.3f} | warmup/token_acc {m['warmup/token_acc']:.3f}", flush=True)
     return m
 
 

@@ -70,7 +70,10 @@ def test_train_changes_parameters_and_logs_finite_metrics(estimator, tiny_model_
         assert all("actor/kl_loss" in r for r in train)
         assert not (out / "checkpoints" / "step_3" / "critic").exists()
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
-    assert {s["step"] for s in samples} == {1, 2, 3} and all({"prompt", "response", "score"} <= s.keys() for s in samples)
+    train = [s for s in samples if s["kind"] == "train"]  # prompt groups: all n responses of a prompt
+    assert {s["step"] for s in train} == {1, 2, 3} and all(len(s["responses"]) == len(s["scores"]) == 2 for s in train)
+    assert all(s["ground_truth"] is not None and None not in s["advantages"] for s in train)
+    assert {s["step"] for s in samples if s["kind"] == "val"} == {0, 2, 3}
     assert list((out / "tensorboard").iterdir()), "no TensorBoard events written"
     # `hybridrl eval` takes a checkpoint's actor directory as it takes an HF model directory
     ev = cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],

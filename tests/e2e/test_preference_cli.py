@@ -4,6 +4,7 @@ set it can learn (each problem's correct sum preferred over a wrong one)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,26 @@ def test_shipped_preference_config_learns(config, tmp_path):
     acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
     assert sum(acc[-20:]) / 20 > 0.9, acc[-20:]
     assert sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.15, (loss[:10], loss[-10:])
+
+
+def test_dpo_and_sft_validate_on_held_out_rows(tiny_model_dir, pref_data, tmp_path):
+    # DPO: before training the policy is the reference, so every margin is exactly 0, no pair is
+    # ranked right, and the sigmoid loss is log 2; training on the pairs moves all three.
+    dpo = tmp_path / "dpo"
+    train(tmp_path, tiny_model_dir, pref_data["pairs"], dpo, "dpo", 10,
+          **{"data.val_files": pref_data["pairs"], "trainer.test_freq": 5})  # fmt: skip
+    rows = metrics(dpo)
+    val = {r["step"]: r for r in rows if "val/rewards/accuracies" in r}
+    assert sorted(val) == [0, 5, 10] and val[0]["val/rows"] == 32
+    assert val[0]["val/rewards/margins"] == 0.0 and val[0]["val/rewards/accuracies"] == 0.0
+    assert val[0]["val/loss"] == pytest.approx(0.6931472, abs=1e-6)
+    assert val[10]["val/rewards/accuracies"] > 0.6 and val[10]["val/rewards/margins"] > 0 and val[10]["val/loss"] < 0.69
+
+    # SFT: the held-out loss before training equals the first step's training loss on the same rows.
+    sft = tmp_path / "sft"
+    train(tmp_path, tiny_model_dir, pref_data["sft"], sft, "sft", 4,
+          **{"data.val_files": pref_data["sft"], "data.val_max_samples": 16, "data.shuffle": "false", "trainer.test_freq": 2})  # fmt: skip
+    rows = metrics(sft)
+    assert rows[0]["step"] == 0 and rows[0]["val/loss"] == pytest.approx(rows[1]["loss"], rel=1e-4)
+    assert rows[0]["val/perplexity"] == pytest.approx(math.exp(rows[0]["val/loss"]))
+    assert [r["step"] for r in rows if "val/loss" in r] == [0, 2, 4] and rows[-1]["val/loss"] < rows[0]["val/loss"]

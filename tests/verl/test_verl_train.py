@@ -33,8 +33,9 @@ def test_a_verl_script_trains_two_steps(name, keys, ignores, tiny_model_with_wei
     for key in keys:
         assert all(key in r for r in train), key
     assert "val-core/arith/reward/mean@1" in rows[-1]
-    val = [json.loads(line) for line in (out / "val_samples.jsonl").read_text().splitlines()]
-    assert [v["step"] for v in val] == [2, 2, 2] and all(set(v) == {"step", "prompt", "response", "score"} for v in val)
+    # verl's log_val_generations: that many validation prompts kept in samples.jsonl at each validation
+    val = [g for g in map(json.loads, (out / "samples.jsonl").read_text().splitlines()) if g["kind"] == "val"]
+    assert [v["step"] for v in val] == [2, 2, 2] and all(len(v["responses"]) == len(v["scores"]) == 1 for v in val)
     ckpt = out / "checkpoints" / "step_2" / "actor"
     assert ckpt.is_dir()
     if "lora" not in name:

@@ -1,0 +1,95 @@
+"""The end-of-run summary: what changed, where the time went, where the result is, what to run next.
+
+Printed when a run's loop ends and written as `run_summary.json` beside metrics.jsonl (the
+dashboard reads it to tell finished runs from stalled ones). Everything comes from
+metrics.jsonl, so the summary says exactly what the report will show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+
+from hybridrl.tracking.report import summarize
+from hybridrl.tracking.runlog import load_run
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _dur(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def build_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float, checkpoint: Path | None) -> dict:
+    s = summarize(load_run(run_dir))
+    trainer, data = config.get("trainer", {}), config.get("data", {})
+    q = shlex.quote
+    commands = {"report": f"hybridrl report {q(str(run_dir))} --out {q(str(run_dir / 'report.html'))}"}
+    val = data.get("val_files")
+    val = val[0] if isinstance(val, list) and val else val
+    if checkpoint is not None:
+        if val and config.get("algorithm", {}).get("name", "rl") == "rl":
+            commands["eval"] = (f"hybridrl eval --model {q(str(checkpoint))} --data {q(str(val))} "
+                                f"--max-response-length {data.get('max_response_length', 512)}")  # fmt: skip
+        commands["export"] = f"hybridrl export {q(str(checkpoint))} {q(str(run_dir / 'hf_model'))}"
+    return {
+        "finished": step >= total_steps or (trainer.get("max_wall_time_s") is not None and wall_time_s >= trainer["max_wall_time_s"]),
+        "step": step,
+        "total_steps": total_steps,
+        "wall_time_s": wall_time_s,
+        "mean_step_s": s["mean_step_s"],
+        "stage_mean_s": s["stage_mean_s"],
+        "reward_key": s["reward_key"],
+        "reward_first": s["reward_first"],
+        "reward_last": s["reward_last"],
+        "reward_window": s["reward_window"],
+        "validation": s["validation"],
+        "checkpoint": str(checkpoint) if checkpoint is not None else None,
+        "commands": commands,
+    }
+
+
+def format_summary(d: dict) -> str:
+    head = "run finished" if d["finished"] else "run stopped"
+    lines = [f"[hybridrl] {head}: step {d['step']}/{d['total_steps']} in {_dur(d['wall_time_s'])} wall time"]
+    if d["reward_key"]:
+        lines.append(f"  {d['reward_key']:<34} first {_fmt(d['reward_first'])} -> last {_fmt(d['reward_last'])}"
+                     f"  (mean of the first / last {d['reward_window']} step(s))")  # fmt: skip
+    for key, v in d["validation"].items():
+        lines.append(f"  {key:<34} before {_fmt(v['first'])} (step {v['first_step']}) -> after {_fmt(v['last'])} "
+                     f"(step {v['last_step']}); best {_fmt(v['best'])} at step {v['best_step']}")  # fmt: skip
+    stages = {k: v for k, v in d["stage_mean_s"].items() if v}
+    if d["mean_step_s"]:
+        total = sum(stages.values()) or 1.0
+        parts = ", ".join(f"{k} {v:.3g}s ({100 * v / total:.0f}%)" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  step time {d['mean_step_s']:.3g}s mean" + (f": {parts}" if parts else ""))
+    lines.append(f"  final checkpoint: {d['checkpoint'] or 'none written'}")
+    lines.append("  next:")
+    lines += [f"    {cmd}" for cmd in d["commands"].values()]
+    return "\n".join(lines)
+
+
+def end_of_run_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float,
+                       checkpoint: Path | None) -> dict:  # fmt: skip
+    """Print the summary and write run_summary.json (atomically); returns it."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        return {}
+    from hybridrl.tracking.tracker import launched_at
+
+    d = build_summary(run_dir, config, step, total_steps, wall_time_s, checkpoint)
+    started = launched_at()  # the CLI's first line, before the imports: the wall time a user waited
+    if started is not None:
+        d["wall_time_s"] = max(wall_time_s, time.perf_counter() - started)
+    print(format_summary(d), flush=True)
+    if d["finished"]:
+        tmp = run_dir / "run_summary.json.tmp"
+        tmp.write_text(json.dumps(d, indent=2) + "\n")
+        os.replace(tmp, run_dir / "run_summary.json")
+    return d

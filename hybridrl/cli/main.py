@@ -96,13 +96,13 @@ def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
 def cmd_train(args) -> int:
     from hybridrl.tracking.tracker import notice
 
+    cfg = args.cfg = _load(args)
     notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
     from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts
 
-    cfg = args.cfg = _load(args)
     _check_reward_file(cfg)
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer

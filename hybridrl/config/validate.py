@@ -15,7 +15,6 @@ from typing import Any, Callable
 from .extensions import algorithm_problems, registered_choices
 from .layout import ParallelLayout, build_layout, layout_problem
 from .schema import Config, ConfigError, resolve, show, walk
-from .verl_keys import PENDING_CHOICES
 
 # algorithm.adv_estimator and actor.policy_loss.loss_mode take the names registered in
 # hybridrl.algorithms (built-in or from `extensions`): see extensions.py and `all_choices`.
@@ -252,11 +251,6 @@ def _choice_problems(cfg: Config) -> list[Problem]:
             fix = [v for v in value if v in choices] or _DEFAULTS[key]
             rule = f"has {', '.join(map(repr, wrong))}, not among {', '.join(choices)}"
             out.append(_suggest(key, value, rule, fix))
-            continue
-        branch = PENDING_CHOICES.get(key, {}).get(value)
-        if branch:
-            out.append(Problem(f"{key}={value} is not in this hybridrl build yet (it comes with the {branch} work); "
-                               f"choose one of {', '.join(choices)}", (key,)))
             continue
         close = get_close_matches(str(value), choices, n=3, cutoff=0.5)
         fix = next((c for c in [*close, _DEFAULTS[key], *choices] if _harmless(cfg, key, c)), _DEFAULTS[key])

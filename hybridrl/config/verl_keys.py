@@ -10,9 +10,8 @@ and its sub-configs). Every such key is one of:
 - IGNORED: tunes an engine or backend hybridrl does not use (vLLM/SGLang/TRT-LLM, Megatron,
   shm loading, profiler back-ends, ...): accepted with any value and listed once in one notice;
 - NEEDS: changes the result, and hybridrl cannot honour it: accepted at the values that leave the
-  result as ours is (verl's default), an error naming what is missing otherwise. Entries marked
-  `pending` are features other branches add to the schema; once a key is in the schema, its
-  entry here is skipped (the schema always wins);
+  result as ours is (verl's default), an error naming what is missing otherwise; a key that is
+  also in our schema is ours (the schema always wins);
 - ABOVE_ONE: parallelism degrees accepted with a notice when > 1 (same results, other memory).
 
 `translate(tree)` applies all of this to a raw config tree before it is typed; it is data-driven
@@ -137,50 +136,22 @@ class Need(NamedTuple):
 
     ok: tuple  # values that leave the result as hybridrl computes it
     missing: str  # what hybridrl lacks, for the error message
-    pending: str = ""  # the branch that adds this key to the schema (then this entry is skipped)
 
 
-_ALGOS = "algos"
 NEEDS: dict[str, Need] = {
-    # algorithm features another branch adds to the schema
-    "data.filter_overlong_prompts": Need((False,), "dropping over-long prompts", _ALGOS),
-    "data.gen_batch_size": Need((None,), "DAPO dynamic sampling (data.gen_batch_size)", _ALGOS),
-    "trainer.critic_warmup": Need((0,), "critic-only warm-up steps", _ALGOS),
-    f"{_A}.policy_loss.loss_mode": Need(("vanilla",), "this policy loss mode", _ALGOS),
-    f"{_A}.policy_loss.clip_cov_ratio": Need((0.0002,), "the clip_cov policy loss", _ALGOS),
-    f"{_A}.policy_loss.clip_cov_lb": Need((1.0,), "the clip_cov policy loss", _ALGOS),
-    f"{_A}.policy_loss.clip_cov_ub": Need((5.0,), "the clip_cov policy loss", _ALGOS),
-    f"{_A}.policy_loss.kl_cov_ratio": Need((0.0002,), "the kl_cov policy loss", _ALGOS),
-    f"{_A}.policy_loss.ppo_kl_coef": Need((0.1,), "the kl_cov policy loss", _ALGOS),
-    "algorithm.filter_groups.enable": Need((False,), "DAPO dynamic sampling (algorithm.filter_groups)", _ALGOS),
-    "algorithm.filter_groups.metric": Need((None,), "DAPO dynamic sampling (algorithm.filter_groups)", _ALGOS),
-    "algorithm.filter_groups.max_num_gen_batches": Need((0,), "DAPO dynamic sampling", _ALGOS),
-    "algorithm.rollout_correction.rollout_is": Need((None,), "rollout importance-sampling correction", _ALGOS),
-    "algorithm.rollout_correction.rollout_is_threshold": Need((2.0,), "rollout importance-sampling correction", _ALGOS),
-    "algorithm.rollout_correction.rollout_rs": Need((None,), "rollout rejection sampling", _ALGOS),
-    "algorithm.rollout_correction.rollout_rs_threshold": Need((None,), "rollout rejection sampling", _ALGOS),
-    "algorithm.rollout_correction.bypass_mode": Need((False,), "rollout correction bypass mode", _ALGOS),
-    "algorithm.rollout_correction.loss_type": Need(("ppo_clip",), "rollout correction loss types", _ALGOS),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": Need((False,), "rollout correction", _ALGOS),
-    "reward_model.reward_manager": Need(("naive",), "this reward manager", _ALGOS),
-    "reward_model.overlong_buffer.enable": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.overlong_buffer.len": Need((0,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.overlong_buffer.penalty_factor": Need((0.0,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.overlong_buffer.log": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "DAPO overlong shaping", _ALGOS),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward_model.reward_kwargs.max_resp_len": Need((None,), "DAPO overlong reward shaping", _ALGOS),
+    # verl spellings of features hybridrl has under another key
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward_model.reward_kwargs.max_resp_len": Need((None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
     # the DAPO recipe's own section (recipe/dapo/config/dapo_trainer.yaml) spells the same as reward.*
-    "reward.reward_manager.name": Need(("naive",), "this reward manager", _ALGOS),
-    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "DAPO overlong reward shaping", _ALGOS),
-    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "DAPO overlong shaping", _ALGOS),
-    "reward.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "DAPO overlong reward shaping", _ALGOS),
-    "reward.reward_kwargs.max_resp_len": Need((None,), "DAPO overlong reward shaping", _ALGOS),
-    "trainer.rollout_data_dir": Need((None,), "JSONL dumps of each step's rollouts", "report"),
-    "trainer.validation_data_dir": Need((None,), "JSONL dumps of validation generations", "report"),
+    "reward.reward_manager.name": Need(("naive",), "this spelling of the reward manager (use reward_model.reward_manager)"),
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward.reward_kwargs.max_resp_len": Need((None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
     # features hybridrl does not have
     f"{_ARR}.hybrid_engine": Need((True,), "a non-colocated actor and rollout (hybridrl always colocates them; "
                                          "split the critic with resource_pool instead)"),
@@ -297,7 +268,6 @@ class Translation:
     notices: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     ignored: dict[str, list[str]] = field(default_factory=dict)  # reason -> keys
-    pending: list[str] = field(default_factory=list)  # keys refused because their branch is not merged
 
 
 def match(path: str, table: dict[str, Any]) -> str | None:
@@ -408,13 +378,8 @@ def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -
         pop(tree, path)
         if need.ok and value not in need.ok and not _same_number(value, need.ok):
             fix = f"{path}={show(need.ok[0])}"
-            if need.pending:
-                out.pending.append(path)
-                out.errors.append(f"{path}={show(value)} needs {need.missing}, which this hybridrl build does not "
-                                  f"have yet (it comes with the {need.pending} work); use {fix} or leave it out")
-            else:
-                out.errors.append(f"{path}={show(value)} needs {need.missing}, which hybridrl does not have; "
-                                  f"use {fix} or leave it out")
+            out.errors.append(f"{path}={show(value)} needs {need.missing}, which hybridrl does not have; "
+                              f"use {fix} or leave it out")
         return
     pattern = match(path, IGNORED)
     if pattern:
@@ -508,17 +473,6 @@ def _without_sp(tree: dict, sp: dict[str, Any], out: Translation) -> None:
 
 
 # Choice values that other branches add (the key exists; these values are refused until then).
-PENDING_CHOICES: dict[str, dict[str, str]] = {
-    "algorithm.adv_estimator": {v: _ALGOS for v in ("reinforce_plus_plus_baseline", "opo", "gpg", "grpo_passk")},
-    "data.truncation": {"middle": _ALGOS},
-}
-
-
-def pending_keys() -> dict[str, str]:
-    """key -> branch, for the keys other branches add to the schema."""
-    return {k: n.pending for k, n in NEEDS.items() if n.pending}
-
-
 def verl_argv(tree: dict, out: Translation) -> None:
     """What only a verl command line (no hybridrl config file) gets: verl's engine and logger names."""
     name = get(tree, f"{_R}.name")
@@ -539,8 +493,7 @@ def verl_argv(tree: dict, out: Translation) -> None:
 
 
 # The DAPO recipe's config (recipe/dapo/config/dapo_trainer.yaml) on top of verl's PPO defaults.
-DAPO_DEFAULTS: dict[str, Any] = {"trainer.project_name": "verl-dapo"}
-DAPO_DEFAULTS_PENDING: dict[str, Any] = {"reward_model.reward_manager": "dapo"}  # once the schema has the key
+DAPO_DEFAULTS: dict[str, Any] = {"trainer.project_name": "verl-dapo", "reward_model.reward_manager": "dapo"}
 
 
 def verl_base(entry: str, known: set[str]) -> dict:
@@ -553,7 +506,6 @@ def verl_base(entry: str, known: set[str]) -> dict:
     defaults = {**VERL_DEFAULTS}
     if entry == "dapo":
         defaults.update(DAPO_DEFAULTS)
-        defaults.update({k: v for k, v in DAPO_DEFAULTS_PENDING.items() if k in known})
     for key, value in defaults.items():
         put(tree, key, list(value) if isinstance(value, list) else value)
     return tree
@@ -585,8 +537,7 @@ def markdown() -> str:
             "| verl key | accepted values | what hybridrl lacks |", "| --- | --- | --- |"]
     for k, n in NEEDS.items():
         ok = ", ".join(f"`{show(v)}`" for v in n.ok) or "any (checked through its switch)"
-        lack = n.missing + (f" (comes with the {n.pending} work)" if n.pending else "")
-        out.append(f"| `{k}` | {ok} | {lack} |")
+        out.append(f"| `{k}` | {ok} | {n.missing} |")
     out += ["", "### verl's defaults used with no hybridrl config file", "", "| key | verl default |", "| --- | --- |"]
     out += [f"| `{k}` | `{show(v)}` |" for k, v in VERL_DEFAULTS.items()]
     return "\n".join(out) + "\n"

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hybridrl.config import Config
 from hybridrl.config.schema import walk
-from hybridrl.config.verl_keys import NEEDS, PENDING_CHOICES, match
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _KNOWN = {e.path for e in walk(Config())}
@@ -35,27 +33,6 @@ class Script:
         v = self.value(key)
         return default if v in (None, "null") else int(v)
 
-    def pending(self) -> list[str]:
-        """Overrides refused until another branch's feature is merged: a pending key set to a value
-        other than verl's default, or a pending choice value."""
-        out = []
-        for arg in self.argv:
-            key, _, text = arg.partition("=")
-            key = key.lstrip("+")
-            pattern = match(key, NEEDS)
-            if pattern and NEEDS[pattern].pending and key not in _KNOWN:
-                value = yaml.safe_load(text) if text else None
-                ok = NEEDS[pattern].ok
-                if value not in ok and not any(isinstance(v, float) and v == value for v in ok):
-                    out.append(arg)
-            if text in PENDING_CHOICES.get(key, {}):
-                out.append(arg)
-        return out
-
-    def without_pending(self) -> list[str]:
-        drop = set(self.pending())
-        return [a for a in self.argv if a not in drop]
-
 
 def scripts() -> list[Script]:
     out = []
@@ -65,15 +42,9 @@ def scripts() -> list[Script]:
     return out
 
 
-def params(marks_pending: bool):
-    """One pytest param per script; xfail (not strict) where it needs a feature not merged yet."""
-    out = []
-    for s in scripts():
-        marks = []
-        if marks_pending and s.pending():
-            marks = [pytest.mark.xfail(strict=False, reason=f"needs algos branch: {', '.join(s.pending())}")]
-        out.append(pytest.param(s, id=s.name, marks=marks))
-    return out
+def params():
+    """One pytest param per script."""
+    return [pytest.param(s, id=s.name) for s in scripts()]
 
 
 @dataclass
@@ -126,4 +97,4 @@ def tiny_overrides(s: Script, model_dir: str, data: dict, out) -> list[str]:
                             ("actor_rollout_ref.ref.log_prob", "micro_batch_size"), ("critic.ppo", "micro_batch_size")):
         key = f"{prefix}_{per_gpu}"
         o[key if s.value(key) not in (None, "null") else f"{key}_per_gpu"] = 2
-    return s.without_pending() + [f"{k}={v}" for k, v in o.items()]
+    return s.argv + [f"{k}={v}" for k, v in o.items()]

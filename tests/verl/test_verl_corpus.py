@@ -1,7 +1,6 @@
 """32 of verl's own example command lines (tests/verl/scripts/) are accepted with no config file,
 and hybridrl's batch plan is verl's normalization, worked out independently in corpus.py."""
 
-from collections import Counter
 
 import pytest
 from corpus import params, scripts, verl_plan
@@ -17,19 +16,19 @@ def test_the_corpus_is_large_enough():
             "cispo_trainer", "gpg_trainer", "gmpo_trainer", "tuning", "recipe", "docs"} <= families
 
 
-@pytest.mark.parametrize("script", params(marks_pending=True))
+@pytest.mark.parametrize("script", params())
 def test_explain_accepts_the_script_as_is(script):
     cfg = load_config(None, script.argv, verl=script.entry)
     assert explain_text(cfg).startswith("Batch plan")
 
 
-@pytest.mark.parametrize("script", params(marks_pending=False))
+@pytest.mark.parametrize("script", params())
 def test_batch_plan_is_verls(script):
-    """Everything but the features still to merge: accepted, and the per-device sizes are verl's
+    """Accepted, and the per-device sizes are verl's
     (divided by the sequence-parallel degree where the script asks for SP: training runs
     without it, over all devices, with the same tokens per device)."""
     try:
-        cfg = load_config(None, script.without_pending(), verl=script.entry)
+        cfg = load_config(None, script.argv, verl=script.entry)
     except ConfigError as e:
         pytest.fail(f"{script.name}:\n{e}")
     plan, verl = plan_batches(cfg), verl_plan(script)
@@ -46,16 +45,3 @@ def test_batch_plan_is_verls(script):
             assert plan.critic.micro_batch == max(1, verl.critic_micro_per_gpu // verl.critic_sp)
         if script.value("critic.use_dynamic_bsz") is None:  # verl: inherits the actor's
             assert cfg.critic.use_dynamic_bsz == cfg.actor_rollout_ref.actor.use_dynamic_bsz
-
-
-def test_the_pending_features_are_exactly_the_algos_ones():
-    """Which overrides wait for the algos branch (the xfail marks above): once it adds these keys
-    to the schema and these values to validate.py's choices, the marks turn off by themselves."""
-    used = Counter(a.split("=")[0] for s in scripts() for a in s.pending())
-    assert used == {
-        "data.filter_overlong_prompts": 30, "actor_rollout_ref.actor.policy_loss.loss_mode": 3,
-        "algorithm.adv_estimator": 2, "data.gen_batch_size": 1, "algorithm.filter_groups.enable": 1,
-        "algorithm.filter_groups.metric": 1, "algorithm.filter_groups.max_num_gen_batches": 1,
-        "reward_model.reward_manager": 1, "reward_model.overlong_buffer.enable": 1,
-        "reward_model.overlong_buffer.len": 1, "reward_model.overlong_buffer.penalty_factor": 1,
-    } or not used  # all merged

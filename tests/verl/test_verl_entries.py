@@ -27,7 +27,7 @@ def test_unknown_option_is_a_one_line_error(capsys):
 
 def test_the_dapo_recipe_entry_uses_its_defaults():
     (dapo,) = [s for s in scripts() if s.entry == "dapo"]
-    cfg = load_config(None, dapo.without_pending(), verl="dapo")
+    cfg = load_config(None, dapo.argv, verl="dapo")
     assert cfg.trainer.project_name == "DAPO"  # the script's own
     a = cfg.actor_rollout_ref.actor
     assert (a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c) == (0.2, 0.28, 10.0)

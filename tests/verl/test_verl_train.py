@@ -25,7 +25,7 @@ def test_a_verl_script_trains_two_steps(name, keys, ignores, tiny_model_with_wei
     argv = tiny_overrides(BY_NAME[name], tiny_model_with_weights, arith_data, out) + ["trainer.log_val_generations=3"]
     assert main("ppo", argv) == 0
     err = capsys.readouterr().err
-    assert "hybridrl: note: actor_rollout_ref.rollout.name=vllm: hybridrl's own engine generates" in err
+    assert "hybridrl: notice: actor_rollout_ref.rollout.name=vllm: hybridrl's own engine generates" in err
     assert err.count("ignored, no effect here") == ignores  # the engine knobs, all in one notice
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["step"] >= 1]

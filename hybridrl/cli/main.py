@@ -250,6 +250,7 @@ def _quiet_libraries() -> None:
 
 def main(argv=None) -> int:
     from hybridrl.data.dataset import DataError
+    from hybridrl.distributed.checkpoint import CheckpointError
     from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
 
@@ -261,6 +262,9 @@ def main(argv=None) -> int:
     except (DataError, ModelLoadError, BackendError, FileNotFoundError, NotImplementedError) as e:
         # Bad input: the message says what to change; a traceback would only bury it.
         print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except CheckpointError as e:  # also from a Ray worker, where str(e) is the remote traceback
+        print(f"hybridrl {args.command}: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 
 

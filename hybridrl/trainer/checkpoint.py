@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybridrl.distributed.checkpoint import CheckpointError, load_plain
+
 LATEST = "latest"
 
 
@@ -83,7 +85,14 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def load_trainer_state(path: Path) -> dict:
-    return json.loads((path / "trainer_state.json").read_text())
+    file = path / "trainer_state.json"
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is not a valid checkpoint file: a JSON object was expected")
+    return state
 
 
 # -- RNG --------------------------------------------------------------------------------------
@@ -106,7 +115,7 @@ def restore_rng(path: Path) -> None:
 
 
 def restore_rng_file(file: Path) -> None:
-    state = torch.load(file, weights_only=True)
+    state = load_plain(file)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]

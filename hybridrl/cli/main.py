@@ -253,6 +253,7 @@ def main(argv=None) -> int:
     from hybridrl.distributed.checkpoint import CheckpointError
     from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
+    from hybridrl.trainer.rundir import RunDirError
 
     args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):
@@ -261,6 +262,9 @@ def main(argv=None) -> int:
         return args.fn(args)
     except (DataError, ModelLoadError, BackendError, FileNotFoundError, NotImplementedError) as e:
         # Bad input: the message says what to change; a traceback would only bury it.
+        print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RunDirError as e:
         print(f"hybridrl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except CheckpointError as e:  # also from a Ray worker, where str(e) is the remote traceback

@@ -77,11 +77,18 @@ def finish_save(root: Path, tmp: Path, step: int, trainer_state: dict, keep: int
 
 
 def _prune(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints. Each is first renamed to `.trash_step_N`
+    (atomic), so a kill mid-delete never leaves a half-deleted directory under a step name;
+    leftovers of such a kill are removed the next time."""
     steps = sorted(
         (int(m.group(1)), p) for p in root.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
     )
+    for trash in root.glob(".trash_step_*"):
+        shutil.rmtree(trash, ignore_errors=True)
     for _, p in steps[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+        trash = root / f".trash_{p.name}"
+        os.replace(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def load_trainer_state(path: Path) -> dict:

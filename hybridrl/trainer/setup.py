@@ -25,8 +25,9 @@ from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
-from hybridrl.tracking.tracker import Tracker, append_samples
+from hybridrl.tracking.tracker import Tracker, append_samples, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer import rundir
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 
@@ -169,6 +170,8 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     plan = plan_batches(cfg)
     out = run_dir(cfg)
     resume_from = _find_resume(cfg)
+    if resume_from is None:
+        rundir.claim(out, cfg.trainer.overwrite)
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
@@ -224,7 +227,6 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
         total_steps=total_steps, resume_step=global_step if resume_from else None,
     )  # fmt: skip
     if resume_from is None:
-        (out / "samples.jsonl").unlink(missing_ok=True)
         if cfg.warmup.steps > 0:
             state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
         actor.freeze_reference()
@@ -283,9 +285,7 @@ def _find_resume(cfg) -> Path | None:
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
-    if path.exists():
-        kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(ln + "\n" for ln in kept))
+    truncate_jsonl(path, step)
 
 
 # -- supervised warm-up -----------------------------------------------------------------------

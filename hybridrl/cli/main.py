@@ -72,6 +72,7 @@ def cmd_eval(args) -> int:
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
+    from hybridrl.rewards.pool import Target, WorkerPool
     from hybridrl.config.schema import RolloutConfig
     from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
@@ -82,8 +83,9 @@ def cmd_eval(args) -> int:
         model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
         tokenizer = load_tokenizer(model_dir)
         model = load_causal_lm(model_dir, what="--model").to(device).eval()
-    if args.reward_path:
-        compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
+    if args.reward_path:  # checked here, then run in worker processes with a timeout (hybridrl/rewards/pool.py)
+        load_custom_reward_fn(args.reward_path, args.reward_name)
+        compute_score, need_gt = WorkerPool(Target(args.reward_path, args.reward_name)), (lambda s: False)
     else:
         compute_score, need_gt = default_compute_score, needs_ground_truth
     records = load_prompt_records(
@@ -95,7 +97,11 @@ def cmd_eval(args) -> int:
                                  autocast_dtype=autocast_dtype(device),
                                  max_model_len=args.max_prompt_length + args.max_response_length)  # fmt: skip
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
-    rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    try:
+        rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    finally:
+        if isinstance(compute_score, WorkerPool):
+            compute_score.close()
     summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
     if args.output:
         with open(args.output, "w") as f:

@@ -9,11 +9,12 @@ an `Outcome` with `error` set, and the pool goes on: a hung or dead process is r
 
 - `kind="process"` (custom code): `target` is a `Target(path, name, kwargs)`, loaded inside each
   worker process; nothing from the user's file runs in the trainer.
-- `kind="thread"` (the built-in scorers, trusted): `target` is a callable run in threads of this
-  process; a call past its timeout is abandoned (its thread cannot be killed) and the item fails.
+- `kind="thread"` (the built-in scorers, trusted): `target` is a callable run by a thread of this
+  process, the batch in order with no copying; a call past its timeout is abandoned (a thread
+  cannot be killed) and the rest of the batch goes on in a fresh thread.
 
-Items go to the workers in chunks (one message per chunk, one small reply per item), so a batch
-of hundreds of cheap calls costs a few milliseconds of messaging.
+Items go to the worker processes in chunks (one message per chunk, one small reply per item),
+so a batch of hundreds of cheap calls costs a few milliseconds of messaging.
 """
 
 from __future__ import annotations
@@ -85,16 +86,14 @@ def _serve(conn: Connection, target) -> None:
 
 
 class _Worker:
-    def __init__(self, target, kind: str):
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, target, kind: str = "process"):
         self.kind = kind
-        self.conn, child = _SPAWN.Pipe() if kind == "process" else mp.Pipe()
-        if kind == "process":
-            self.proc = _SPAWN.Process(target=_serve, args=(child, target), daemon=True)
-            self.proc.start()
-            child.close()
-        else:
-            self.proc = threading.Thread(target=_serve, args=(child, target), daemon=True)
-            self.proc.start()
+        self.conn, child = _SPAWN.Pipe()
+        self.proc = _SPAWN.Process(target=_serve, args=(child, target), daemon=True)
+        self.proc.start()
+        child.close()
         self.pending: deque[int] = deque()  # item indices sent and not answered, in order
         self.since = 0.0  # when the oldest pending item started (the last reply or the send)
 
@@ -116,13 +115,11 @@ class _Worker:
         self.conn.send(chunk)
 
     def exitcode(self):
-        if self.kind == "process":
-            self.proc.join(timeout=1.0)
-            return self.proc.exitcode
-        return None
+        self.proc.join(timeout=1.0)
+        return self.proc.exitcode
 
     def stop(self, kill: bool = False) -> None:
-        if self.kind == "process" and self.proc.is_alive():
+        if self.proc.is_alive():
             if kill:
                 self.proc.kill()
             else:
@@ -134,7 +131,35 @@ class _Worker:
                 if self.proc.is_alive():
                     self.proc.kill()
             self.proc.join(timeout=2.0)
-        self.conn.close()  # a thread still inside a call exits at its next send
+        self.conn.close()
+
+
+class _ThreadJob:
+    """Calls of one batch run in order by one thread of this process; the parent watches
+    `since` (when the current call started) to time a call out, then abandons the thread."""
+
+    def __init__(self, fn, items: list[tuple[int, dict]], out: list, cond: threading.Condition):
+        self.fn, self.items, self.out, self.cond = fn, items, out, cond
+        self.pos, self.since, self.done, self.abandoned = 0, time.monotonic(), False, False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        for pos, (index, kwargs) in enumerate(self.items):
+            with self.cond:
+                if self.abandoned:
+                    return
+                self.pos, self.since = pos, time.monotonic()
+            try:
+                outcome = Outcome(value=self.fn(**kwargs))
+            except BaseException:  # trusted code, but SystemExit / KeyboardInterrupt still cost one sample
+                outcome = Outcome(error=traceback.format_exc())
+            with self.cond:
+                if self.abandoned:
+                    return
+                self.out[index] = outcome
+        with self.cond:
+            self.done = True
+            self.cond.notify_all()
 
 
 class WorkerPool:
@@ -151,8 +176,8 @@ class WorkerPool:
         self.target, self.kind, self.timeout_s = target, kind, float(timeout_s)
         self.chunk_size, self.start_timeout_s = chunk_size, start_timeout_s
         self.replaced = 0
-        """Workers replaced after a timeout or a death, over the pool's life."""
-        self.workers = [_Worker(target, kind) for _ in range(num_workers)]
+        """Workers replaced after a timeout or a death (threads: abandoned), over the pool's life."""
+        self.workers = [_Worker(target) for _ in range(num_workers)] if kind == "process" else []
         try:
             for w in self.workers:
                 w.start(start_timeout_s)
@@ -173,7 +198,7 @@ class WorkerPool:
 
     def _replace(self, w: _Worker) -> _Worker:
         w.stop(kill=True)
-        fresh = _Worker(self.target, self.kind)
+        fresh = _Worker(self.target)
         fresh.start(self.start_timeout_s)
         self.workers[self.workers.index(w)] = fresh
         self.replaced += 1
@@ -181,22 +206,46 @@ class WorkerPool:
 
     def map(self, items: list[dict]) -> list[Outcome]:
         """`target(**item)` for every item, in order; never raises for what the calls do."""
+        if not items:
+            return []
+        return self._map_threads(items) if self.kind == "thread" else self._map_processes(items)
+
+    def _map_threads(self, items: list[dict]) -> list[Outcome]:
+        out: list[Outcome | None] = [None] * len(items)
+        todo = list(enumerate(items))
+        cond = threading.Condition()
+        while todo:
+            job = _ThreadJob(self.target, todo, out, cond)
+            todo = []
+            with cond:
+                while not job.done:
+                    late = time.monotonic() - job.since
+                    if late < self.timeout_s:
+                        cond.wait(self.timeout_s - late)
+                        continue
+                    job.abandoned = True  # its thread stays inside the hung call; nothing it returns is used
+                    index = job.items[job.pos][0]
+                    out[index] = Outcome(error=f"timed out after {self.timeout_s:g} s", timed_out=True)
+                    todo = job.items[job.pos + 1 :]
+                    self.replaced += 1
+                    break
+        return out  # type: ignore[return-value]
+
+    def _map_processes(self, items: list[dict]) -> list[Outcome]:
         n = len(items)
         out: list[Outcome | None] = [None] * n
-        if n == 0:
-            return []
         size = max(1, min(self.chunk_size, -(-n // len(self.workers))))
         todo = deque([(i, items[i]) for i in range(start, min(start + size, n))] for start in range(0, n, size))
         left = n
         while left:
             for w in list(self.workers):  # every idle worker gets the next chunk
                 if not w.pending and todo:
-                    if w.kind == "process" and not w.proc.is_alive():  # died between batches
+                    if not w.proc.is_alive():  # died between batches
                         w = self._replace(w)
                     w.send(todo.popleft())
             busy = [w for w in self.workers if w.pending]
             deadline = min(w.since for w in busy) + self.timeout_s
-            waits = [w.conn for w in busy] + [w.proc.sentinel for w in busy if w.kind == "process"]
+            waits = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
             ready = wait(waits, timeout=max(0.0, deadline - time.monotonic()))
             now = time.monotonic()
             for w in busy:
@@ -213,7 +262,7 @@ class WorkerPool:
                         continue
                     except (EOFError, OSError):
                         failure = Outcome(error=f"the reward worker exited during this call (exit code {w.exitcode()})")
-                elif w.kind == "process" and w.proc.sentinel in ready:
+                elif w.proc.sentinel in ready:
                     failure = Outcome(error=f"the reward worker exited during this call (exit code {w.exitcode()})")
                 elif now - w.since >= self.timeout_s:
                     failure = Outcome(error=f"timed out after {self.timeout_s:g} s", timed_out=True)

@@ -49,6 +49,10 @@ class ConsoleLogger:
             if key in metrics and label not in shown:
                 parts.append(f"{label} {fmt.format(metrics[key])}")
                 shown.add(label)
+        for key, label in (("reward/errors", "reward errors"), ("reward/timeouts", "of them timeouts"),
+                           ("val-aux/reward/errors", "val reward errors")):  # fmt: skip
+            if metrics.get(key):  # shown only when a reward call failed (hybridrl/rewards/pool.py)
+                parts.append(f"{label} {int(metrics[key])}")
         val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
         parts += [f"{k.removeprefix('val-core/')} {v:.3f}" for k, v in val.items()]
         done = step - self.start_step

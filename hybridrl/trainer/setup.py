@@ -25,6 +25,7 @@ from hybridrl.distributed.groups import WorkerGroups, create_worker_groups
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
+from hybridrl.rewards.pool import Target, WorkerPool
 from hybridrl.tracking.tracker import Tracker, append_samples, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer import rundir
@@ -114,9 +115,11 @@ class RunContext:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the worker processes (Ray) or drop the in-process workers."""
+        """Stop the worker processes (Ray) or drop the in-process workers, and the reward pool."""
         if self.workers is not None:
             self.workers.shutdown()
+        if isinstance(self.compute_score, WorkerPool):
+            self.compute_score.close()
 
 
 def _save_worker_rng(pool: str, rank: int, path: str) -> None:
@@ -153,6 +156,17 @@ def _reward_fn(cfg):
     return (functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn), need_gt, custom
 
 
+def reward_pool(cfg, compute_score) -> WorkerPool:
+    """Where the reward calls run (hybridrl/rewards/pool.py): a custom function in worker processes
+    (loaded there from its file), the built-in scorers in a thread; each call bounded by
+    `custom_reward_function.timeout_s`."""
+    c = cfg.custom_reward_function
+    if c.path:
+        return WorkerPool(Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers,
+                          timeout_s=c.timeout_s)  # fmt: skip
+    return WorkerPool(compute_score, kind="thread", timeout_s=c.timeout_s)
+
+
 def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
         check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records})
@@ -184,11 +198,17 @@ def build_run(cfg, data=None, need_ref: bool | None = None) -> RunContext:
     # The reference is the initial policy; `_start` saves it with checkpoints when it cannot be
     # reloaded from model.path (random weights, or weights changed by the warm-up).
     roles = {ACTOR: ActorRolloutRefWorker, **({CRITIC: CriticWorker} if cfg.critic_enabled else {})}
-    workers = create_worker_groups(cfg, plan, roles)
+    scorer = reward_pool(cfg, compute_score)
     try:
-        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score)
+        workers = create_worker_groups(cfg, plan, roles)
+    except BaseException:
+        scorer.close()
+        raise
+    try:
+        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
     except BaseException:
         workers.shutdown()
+        scorer.close()
         raise
 
 

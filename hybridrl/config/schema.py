@@ -340,6 +340,10 @@ class TrainerConfig:
         None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
         "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
     )
+    worker_timeout_s: float = option(
+        60.0, "Ray backend: a worker process that sends no heartbeat for this many seconds while the controller waits "
+        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts)."
+    )
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
     )

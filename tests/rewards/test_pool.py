@@ -115,3 +115,18 @@ def test_a_function_that_cannot_load_fails_at_start(tmp_path):
     bad.write_text("def other(): pass\n")
     with pytest.raises(RuntimeError, match="defines no 'compute_score'"):
         WorkerPool(Target(str(bad), "compute_score"), num_workers=1)
+
+
+def test_wrong_custom_signature_is_found_before_training():
+    from hybridrl.rewards import check_reward_kwargs
+
+    def two_args(solution_str, ground_truth):
+        return 1.0
+
+    with pytest.raises(ValueError, match=r"cannot be called as fn\(data_source=.*unexpected keyword argument 'data_source'"):
+        check_reward_kwargs(two_args, {}, ["x"])
+
+    def fine(data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+    check_reward_kwargs(fine, {}, ["x"])

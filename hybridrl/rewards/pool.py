@@ -57,10 +57,10 @@ class Outcome:
     timed_out: bool = False
 
 
-def _serve(conn: Connection, target) -> None:
+def _serve(conn: Connection, target: Target) -> None:
     """A worker's loop: receive a chunk [(index, kwargs), ...], reply (index, ok, value) per item."""
     try:
-        fn = target.load() if isinstance(target, Target) else target
+        fn = target.load()
     except BaseException:
         conn.send(("load-failed", traceback.format_exc()))
         return
@@ -79,8 +79,8 @@ def _serve(conn: Connection, target) -> None:
                 reply = (index, False, traceback.format_exc())
             try:
                 conn.send(reply)
-            except (OSError, ValueError):
-                return  # abandoned by the pool (a timed-out thread), or the parent is gone
+            except OSError:
+                return  # the parent is gone
             except Exception:  # the value does not pickle
                 conn.send((index, False, f"the reward function returned {type(reply[2]).__name__}, which cannot be sent back"))
 
@@ -88,8 +88,7 @@ def _serve(conn: Connection, target) -> None:
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, target, kind: str = "process"):
-        self.kind = kind
+    def __init__(self, target: Target):
         self.conn, child = _SPAWN.Pipe()
         self.proc = _SPAWN.Process(target=_serve, args=(child, target), daemon=True)
         self.proc.start()

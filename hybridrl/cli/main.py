@@ -147,6 +147,7 @@ def cmd_eval(args) -> int:
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
+    from hybridrl.rewards.pool import Target, WorkerPool
     from hybridrl.config.schema import RolloutConfig
     from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
@@ -157,8 +158,9 @@ def cmd_eval(args) -> int:
         model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
         tokenizer = load_tokenizer(model_dir, what="--model")
         model = load_causal_lm(model_dir, what="--model").to(device).eval()
-    if args.reward_path:
-        compute_score, need_gt = load_custom_reward_fn(args.reward_path, args.reward_name), (lambda s: False)
+    if args.reward_path:  # checked here, then run in worker processes with a timeout (hybridrl/rewards/pool.py)
+        load_custom_reward_fn(args.reward_path, args.reward_name)
+        compute_score, need_gt = WorkerPool(Target(args.reward_path, args.reward_name)), (lambda s: False)
     else:
         compute_score, need_gt = default_compute_score, needs_ground_truth
     records = load_prompt_records(
@@ -170,7 +172,11 @@ def cmd_eval(args) -> int:
                                  autocast_dtype=autocast_dtype(device),
                                  max_model_len=args.max_prompt_length + args.max_response_length)  # fmt: skip
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
-    rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    try:
+        rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+    finally:
+        if isinstance(compute_score, WorkerPool):
+            compute_score.close()
     summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
     if args.output:
         with open(args.output, "w") as f:
@@ -406,9 +412,15 @@ def user_error_message(e: BaseException, cfg=None, config_path: str | None = Non
     """The one-line message for a user error, or None when `e` is a bug (shown with its traceback)."""
     from hybridrl.config import ConfigError
     from hybridrl.data.errors import DataError
+    from hybridrl.distributed.checkpoint import CheckpointError
+    from hybridrl.trainer.rundir import RunDirError
     from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
 
+    if isinstance(e, CheckpointError):  # also from a Ray worker, where str(e) is the remote traceback
+        return _one_line(e.args[0] if e.args else str(e))
+    if isinstance(e, RunDirError):
+        return _one_line(str(e))
     if isinstance(e, ConfigError):
         where = f"{config_path}: " if config_path else ""
         if len(e.errors) == 1 and config_path and e.errors[0].startswith(str(config_path)):

@@ -311,6 +311,15 @@ class CustomRewardConfig:
         {}, "Keyword arguments for the reward function, built-in or custom; e.g. {format_score: 0.1} gives a "
         "well-formed but wrong GSM8K answer 0.1."
     )
+    timeout_s: float = option(
+        10.0, "Seconds one call of the reward function may take. A custom function runs in separate processes: one "
+        "that hangs past this, exits, crashes or raises scores 0 for that sample and counts in reward/timeouts or "
+        "reward/errors; the run goes on (hybridrl/rewards/pool.py)."
+    )
+    num_workers: int = option(
+        2, "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
+        "threads of the trainer process."
+    )
 
 
 @dataclass
@@ -435,6 +444,10 @@ class TrainerConfig:
         "auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path."
     )
     resume_from_path: str | None = option(None, "Checkpoint directory to resume from (resume_mode=resume_path).")
+    overwrite: bool = option(
+        False, "A new run (nothing to resume) into a directory holding another run: true moves the old run aside to "
+        "<dir>.old-<timestamp> (never deletes it); false stops with an error naming the choices."
+    )
     seed: int = option(1, "Random seed.")
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(
@@ -455,6 +468,10 @@ class TrainerConfig:
     max_wall_time_s: float | None = option(
         None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
         "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
+    )
+    worker_timeout_s: float = option(
+        60.0, "Ray backend: a worker process that sends no heartbeat for this many seconds while the controller waits "
+        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts)."
     )
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."

@@ -309,6 +309,13 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
     if reward.path and not reward.name:
         out.append(_suggest("custom_reward_function.name", reward.name,
                             f"must name a function in {reward.path}", "compute_score"))
+    if not (isinstance(reward.timeout_s, (int, float)) and 0 < reward.timeout_s < float("inf")):
+        out.append(_suggest("custom_reward_function.timeout_s", reward.timeout_s,
+                            "must be a positive number of seconds (one reward call's limit)", 10.0))
+    if not (isinstance(reward.num_workers, int) and reward.num_workers >= 1):
+        out.append(_suggest("custom_reward_function.num_workers", reward.num_workers, "must be 1 or more processes", 2))
+    if not (isinstance(t.worker_timeout_s, (int, float)) and 0 < t.worker_timeout_s < float("inf")):
+        out.append(_suggest("trainer.worker_timeout_s", t.worker_timeout_s, "must be a positive number of seconds", 60.0))
     for prefix in (_R, f"{_R}.val_kwargs"):
         sampling = _get(cfg, prefix)
         if sampling.do_sample and sampling.temperature == 0:

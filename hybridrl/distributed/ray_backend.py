@@ -10,13 +10,20 @@ pool, built from the unchanged worker classes. A `RayWorkerGroup` is one role on
 Failures: every wait is on all ranks at once, so a dead process is seen as soon as Ray
 reports it, even while the live ranks hang in a collective with it; the error names the
 role, rank, node and pid (`WorkerDiedError`), and `RayBackend.shutdown` kills the rest.
+A stalled process (SIGSTOP, a frozen node) is not dead to Ray: each host sends a heartbeat
+every second from a thread to a small `Heartbeats` actor, and a wait that sees a rank it waits
+on silent for `trainer.worker_timeout_s` reports it the same way.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
+import tempfile
+import threading
 import time
 from datetime import timedelta
 
@@ -31,13 +38,50 @@ from hybridrl.distributed.layout import ParallelLayout, activate, plan_layout
 from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
 
 PG_TIMEOUT_S = 120
+HEARTBEAT_S = 1.0
+
+
+class Heartbeats:
+    """A Ray actor (no CPU reserved): when each worker process was last heard from, by pid,
+    timed on this actor's clock (the nodes' clocks need not agree)."""
+
+    def __init__(self):
+        self.last: dict[int, float] = {}
+
+    def beat(self, pid: int) -> None:
+        self.last[pid] = time.monotonic()
+
+    def silent_for(self, pids: list[int]) -> dict[int, float]:
+        now = time.monotonic()
+        return {pid: now - self.last[pid] for pid in pids if pid in self.last}
+
+
+def _beat_forever(monitor) -> None:
+    import threading
+
+    def loop():
+        pid = os.getpid()
+        while True:
+            try:
+                monitor.beat.remote(pid)
+            except Exception:  # the run is shutting down
+                return
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=loop, name="hybridrl-heartbeat", daemon=True).start()
+
+
+# The driver's view of the heartbeats (one backend per driver process at a time).
+_WATCH: dict = {"monitor": None, "timeout_s": None}
 
 
 class WorkerHost:
     """One process of a pool (a Ray actor): its rank's workers, one per role."""
 
-    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict):
+    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict, monitor=None):
         self.pool, self.rank, self.world, self.device_type = pool, rank, world, device_type
+        if monitor is not None:
+            _beat_forever(monitor)
         self.workers: dict = {}
         # Ray gives an actor with num_gpus=1 exactly one visible GPU: it is cuda:0 here.
         os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
@@ -157,7 +201,10 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
     index = {ref: i for i, ref in enumerate(refs)}
     results, pending = [None] * len(refs), list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=HEARTBEAT_S if _WATCH["monitor"] else None)
+        if not ready:
+            _check_stalled([who[index[ref]] for ref in pending])
+            continue
         try:
             results[index[ready[0]]] = ray.get(ready[0])
         except RayActorError as e:
@@ -180,6 +227,23 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
     return results
 
 
+def _check_stalled(waiting: list[tuple[str, int, dict]]) -> None:
+    """Raise WorkerDiedError for a rank we wait on that has sent no heartbeat for worker_timeout_s."""
+    monitor, limit = _WATCH["monitor"], _WATCH["timeout_s"]
+    pids = [info["pid"] for _, _, info in waiting if isinstance(info.get("pid"), int)]
+    if monitor is None or not pids:
+        return
+    try:
+        silent = ray.get(monitor.silent_for.remote(pids), timeout=30)
+    except Exception:
+        return  # the monitor is gone (shutdown): the wait itself reports what matters
+    # The longest silent rank is the stalled one; the others may only be slowed down waiting on it.
+    quiet, who = max(((silent.get(w[2].get("pid"), 0.0), w) for w in waiting), key=lambda x: x[0])
+    if quiet >= limit:
+        raise _died(who, RuntimeError(f"stopped responding: no heartbeat for {quiet:.0f} s "
+                                      f"(trainer.worker_timeout_s={limit:g}); stalled, e.g. SIGSTOP or a frozen node"))
+
+
 def _died(who: tuple[str, int, dict], error: Exception) -> WorkerDiedError:
     role, rank, info = who
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -199,6 +263,8 @@ class RayBackend:
         if problem:
             raise BackendError(f"not enough resources on the Ray cluster: {problem}")
         self.pgs, self.pools, self.groups = [], {}, {}
+        self.monitor = ray.remote(num_cpus=0, max_restarts=0)(Heartbeats).remote()
+        _WATCH.update(monitor=self.monitor, timeout_s=cfg.trainer.worker_timeout_s)
         try:
             for spec in self.specs:
                 self.pools[spec.name] = self._start_pool(spec, cfg, device_type)
@@ -231,7 +297,7 @@ class RayBackend:
         hosts = [
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **res
-            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env)
+            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env, self.monitor)
             for n, pg in enumerate(per_node) for i in range(spec.per_node)
         ]  # fmt: skip
         unknown = {"ip": "?", "host": "?", "pid": "?"}
@@ -263,6 +329,11 @@ class RayBackend:
         for pg in self.pgs:
             remove_placement_group(pg)
         self.pools, self.pgs = {}, []
+        if _WATCH["monitor"] is self.monitor:
+            _WATCH.update(monitor=None, timeout_s=None)
+        if self.monitor is not None:
+            ray.kill(self.monitor, no_restart=True)
+            self.monitor = None
 
 
 def _device_type(cfg) -> str:
@@ -288,9 +359,29 @@ def init_ray(cfg) -> None:
         return
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     num_cpus = cfg.ray_init.num_cpus or max(os.cpu_count() or 1, world)
-    ray.init(**{"include_dashboard": False, "log_to_driver": True, **_extra_init_kwargs(cfg), "num_cpus": num_cpus})
+    # A local cluster lives and dies with this run: its files in a temp dir of its own (removed
+    # at exit, so /tmp/ray/session_* does not pile up), and SIGTERM/SIGHUP stop it like an exit.
+    temp_dir = tempfile.mkdtemp(prefix="hybridrl-ray-")
+    ray.init(**{"include_dashboard": False, "log_to_driver": True, **_extra_init_kwargs(cfg), "num_cpus": num_cpus,
+                "_temp_dir": temp_dir})
+    atexit.register(_stop_local_ray, temp_dir)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _exit_on_signal)
 
 
 def _extra_init_kwargs(cfg) -> dict:
     """ray_init.kwargs (verl's ray_kwargs.ray_init.*, e.g. runtime_env) passed on to ray.init."""
     return {k: v for k, v in cfg.ray_init.kwargs.items() if k not in ("address", "num_cpus")}
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds: the run's finally blocks, then atexit stops Ray
+
+
+def _stop_local_ray(temp_dir: str) -> None:
+    try:
+        ray.shutdown()
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -3,6 +3,8 @@
 One bad sample (a scorer bug on an odd string, a NaN) must not end a run that
 has trained for hours: it scores 0.0, is counted in ``num_errors`` (the trainer
 logs it as a metric), and the first such failure is logged with its traceback.
+Given a `WorkerPool` (hybridrl/rewards/pool.py) in place of a function, the calls
+run there, so a hang (``num_timeouts``), an exit or a crash also costs one sample.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from .pool import Outcome, WorkerPool
 
 logger = logging.getLogger("hybridrl.rewards")
 
@@ -32,7 +36,9 @@ class ScoreResult:
     A sample that lacks a key (or failed) gets 0.0 there, not NaN, so that
     batch means stay finite; read them together with ``num_errors``."""
     num_errors: int = 0
-    """Samples whose scorer raised or returned something that is not a number."""
+    """Samples whose scorer raised, timed out, exited, crashed or returned something that is not a number."""
+    num_timeouts: int = 0
+    """Of those, the samples whose call ran past the pool's timeout."""
 
 
 def _as_number(value: Any) -> float | None:
@@ -87,41 +93,42 @@ def score_batch(
             f"{n} solution_strs, {len(ground_truths)} ground_truths, {len(extra_infos)} extra_infos"
         )
 
+    calls = [
+        dict(data_source=data_sources[i], solution_str=solution_strs[i], ground_truth=ground_truths[i], extra_info=extra_infos[i])
+        for i in range(n)
+    ]
+    outcomes = compute_score.map(calls) if isinstance(compute_score, WorkerPool) else [_call(compute_score, c) for c in calls]
+
     scores: list[float] = []
     per_sample_extras: list[dict[str, float]] = []
-    num_errors = 0
-    for i in range(n):
-        score, sample_extras, error = _score_one(
-            compute_score, data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i]
-        )
+    num_errors = num_timeouts = 0
+    for i, outcome in enumerate(outcomes):
+        score, sample_extras, error = _score_one(outcome)
         if error is not None:
             num_errors += 1
+            num_timeouts += outcome.timed_out
             _log_first_error(i, data_sources[i], error)
         scores.append(score)
         per_sample_extras.append(sample_extras)
 
     keys = dict.fromkeys(key for sample in per_sample_extras for key in sample)
     extras = {key: [sample.get(key, 0.0) for sample in per_sample_extras] for key in keys}
-    return ScoreResult(scores=scores, extras=extras, num_errors=num_errors)
+    return ScoreResult(scores=scores, extras=extras, num_errors=num_errors, num_timeouts=num_timeouts)
 
 
-def _score_one(
-    compute_score: Callable[..., Any],
-    data_source: Any,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: Any,
-) -> tuple[float, dict[str, float], str | None]:
-    """(score, numeric extras, error message or None) for one sample."""
+def _call(compute_score: Callable[..., Any], kwargs: dict) -> Outcome:
+    """In this process, without a pool (the Python API's plain functions)."""
     try:
-        raw = compute_score(
-            data_source=data_source,
-            solution_str=solution_str,
-            ground_truth=ground_truth,
-            extra_info=extra_info,
-        )
+        return Outcome(value=compute_score(**kwargs))
     except Exception:
-        return 0.0, {}, traceback.format_exc()
+        return Outcome(error=traceback.format_exc())
+
+
+def _score_one(outcome: Outcome) -> tuple[float, dict[str, float], str | None]:
+    """(score, numeric extras, error message or None) for one sample."""
+    if outcome.error is not None:
+        return 0.0, {}, outcome.error
+    raw = outcome.value
 
     if isinstance(raw, dict):
         score = _as_number(raw.get("score"))

@@ -84,9 +84,10 @@ def scorer_for(data_source: str) -> Callable[..., float]:
 
 
 def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data_sources: Iterable[str]) -> None:
-    """Raise a ValueError before training if ``kwargs`` do not fit the scorer(s) they will reach.
-
-    A mismatch would otherwise surface as every sample scoring 0 with ``reward/errors`` set.
+    """Raise a ValueError before training if ``kwargs`` do not fit the scorer(s) they will reach,
+    or a custom function cannot be called as ``fn(data_source=, solution_str=, ground_truth=,
+    extra_info=)``. A mismatch would otherwise surface as every sample scoring 0 with
+    ``reward/errors`` set.
 
     >>> check_reward_kwargs(None, {"format_score": 0.1}, ["gsm8k"])
     >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])
@@ -94,7 +95,7 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
     ...
     ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit the built-in scorer of data_source 'gsm8k' (solution_str, ground_truth, method, format_score, score, flexible_score, format_needs_work): got an unexpected keyword argument 'format_scor'
     """
-    if not kwargs:
+    if not kwargs and custom_fn is None:
         return
     if custom_fn is not None:
         targets = [("the custom reward function", custom_fn, dict(data_source="", solution_str="", ground_truth="", extra_info=None))]
@@ -106,6 +107,9 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
             inspect.signature(fn).bind(**required, **kwargs)
         except TypeError as e:
             params = ", ".join(inspect.signature(fn).parameters)
+            if not kwargs:
+                raise ValueError(f"{what} ({params}) cannot be called as fn(data_source=, solution_str=, ground_truth=, "
+                                 f"extra_info=): {e}; see custom_reward_function.path") from None
             raise ValueError(f"custom_reward_function.reward_kwargs {kwargs} do not fit {what} ({params}): {e}") from None
 
 

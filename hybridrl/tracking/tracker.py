@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -67,6 +68,9 @@ class ConsoleLogger:
             self.t0 = time.perf_counter()
         parts = [f"step {step}/{self.total}"]
         parts += [f"{key} {fmt.format(metrics[key])}" for key, fmt in self.FIELDS if key in metrics]
+        for key in ("reward/errors", "reward/timeouts", "val-aux/reward/errors", "val-aux/reward/timeouts"):
+            if metrics.get(key):  # shown only when a reward call failed (hybridrl/rewards/pool.py)
+                parts.append(f"{key} {int(metrics[key])}")
         val = {k: v for k, v in metrics.items() if k.startswith(("val-core/", "val/"))}
         parts += [f"{k} {v:.3f}" for k, v in val.items()]
         eta = self.eta(step)
@@ -87,14 +91,43 @@ class ConsoleLogger:
         return eta
 
 
+def read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """The JSON objects of `path`, one per line, and how many lines were skipped: a run killed
+    mid-write leaves a partial last line, which must not stop a resume or a report."""
+    rows, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the rows of `path` up to `step` (resume), dropping (and reporting) broken lines."""
+    if not path.exists():
+        return
+    rows, bad = read_jsonl(path)
+    if bad:
+        print(f"[hybridrl] note: {path}: skipped {bad} unreadable line(s) (a partial last line of an interrupted run)", flush=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= step))
+    os.replace(tmp, path)
+
+
 class JsonlLogger:
     def __init__(self, path: Path, resume_step: int | None):
         self.path = path
-        if resume_step is not None and path.exists():
-            kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            path.write_text("".join(ln + "\n" for ln in kept))
-        elif resume_step is None and path.exists():
-            path.unlink()
+        if resume_step is not None:
+            truncate_jsonl(path, resume_step)
+        # A new run never finds another run's file here (hybridrl/trainer/rundir.py): append.
         self.f = path.open("a")
 
     def log(self, metrics: dict, step: int) -> None:

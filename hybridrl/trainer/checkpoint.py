@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hybridrl.distributed.checkpoint import CheckpointError, load_plain
+
 LATEST = "latest"
 
 
@@ -75,15 +77,29 @@ def finish_save(root: Path, tmp: Path, step: int, trainer_state: dict, keep: int
 
 
 def _prune(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints. Each is first renamed to `.trash_step_N`
+    (atomic), so a kill mid-delete never leaves a half-deleted directory under a step name;
+    leftovers of such a kill are removed the next time."""
     steps = sorted(
         (int(m.group(1)), p) for p in root.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
     )
+    for trash in root.glob(".trash_step_*"):
+        shutil.rmtree(trash, ignore_errors=True)
     for _, p in steps[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+        trash = root / f".trash_{p.name}"
+        os.replace(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def load_trainer_state(path: Path) -> dict:
-    return json.loads((path / "trainer_state.json").read_text())
+    file = path / "trainer_state.json"
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is not a valid checkpoint file: a JSON object was expected")
+    return state
 
 
 # -- RNG --------------------------------------------------------------------------------------
@@ -106,7 +122,7 @@ def restore_rng(path: Path) -> None:
 
 
 def restore_rng_file(file: Path) -> None:
-    state = torch.load(file, weights_only=True)
+    state = load_plain(file)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]

@@ -36,7 +36,7 @@ def score(batch: Batch, compute_score, with_extras: bool = False):
         list(batch[K.GROUND_TRUTH]),
         list(batch[K.EXTRA_INFO]),
     )
-    metrics = {"reward/errors": float(result.num_errors)}
+    metrics = {"reward/errors": float(result.num_errors), "reward/timeouts": float(result.num_timeouts)}
     for k, vals in result.extras.items():
         metrics[f"reward/{k}/mean"] = float(np.mean(vals))
     metrics.update(diagnostic_metrics(batch[K.DATA_SOURCE], batch[K.RESPONSE_TEXT], batch[K.GROUND_TRUTH]))
@@ -49,14 +49,18 @@ def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batc
 
     `engine` is anything with `generate(prompts: Batch, sampling) -> Batch`: the actor's
     worker group during training, or a bare rollout engine in `hybridrl eval`.
-    Metrics: `val-core/<data_source>/reward/mean@<n>` (mean over all n samples of a prompt).
+    Metrics: `val-core/<data_source>/reward/mean@<n>` (mean over all n samples of a prompt), and
+    `val-aux/reward/errors`, `val-aux/reward/timeouts` (samples whose reward call failed: scored 0).
     """
     rows, per_source = [], defaultdict(list)
+    failures = {"val-aux/reward/errors": 0.0, "val-aux/reward/timeouts": 0.0}
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         prompts = collate_prompts(chunk, pad_token_id, [str(start + i) for i in range(len(chunk))])
         out = engine.generate(prompts, sampling)
-        scores, _ = score(out, compute_score)
+        scores, reward_metrics = score(out, compute_score)
+        failures["val-aux/reward/errors"] += reward_metrics["reward/errors"]
+        failures["val-aux/reward/timeouts"] += reward_metrics["reward/timeouts"]
         lengths = out[K.RESPONSE_MASK].sum(-1)
         for i in range(len(out)):
             source = out[K.DATA_SOURCE][i]
@@ -73,4 +77,4 @@ def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batc
                 }
             )
     metrics = {f"val-core/{s}/reward/mean@{sampling.n}": float(np.mean(v)) for s, v in per_source.items()}
-    return rows, metrics
+    return rows, {**metrics, **failures}

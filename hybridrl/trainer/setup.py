@@ -7,7 +7,6 @@ algorithm and this file as the plumbing. `build_run` is the one way to build a r
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,9 +27,11 @@ from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.rewards.managers import ManagedScorer
+from hybridrl.rewards.pool import Target, WorkerPool
 from hybridrl.tracking.summary import end_of_run_summary
-from hybridrl.tracking.tracker import Tracker, notice
+from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer import rundir
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
@@ -103,9 +104,11 @@ class RunContext:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop the worker processes (Ray) or drop the in-process workers."""
+        """Stop the worker processes (Ray) or drop the in-process workers, and the reward pool."""
         if self.workers is not None:
             self.workers.shutdown()
+        if isinstance(self.compute_score, WorkerPool):
+            self.compute_score.close()
 
 
 def _save_worker_rng(pool: str, rank: int, path: str) -> None:
@@ -144,6 +147,17 @@ def _reward_fn(cfg):
     return (fn if manager == "naive" else ManagedScorer(manager, fn)), need_gt, custom
 
 
+def reward_pool(cfg, compute_score) -> WorkerPool:
+    """Where the reward calls run (hybridrl/rewards/pool.py): a custom function in worker processes
+    (loaded there from its file), the built-in scorers in a thread; each call bounded by
+    `custom_reward_function.timeout_s`."""
+    c = cfg.custom_reward_function
+    if c.path:
+        return WorkerPool(Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers,
+                          timeout_s=c.timeout_s)  # fmt: skip
+    return WorkerPool(compute_score, kind="thread", timeout_s=c.timeout_s)
+
+
 def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
         check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records})
@@ -164,6 +178,8 @@ def build_run(
     plan = plan_batches(cfg)
     out = run_dir(cfg)
     resume_from = _find_resume(cfg)
+    if resume_from is None:
+        rundir.claim(out, cfg.trainer.overwrite)
     ckpt.seed_everything(cfg.trainer.seed)
 
     m = cfg.actor_rollout_ref.model
@@ -180,11 +196,17 @@ def build_run(
     # The reference is the initial policy; `_start` saves it with checkpoints when it cannot be
     # reloaded from model.path (random weights, or weights changed by the warm-up).
     roles = {ACTOR: ActorRolloutRefWorker, **({CRITIC: CriticWorker} if cfg.critic_enabled else {})}
-    workers = create_worker_groups(cfg, plan, roles)
+    scorer = reward_pool(cfg, compute_score)
     try:
-        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score)
+        workers = create_worker_groups(cfg, plan, roles)
+    except BaseException:
+        scorer.close()
+        raise
+    try:
+        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
     except BaseException:
         workers.shutdown()
+        scorer.close()
         raise
 
 
@@ -226,7 +248,6 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
         total_steps=total_steps, resume_step=global_step if resume_from else None,
     )  # fmt: skip
     if resume_from is None:
-        (out / "samples.jsonl").unlink(missing_ok=True)
         if cfg.warmup.steps > 0:
             notice(f"supervised warm-up: {cfg.warmup.steps} steps on {cfg.warmup.files}")
             state["warmup_metrics"] = run_warmup(cfg, actor, tokenizer)
@@ -293,9 +314,7 @@ def _find_resume(cfg) -> Path | None:
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
-    if path.exists():
-        kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(ln + "\n" for ln in kept))
+    truncate_jsonl(path, step)
 
 
 # -- supervised warm-up -----------------------------------------------------------------------

@@ -44,8 +44,8 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
 def resume_config(cfg, checkpoint):
     """The config that continues from `checkpoint` (None: from the start)."""
     cfg = copy.deepcopy(cfg)
-    if checkpoint is None:
-        cfg.trainer.resume_mode = "disable"
+    if checkpoint is None:  # start over; the failed attempt's files are moved aside (trainer/rundir.py)
+        cfg.trainer.resume_mode, cfg.trainer.overwrite = "disable", True
     else:
         cfg.trainer.resume_mode, cfg.trainer.resume_from_path = "resume_path", str(checkpoint)
     return cfg

@@ -315,3 +315,31 @@ def test_split_placement_runs_actor_and_critic_in_their_own_processes(ray_sessio
     assert last["training/global_step"] == 2
     for k in ("critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "critic/values/mean"):
         assert k in last and last[k] == last[k], k  # present and not NaN
+
+
+def test_stalled_worker_is_reported_like_a_dead_one(ray_session, tiny_model_dir, arith_data):
+    """SIGSTOP rank 1: rank 0 waits in the all-reduce with it; no heartbeat for worker_timeout_s
+    reports rank 1 by pid, as a dead worker is, instead of waiting for the collective timeout."""
+    import signal
+
+    from ray import cloudpickle
+
+    from hybridrl.distributed.ray_backend import RayBackend
+
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    cfg = _cfg(tiny_model_dir, arith_data, 2, worker_timeout_s=5.0)
+    backend = RayBackend(cfg, plan_batches(cfg), {"echo": RankEcho})
+    try:
+        group = backend.groups["echo"]
+        pids = group.pid()
+        assert group.tag(Batch({"x": torch.arange(4)}))["y"].tolist() == [0, 2, 4, 6]  # heartbeats do not disturb
+        os.kill(pids[1], signal.SIGSTOP)
+        start = time.time()
+        with pytest.raises(WorkerDiedError) as err:
+            group.tag(Batch({"x": torch.arange(4)}))
+        waited = time.time() - start
+        msg = str(err.value)
+        assert "rank 1 on node" in msg and f"pid {pids[1]}" in msg and "no heartbeat" in msg and "worker_timeout_s=5" in msg
+        assert 4.0 <= waited < 60, waited  # silent since the last beat before the stop (beats every 1 s)
+    finally:
+        backend.shutdown()  # SIGKILL reaches a stopped process

@@ -1,0 +1,94 @@
+"""Runs never mix or overwrite: a new run refuses an occupied directory or moves the old run
+aside; pruning renames before deleting; JSONL readers skip a partial last line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hybridrl.tracking.tracker import JsonlLogger, read_jsonl, truncate_jsonl
+from hybridrl.trainer import checkpoint as ckpt
+from hybridrl.trainer import rundir
+
+
+def _fake_run(path, steps=(1, 2)):
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s * 0.5}) + "\n" for s in steps))
+    (path / "config.yaml").write_text("trainer: {}\n")
+
+
+def test_claim_refuses_an_occupied_dir_naming_the_choices(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run)
+    with pytest.raises(rundir.RunDirError) as e:
+        rundir.claim(run, overwrite=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "config.yaml, metrics.jsonl" in msg
+    for choice in ("trainer.resume_mode=auto", "trainer.experiment_name", "trainer.overwrite=true"):
+        assert choice in msg
+    assert (run / "metrics.jsonl").read_text().count("\n") == 2  # untouched
+
+
+def test_claim_accepts_a_missing_or_foreign_only_dir(tmp_path):
+    assert rundir.claim(tmp_path / "new", overwrite=False) is None
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's own file")
+    assert rundir.claim(tmp_path / "mine", overwrite=False) is None
+
+
+def test_overwrite_moves_the_old_run_aside_and_deletes_nothing(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run)
+    before = (run / "metrics.jsonl").read_text()
+    aside = rundir.claim(run, overwrite=True)
+    assert not run.exists() and aside.name.startswith("run.old-")
+    assert (aside / "metrics.jsonl").read_text() == before
+    _fake_run(run)  # the same second again: a distinct name, nothing replaced
+    aside2 = rundir.claim(run, overwrite=True)
+    assert aside2 != aside and aside.exists() and aside2.exists()
+
+
+def test_new_jsonl_logger_never_deletes_an_existing_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    logger = JsonlLogger(path, resume_step=None)
+    logger.log({"a": 2.0}, 5)
+    logger.close()
+    assert [r["step"] for r in read_jsonl(path)[0]] == [1, 5]
+
+
+def test_partial_last_line_is_skipped_and_reported(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "r": 0.25}\n{"step": 2, "r": 0.5}\n{"step": 3, "r": 0.7')  # killed mid-write
+    rows, bad = read_jsonl(path)
+    assert rows == [{"step": 1, "r": 0.25}, {"step": 2, "r": 0.5}] and bad == 1
+    truncate_jsonl(path, 1)
+    assert "skipped 1 unreadable line" in capsys.readouterr().out
+    assert path.read_text() == '{"step": 1, "r": 0.25}\n'
+    JsonlLogger(path, resume_step=1).close()  # resume truncation through the logger reads it too
+    assert read_jsonl(path) == ([{"step": 1, "r": 0.25}], 0)
+
+
+def test_prune_renames_before_deleting(tmp_path, monkeypatch):
+    root = tmp_path / "c"
+    for step in (1, 2):
+        ckpt.finish_save(root, ckpt.begin_save(root, step), step, {"global_step": step}, keep=None)
+    # A kill in the middle of the delete: the directory is already renamed out of the step names.
+    calls = []
+    real_rmtree = ckpt.shutil.rmtree
+
+    def killed(path, *a, **k):
+        calls.append(os.path.basename(path))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.finish_save(root, ckpt.begin_save(root, 3), 3, {"global_step": 3}, keep=2)
+    assert calls == [".trash_step_1"]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_2", "step_3"]
+    assert ckpt.latest_checkpoint(root).name == "step_3"
+    monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
+    ckpt.finish_save(root, ckpt.begin_save(root, 4), 4, {"global_step": 4}, keep=2)  # leftovers go next time
+    assert sorted(p.name for p in root.iterdir() if p.name != "latest") == ["step_3", "step_4"]

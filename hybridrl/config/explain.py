@@ -67,12 +67,15 @@ def explain_text(cfg: Config) -> str:
 
 
 def _placement(cfg: Config, p: BatchPlan) -> list[str]:
-    """Where the roles run, when that is more than one device (docs/distributed.md)."""
+    """Where the roles run and how their ranks are laid out, when that is more than one device
+    (docs/distributed.md)."""
     if p.critic is not None and cfg.resource_pool.critic:
         return [f"placement: split (resource_pool): actor, rollout, reference on {p.devices_per_node} device(s) "
-                f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})"]
-    if p.dp > 1:
-        return ["placement: colocated: every role on every device, one worker process per device (Ray, FSDP2)"]
+                f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})",
+                f"layout (actor): {p.actor.layout.describe()}", f"layout (critic): {p.critic.layout.describe()}"]
+    if p.actor.layout.world > 1:
+        return ["placement: colocated: every role on every device, one worker process per device (Ray, FSDP2)",
+                f"layout: {p.actor.layout.describe()}"]
     return []
 
 
@@ -97,6 +100,7 @@ def _offline_text(cfg: Config, p: BatchPlan) -> str:
     lines = [
         f"Batch plan for algorithm.name={name} (data-parallel size {p.dp} = {p.nnodes} node(s) x "
         f"{p.devices_per_node} device(s))",
+        *([f"layout: {p.actor.layout.describe()}"] if p.actor.layout.world > 1 else []),
         _row(f"{rows} per step", "data.train_batch_size", p.prompts_per_step, "= 1 optimizer step per step"),
         _row("...per device", f"{p.prompts_per_step} / dp {p.dp}", r.per_device_mini_batch, rows),
         _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "

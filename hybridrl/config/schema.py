@@ -109,6 +109,11 @@ class FSDPConfig:
         False, "Keep the optimizer state (Adam moments) in CPU memory between optimizer steps; it is copied to the "
         "GPU for each step only. Implied by param_offload."
     )
+    fsdp_size: int = option(
+        -1, "Ranks in one FSDP shard group (verl's meaning): -1 = shard over all of the role's ranks; a divisor of "
+        "them = shard within groups of that size and replicate across the groups (HSDP: less communication between "
+        "nodes, more memory per device). The reference and a colocated critic use the actor's value."
+    )
 
 
 @dataclass

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Callable
 
+from .layout import ParallelLayout, build_layout, layout_problem
 from .schema import Config, ConfigError, resolve, show, walk
 
 # Names the algorithms package registers; kept here as plain tuples so config has no
@@ -159,7 +160,8 @@ _LOG_PROB_MICRO = {"rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
 _PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_POOL.values()}
 _BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(), *_POOL.values(),
                "data.max_prompt_length", "data.max_response_length", f"{_R}.max_num_seqs",
-               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator", "algorithm.name"}
+               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator", "algorithm.name",
+               f"{_A}.fsdp_config.fsdp_size", "critic.model.fsdp_config.fsdp_size"}
 
 
 @dataclass
@@ -336,6 +338,20 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
                             f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
                             f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device", 0))
+    return out + _layout_problems(cfg)
+
+
+def _layout_problems(cfg: Config) -> list[Problem]:
+    """Sizes that cannot be laid out on a role's ranks (config/layout.py), with a value that works."""
+    out, s = [], _sizes(cfg)
+    roles = [("actor", f"{_A}.fsdp_config.fsdp_size", cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size)]
+    if cfg.critic_enabled and cfg.resource_pool.critic:  # colocated, the critic uses the actor's layout
+        roles.append(("critic", "critic.model.fsdp_config.fsdp_size", cfg.critic.model.fsdp_config.fsdp_size))
+    for role, key, fsdp_size in roles:
+        problem = layout_problem(_dp(s, role), fsdp_size)
+        if problem:
+            _, what, fix = problem
+            out.append(Problem(f"{key}{what}; use e.g. {key}={fix}", (key, _NODES, _GPUS), {key: fix}))
     return out
 
 
@@ -390,7 +406,8 @@ class RolePlan:
     epochs: int  # ppo_epochs
     optimizer_steps_per_step: int  # num_mini_batches x epochs
     tokens_per_micro_batch: int  # micro_batch x (max_prompt_length + max_response_length), padded bound
-    dp: int = 1  # this role's data-parallel size (its own devices with split placement)
+    dp: int = 1  # this role's data-parallel size (its own devices with split placement): layout.dp
+    layout: ParallelLayout = ParallelLayout(1)  # how the role's ranks split into dp x sp (FSDP / HSDP), rollout x tp
 
 
 @dataclass(frozen=True)
@@ -425,18 +442,22 @@ def plan_batches(cfg: Config) -> BatchPlan:
         _as_offline_plan(r)
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
     sizes = _sizes(r)
-    dp = _dp(sizes, "actor")  # the actor's data-parallel size: rollout and log-probs run there
+    actor_layout = build_layout(_dp(sizes, "actor"), a.actor.fsdp_config.fsdp_size)
+    critic_layout = (build_layout(_dp(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size)
+                     if r.critic_enabled and r.resource_pool.critic else actor_layout)
+    dp = actor_layout.dp  # the actor's data-parallel size: rollout and log-probs run there
     per_device = r.data.train_batch_size * rollout.n // dp
     seq_tokens = r.data.max_prompt_length + r.data.max_response_length
 
-    def role(mini: int, micro: int | None, epochs: int, dp: int) -> RolePlan:
+    def role(mini: int, micro: int | None, epochs: int, layout: ParallelLayout) -> RolePlan:
+        dp = layout.dp
         per_device_mini = mini * rollout.n // dp
         micro = micro or per_device_mini
         steps = r.data.train_batch_size // mini
         return RolePlan(
             mini_batch_prompts=mini, mini_batch_sequences=mini * rollout.n, per_device_mini_batch=per_device_mini,
             micro_batch=micro, grad_accum=per_device_mini // micro, num_mini_batches=steps, epochs=epochs,
-            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens, dp=dp,
+            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens, dp=dp, layout=layout,
         )
 
     def log_prob_micro(configured: int | None) -> int:
@@ -447,7 +468,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
     critic = r.critic
     return BatchPlan(
         nnodes=r.trainer.nnodes,
-        devices_per_node=dp // r.trainer.nnodes,
+        devices_per_node=actor_layout.world // r.trainer.nnodes,
         dp=dp,
         prompts_per_step=r.data.train_batch_size,
         sequences_per_step=r.data.train_batch_size * rollout.n,
@@ -455,9 +476,8 @@ def plan_batches(cfg: Config) -> BatchPlan:
         max_num_seqs=rollout.max_num_seqs,
         generation_rounds=math.ceil(per_device / rollout.max_num_seqs),
         tokens_per_sequence=seq_tokens,
-        actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs, dp),
-        critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs,
-                    _dp(sizes, "critic"))
+        actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs, actor_layout),
+        critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs, critic_layout)
         if r.critic_enabled else None,
         rollout_log_prob_micro_batch=rollout_micro,
         rollout_log_prob_passes=math.ceil(per_device / rollout_micro),

@@ -5,6 +5,11 @@ A worker class marks its public methods with `@register(Dispatch.DP)` etc.; a wo
 `split_inputs` / `collect_outputs`, so the controller calls `group.method(batch)` and never
 sees ranks.
 
+A DP method is split over a named dimension of the role's parallel layout (config/layout.py):
+"dp" (the default: training data parallel, world / sp shards; the sp ranks of a group get the
+same shard) or "rollout" (one shard per rollout replica of tp ranks). The ranks that share a
+shard compute the same answer, so one output per shard is kept (its first rank's).
+
 Metrics: a DP method that returns a dict of numbers gets the mean over ranks. Workers make
 that mean the global value: their loss terms are normalized with `fsdp.dp_normalizer` (the
 global count / dp size), so each rank's loss is dp x its share and the mean is the total;
@@ -30,47 +35,73 @@ class Dispatch(enum.Enum):
     RANK0 = "rank0"  # every rank runs it (SPMD), only rank 0's output is kept
 
 
-def register(mode: Dispatch) -> Callable:
+MESHES = ("dp", "rollout")  # the layout dimensions a DP method can be split over (ParallelLayout.groups)
+
+
+def register(mode: Dispatch, mesh: str = "dp") -> Callable:
+    """Mark a worker method with its dispatch mode; for DP, `mesh` names the layout dimension
+    the batch is split over ("dp", or "rollout" for generation)."""
+    if mesh not in MESHES:
+        raise ValueError(f"register: unknown mesh {mesh!r}; use one of {MESHES}")
+
     def mark(fn):
-        setattr(fn, DISPATCH_ATTR, mode)
+        setattr(fn, DISPATCH_ATTR, (mode, mesh))
         return fn
 
     return mark
 
 
 def dispatch_mode(fn) -> Dispatch | None:
-    return getattr(fn, DISPATCH_ATTR, None)
+    mark = getattr(fn, DISPATCH_ATTR, None)
+    return mark[0] if mark else None
 
 
-def split_inputs(mode: Dispatch, world: int, args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], int]:
+def dispatch_mesh(fn) -> str:
+    """The layout dimension a DP method is split over."""
+    mark = getattr(fn, DISPATCH_ATTR, None)
+    return mark[1] if mark else "dp"
+
+
+def split_inputs(mode: Dispatch, groups: int | list[int], args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], int]:
     """Per-rank (args, kwargs) and the number of padding rows added to each Batch argument.
 
-    DP: every `Batch` argument is padded to a multiple of `world` (leading rows repeated at the
-    end) and cut into `world` consecutive chunks; other arguments go to every rank unchanged.
+    `groups`: for each rank, the shard it gets (`ParallelLayout.groups(mesh)`, e.g. [0, 0, 1, 1]
+    with sp = 2 on 4 ranks), or a world size (every rank its own shard).
+    DP: every `Batch` argument is padded to a multiple of the number of shards (leading rows
+    repeated at the end) and cut into that many consecutive chunks; rank r gets chunk
+    groups[r]. Other arguments go to every rank unchanged.
     """
-    if mode is not Dispatch.DP or world == 1:
+    groups = list(range(groups)) if isinstance(groups, int) else list(groups)
+    world, shards = len(groups), max(groups) + 1
+    if mode is not Dispatch.DP or shards == 1:
         return [args] * world, [kwargs] * world, 0
     pads = {len(v) for v in (*args, *kwargs.values()) if isinstance(v, Batch)}
     if len(pads) > 1:
         raise ValueError(f"a DP method got Batch arguments of different lengths {sorted(pads)}")
 
     def chunks(v):
-        return v.pad_to_multiple(world)[0].chunk(world) if isinstance(v, Batch) else [v] * world
+        return v.pad_to_multiple(shards)[0].chunk(shards) if isinstance(v, Batch) else [v] * shards
 
     arg_chunks = [chunks(a) for a in args]
     kw_chunks = {k: chunks(v) for k, v in kwargs.items()}
-    pad = (-pads.pop()) % world if pads else 0
-    per_args = [tuple(c[r] for c in arg_chunks) for r in range(world)]
-    per_kwargs = [{k: c[r] for k, c in kw_chunks.items()} for r in range(world)]
+    pad = (-pads.pop()) % shards if pads else 0
+    per_args = [tuple(c[g] for c in arg_chunks) for g in groups]
+    per_kwargs = [{k: c[g] for k, c in kw_chunks.items()} for g in groups]
     return per_args, per_kwargs, pad
 
 
-def collect_outputs(mode: Dispatch, outputs: list, pad: int) -> Any:
-    """One result from the per-rank results, in rank order (see the module docstring)."""
+def collect_outputs(mode: Dispatch, outputs: list, pad: int, groups: list[int] | None = None) -> Any:
+    """One result from the per-rank results, in rank order (see the module docstring).
+    DP with `groups` (as given to `split_inputs`): the first rank's output of each shard."""
     if mode is Dispatch.RANK0:
         return outputs[0]
     if mode is Dispatch.ALL:
         return outputs
+    if groups is not None:
+        first_of = {}
+        for rank, g in enumerate(groups):
+            first_of.setdefault(g, rank)
+        outputs = [outputs[first_of[g]] for g in sorted(first_of)]
     first = outputs[0]
     if isinstance(first, Batch):
         out = Batch.concat(_common_width(outputs))

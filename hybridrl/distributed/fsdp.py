@@ -15,23 +15,29 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.distributed.layout import active, fsdp_mesh, global_rank, world_size
+
 
 def dp_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    """The data-parallel size: how many batch shards a step is split into (world / sp)."""
+    return active().dp
 
 
 def dp_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    """This rank's data-parallel index (its batch shard; shared by the ranks of an sp group)."""
+    return active().dp_rank(global_rank())
 
 
 def dp_normalizer(local_count: float) -> float:
-    """The loss normalizer of one rank: the mini-batch's global count (tokens or sequences) / dp.
+    """The loss normalizer of one rank: the mini-batch's global count (tokens or sequences) / world.
 
-    FSDP averages gradients over ranks. A rank that divides its loss sum by global/dp
-    contributes dp * sum_r / global; the average over ranks is then sum / global, the
-    single-device gradient, however unevenly the tokens fall on the ranks.
+    FSDP averages gradients over all ranks of its mesh (both dimensions under HSDP). A rank
+    that divides its loss sum by global/world contributes world * sum_r / global; the average
+    over ranks is then sum / global, the single-device gradient, however unevenly the tokens
+    fall on the ranks. The local counts are summed over every rank (sp ranks hold disjoint
+    pieces of their group's sequences), so the world, not dp, is the divisor.
     """
-    world = dp_size()
+    world = world_size()
     if world == 1:
         return local_count
     t = torch.tensor([float(local_count)], dtype=torch.float64)
@@ -43,7 +49,7 @@ def dp_normalizer(local_count: float) -> float:
 
 def dp_max_min(local: int) -> tuple[int, int]:
     """(largest, smallest) of an integer over the data-parallel ranks (one all-reduce)."""
-    if dp_size() == 1:
+    if world_size() == 1:
         return local, local
     t = torch.tensor([local, -local], dtype=torch.int64)
     if dist.get_backend() == "nccl":
@@ -68,18 +74,21 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def place(model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = ()) -> nn.Module:
+def place(model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = (),
+          mesh=None) -> nn.Module:
     """The model on its device: moved there on one rank, FSDP2-sharded over several.
 
     `forward_methods`: methods other than `forward` that callers run the model through (the
     critic's `response_values`); FSDP gathers the root's weights around them too.
+    `mesh`: the DeviceMesh to shard over; default the active layout's (`layout.fsdp_mesh`:
+    1-D over all ranks, or 2-D replicate x shard = HSDP when fsdp_size is below the world).
     """
-    if dp_size() == 1:
+    if world_size() == 1:
         return model.to(device)
     if not (param_offload and device.type == "cuda"):
         model.to(device)
     broadcast_from_rank0(model, device)
-    model = apply_fsdp(model, device, param_offload=param_offload)
+    model = apply_fsdp(model, device, param_offload=param_offload, mesh=mesh)
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     for name in forward_methods:
@@ -98,18 +107,19 @@ def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:
                 t.data.copy_(buf)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None) -> nn.Module:
-    """Shard `model` over all ranks with FSDP2: each transformer block, then the root.
+def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None,
+               mesh=None) -> nn.Module:
+    """Shard `model` with FSDP2 over `mesh` (default: the active layout's): each transformer
+    block, then the root.
 
     GPU: parameters are gathered in bf16 for compute, gradients reduced in fp32, the sharded
     master weights stay fp32. CPU (gloo): everything fp32. `param_offload` keeps the sharded
     parameters (and so their gradients and the optimizer step) in CPU memory; each block's
     parameters are copied to the device for its forward/backward (FSDP2's CPUOffloadPolicy).
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dp_size(),))
+    mesh = mesh if mesh is not None else fsdp_mesh(device.type)
     if device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:

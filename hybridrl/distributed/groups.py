@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import os
 
+from hybridrl.distributed.errors import BackendError, WorkerDiedError
 from hybridrl.distributed.local import LocalWorkerGroup
 
-
-class BackendError(RuntimeError):
-    """The cluster cannot run the config (no Ray installed, too few devices); says what to do."""
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process died (killed, out of memory, segfault, node lost); names where."""
-
-    def __init__(self, message: str, role: str, rank: int, node: str):
-        super().__init__(message)
-        self.role, self.rank, self.node = role, rank, node
+__all__ = ["BackendError", "WorkerDiedError", "WorkerGroups", "create_worker_groups", "uses_ray"]
 
 
 def uses_ray(cfg) -> bool:

@@ -25,8 +25,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybridrl.distributed.dispatch import collect_outputs, dispatch_mode, split_inputs
-from hybridrl.distributed.groups import BackendError, WorkerDiedError
+from hybridrl.distributed.dispatch import collect_outputs, dispatch_mesh, dispatch_mode, split_inputs
+from hybridrl.distributed.errors import BackendError, WorkerDiedError
+from hybridrl.distributed.layout import ParallelLayout, activate, plan_layout
 from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
 
 PG_TIMEOUT_S = 120
@@ -74,6 +75,7 @@ class WorkerHost:
     def add_role(self, role: str, cls, cfg, plan) -> None:
         from hybridrl.models.loading import pick_device
 
+        activate(plan_layout(plan, role))  # the role's ranks as the config lays them out (dp_size, FSDP mesh)
         self.workers[role] = cls(cfg, plan, pick_device(cfg.trainer.device))
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict):
@@ -105,30 +107,34 @@ def _fault_injection_point(method: str, rank: int) -> None:
 class Pending:
     """A submitted group call; `.get()` waits for every rank and gathers the outputs."""
 
-    def __init__(self, group: RayWorkerGroup, refs: list, mode, pad: int):
-        self.group, self.refs, self.mode, self.pad = group, refs, mode, pad
+    def __init__(self, group: RayWorkerGroup, refs: list, mode, pad: int, shards: list[int]):
+        self.group, self.refs, self.mode, self.pad, self.shards = group, refs, mode, pad, shards
 
     def get(self):
-        return collect_outputs(self.mode, self.group.wait(self.refs), self.pad)
+        return collect_outputs(self.mode, self.group.wait(self.refs), self.pad, self.shards)
 
 
 class RayWorkerGroup:
-    """One role on one pool of hosts; calls are dispatched by the worker class's marks."""
+    """One role on one pool of hosts; calls are dispatched by the worker class's marks, DP
+    methods split over the named dimension of the role's layout."""
 
-    def __init__(self, role: str, cls, hosts: list, infos: list[dict]):
+    def __init__(self, role: str, cls, hosts: list, infos: list[dict], layout: ParallelLayout | None = None):
         self.role, self.cls, self.hosts, self.infos = role, cls, hosts, infos
+        self.layout = layout or ParallelLayout(len(hosts))
 
     @property
     def world_size(self) -> int:
         return len(self.hosts)
 
     def submit(self, name: str, *args, **kwargs) -> Pending:
-        mode = dispatch_mode(getattr(self.cls, name, None))
+        fn = getattr(self.cls, name, None)
+        mode = dispatch_mode(fn)
         if mode is None:
             raise AttributeError(f"{self.cls.__name__}.{name} is not a registered worker method (@register(Dispatch...))")
-        per_args, per_kwargs, pad = split_inputs(mode, self.world_size, args, kwargs)
+        shards = self.layout.groups(dispatch_mesh(fn))
+        per_args, per_kwargs, pad = split_inputs(mode, shards, args, kwargs)
         refs = [h.call.remote(self.role, name, a, kw) for h, a, kw in zip(self.hosts, per_args, per_kwargs)]
-        return Pending(self, refs, mode, pad)
+        return Pending(self, refs, mode, pad, shards)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -200,7 +206,7 @@ class RayBackend:
                 for role in spec.roles:
                     refs += [h.add_role.remote(role, roles[role], cfg, plan) for h in hosts]
                     who += [(role, r, info) for r, info in enumerate(infos)]
-                    self.groups[role] = RayWorkerGroup(role, roles[role], hosts, infos)
+                    self.groups[role] = RayWorkerGroup(role, roles[role], hosts, infos, plan_layout(plan, role))
             wait_all(refs, who)
         except BaseException:
             self.shutdown()

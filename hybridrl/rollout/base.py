@@ -37,6 +37,18 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 class RolloutEngine(Protocol):
+    """What the actor worker uses of an engine (native, hf, vllm all implement it)."""
+
+    # Metrics of the last `generate` call (`rollout/...`, `perf/rollout_tokens_per_s`); empty when
+    # the engine measures none. The actor adds them to the step's metrics.
+    last_metrics: dict[str, float]
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The module `generate` runs: the trainer's own policy module for the hf engine (the
+        actor then gathers its FSDP shards around `generate`), the engine's decoder for native,
+        None for vllm (weights in another process)."""
+
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Prompts (PROMPTS, PROMPT_MASK + non-tensor fields) -> the batch repeated `n` times
         (the samples of a prompt adjacent) with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS and

@@ -24,6 +24,7 @@ class HFRolloutEngine:
         self.autocast_dtype = autocast_dtype
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id
+        self.last_metrics: dict[str, float] = {}  # generate measures nothing of its own
 
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:

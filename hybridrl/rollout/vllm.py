@@ -35,6 +35,7 @@ class VLLMRolloutEngine:
         self.llm, self.tokenizer, self.eos_token_ids = llm, tokenizer, eos_token_ids
         self.pad_token_id = tokenizer.pad_token_id
         self.last_metrics: dict[str, float] = {}
+        self.model = None  # the weights live in vLLM's worker, not in a module of this process
 
     @classmethod
     def from_hf_model(cls, model, tokenizer, *, rollout, max_model_len: int) -> "VLLMRolloutEngine":

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.data.batch import Batch
-from hybridrl.distributed.dispatch import Dispatch, collect_outputs, split_inputs
+from hybridrl.distributed.dispatch import Dispatch, collect_outputs, register, split_inputs
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC, missing_resources, pool_specs
 
 
@@ -73,3 +73,40 @@ def test_ragged_responses_are_right_padded_to_the_widest_rank():
     assert out["responses"].tolist() == [[1, 2, 3], [4, 5, 7]]
     assert out["response_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert out["p"].shape == (2, 2)
+
+
+def test_dp_split_over_the_layout_shares_a_chunk_within_an_sp_group():
+    """sp = 2 on 4 ranks: 2 data-parallel shards; ranks 0, 1 get the first half, 2, 3 the second,
+    and the gathered answer takes one output per shard (its first rank's)."""
+    from hybridrl.config.layout import build_layout
+
+    layout = build_layout(4, -1, sp=2)
+    assert layout.groups("dp") == [0, 0, 1, 1] and layout.groups("rollout") == [0, 1, 2, 3]
+    batch = Batch({"x": torch.arange(5)})
+    per_args, _, pad = split_inputs(Dispatch.DP, layout.groups("dp"), (batch,), {})
+    assert pad == 1 and [a[0]["x"].tolist() for a in per_args] == [[0, 1, 2], [0, 1, 2], [3, 4, 0], [3, 4, 0]]
+    outs = [Batch({"y": a[0]["x"] * 10 + r}) for r, a in enumerate(per_args)]  # + r: which rank answered
+    out = collect_outputs(Dispatch.DP, outs, pad, layout.groups("dp"))
+    assert out["y"].tolist() == [0, 10, 20, 32, 42]  # rows 0-2 from rank 0, rows 3-4 from rank 2
+    metrics = [{"a": 1.0}, {"a": 1.0}, {"a": 4.0}, {"a": 4.0}]
+    assert collect_outputs(Dispatch.DP, metrics, 0, layout.groups("dp")) == {"a": 2.5}
+    # every rank in one shard: no split, one answer
+    args, _, pad = split_inputs(Dispatch.DP, [0, 0], (batch,), {})
+    assert pad == 0 and args == [(batch,), (batch,)]
+
+
+def test_register_names_the_mesh():
+    from hybridrl.distributed.dispatch import dispatch_mesh, dispatch_mode
+
+    @register(Dispatch.DP, mesh="rollout")
+    def generate(batch):
+        return batch
+
+    @register(Dispatch.DP)
+    def update(batch):
+        return batch
+
+    assert (dispatch_mode(generate), dispatch_mesh(generate)) == (Dispatch.DP, "rollout")
+    assert (dispatch_mode(update), dispatch_mesh(update)) == (Dispatch.DP, "dp")
+    with pytest.raises(ValueError, match="unknown mesh 'tp'"):
+        register(Dispatch.DP, mesh="tp")

@@ -3,6 +3,7 @@
 import importlib.util
 
 import pytest
+import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from hybridrl.config.schema import RolloutConfig
@@ -67,3 +68,23 @@ def test_engines_agree_on_the_eos_set_from_tokenizer_config_and_generation_confi
     hf = make_rollout_engine("hf", model, TOK, max_num_seqs=8)
     native = make_rollout_engine("native", model, TOK, max_num_seqs=8, rollout=RolloutConfig(name="native"), max_model_len=32)
     assert hf.eos_token_ids == native.eos_token_ids == want
+
+
+def test_every_engine_says_what_it_runs_on_and_what_it_measured():
+    """The RolloutEngine protocol's `model` and `last_metrics`, read by the actor: hf runs on the
+    trainer's module itself; native on its own decoder (sharing the trainer's tensors here)."""
+    from hybridrl.data import keys as K
+    from hybridrl.data.batch import Batch
+    from hybridrl.rollout import SamplingParams
+
+    torch.manual_seed(0)
+    model = qwen2()
+    hf = make_rollout_engine("hf", model, TOK, max_num_seqs=8, rollout=RolloutConfig(name="hf"))
+    native = make_rollout_engine("native", model, TOK, max_num_seqs=8, rollout=RolloutConfig(name="native"), max_model_len=32)
+    assert hf.model is model and native.model is not model and hf.last_metrics == {} and native.last_metrics == {}
+    prompts = Batch({K.PROMPTS: torch.tensor([[5, 6, 7], [0, 8, 9]]), K.PROMPT_MASK: torch.tensor([[1, 1, 1], [0, 1, 1]])})
+    out = native.generate(prompts, SamplingParams(n=2, max_new_tokens=3))
+    m = native.last_metrics
+    assert m["rollout/decode_steps"] == 2  # the first token comes from the prefill, then 2 decode steps
+    assert m["perf/rollout_tokens_per_s"] > 0 and 0 < m["rollout/kv_cache_usage"] <= 1
+    assert out[K.RESPONSES].shape == (4, 3)  # 2 prompts x n=2, the samples of a prompt adjacent

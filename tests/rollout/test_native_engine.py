@@ -196,3 +196,31 @@ def test_bad_inputs_fail_clearly():
         eng.load_weights([("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", torch.zeros(1))])
     with pytest.raises(KeyError, match="no parameter"):
         eng.load_weights([("v_head.weight", torch.zeros(1))])
+
+
+def test_the_scheduler_owns_its_queues_and_blocks():
+    """schedule -> start_group -> run -> grow -> postprocess -> keep_rows, by hand: block size 4,
+    a 6-token prompt with n=2 (one shared full block, a partial block copied per sample)."""
+    from hybridrl.rollout.native.cache import BlockAllocator
+    from hybridrl.rollout.native.scheduler import Group, Scheduler
+
+    alloc = BlockAllocator(12)  # 11 usable
+    sched = Scheduler(alloc, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    groups = [Group(list(range(6)), [0, 1], [10, 11]), Group(list(range(9)), [2, 3], [12, 13])]
+    for g in groups:
+        sched.add(g)
+    # worst case with 4 new tokens: 1 shared block + 2 x (ceil((6 + 3) / 4) - 1) = 5; 2 + 2 x (3 - 2) = 4
+    assert [sched.group_need(g, 4) for g in groups] == [5, 4]
+    assert sched.schedule(4) == groups and not sched.waiting
+    assert sched.schedule(4) == []
+    seqs, copies = sched.start_group(groups[0], 4)
+    assert [s.blocks for s in seqs] == [[1, 2], [1, 3]] and copies == [(2, 3)] and alloc.refcount[1] == 2
+    assert sched.run(seqs) == 0 and sched.run([]) == 2 and len(sched.running) == 2
+    assert sched.grow(seqs[0]) == 4 and seqs[0].blocks == [1, 2, 4]
+    sched.postprocess([seqs[1]], [3])
+    assert seqs[1].generated == 3 and seqs[1].blocks == [] and alloc.refcount[1] == 1 and alloc.refcount[3] == 0
+    sched.keep_rows([0])
+    assert sched.running == [seqs[0]] and not sched.idle
+    sched.postprocess([seqs[0]], [4])
+    sched.keep_rows([])
+    assert sched.idle and alloc.num_free == 11 and sched.committed == 0

@@ -4,6 +4,13 @@ Host-side bookkeeping only (Python lists and ints); the engine mirrors the runni
 device tensors incrementally. A prompt and its `n` samples form a group that is admitted as a
 whole, because the samples share the prompt's prefill and its full KV blocks.
 
+The scheduler owns its queues; the engine drives them through methods only:
+`add` (a group waits), `schedule` (the groups to prefill now), `start_group` (their blocks and
+sequences), `run` (the sequences that go on decoding take the next rows), `grow` (a row's next
+block), `postprocess` (finished sequences give their blocks back) and `keep_rows` (the rows
+that go on running once finished ones leave, in order: row i of `running` is row i of the
+device buffers).
+
 Admission reserves each group's worst case (prompt + max_new_tokens blocks per sample) against
 the free blocks, and blocks are then allocated lazily as sequences grow. A running sequence can
 therefore always get its next block: no preemption or recomputation is ever needed, at the
@@ -34,7 +41,7 @@ class Sequence:
     seed: int
     blocks: list[int]
     reserved: int  # blocks it may still allocate (worst case)
-    generated: int = 0  # tokens sampled so far (kept up to date by the engine when it finishes)
+    generated: int = 0  # tokens sampled, set when it finishes (`postprocess`)
 
 
 class Scheduler:
@@ -45,13 +52,21 @@ class Scheduler:
         self.running: list[Sequence] = []  # index = row of the device buffers
         self.committed = 0  # blocks promised to running sequences, not yet allocated
 
+    def add(self, group: Group) -> None:
+        self.waiting.append(group)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and nothing runs."""
+        return not self.waiting and not self.running
+
     def group_need(self, group: Group, max_new_tokens: int) -> int:
         """Worst-case blocks of a group: shared full prompt blocks + each sample's own blocks."""
         L, bs = len(group.prompt), self.block_size
         per_seq = blocks_for(L + max_new_tokens - 1, bs)  # the last sampled token is never cached
         return L // bs + len(group.out_rows) * (per_seq - L // bs)
 
-    def admit(self, max_new_tokens: int) -> list[Group]:
+    def schedule(self, max_new_tokens: int) -> list[Group]:
         """Groups to prefill now: they fit in free rows, free blocks and the prefill token budget."""
         out: list[Group] = []
         rows = len(self.running)
@@ -101,6 +116,16 @@ class Scheduler:
         self.committed += sum(s.reserved for s in seqs)
         return seqs, copies
 
+    def run(self, seqs: list[Sequence]) -> int:
+        """`seqs` start decoding in the next free rows; returns the first of them."""
+        start = len(self.running)
+        self.running += seqs
+        return start
+
+    def keep_rows(self, keep) -> None:
+        """Only the running rows `keep` (indices, in order) go on; they move to the front."""
+        self.running = [self.running[r] for r in keep]
+
     def grow(self, seq: Sequence) -> int:
         """Allocate one more block for `seq` (its next cached token starts a new block); its id.
 
@@ -111,6 +136,13 @@ class Scheduler:
         seq.reserved -= 1
         self.committed -= 1
         return b
+
+    def postprocess(self, finished: list[Sequence], generated: list[int]) -> None:
+        """Sequences that ended (EOS or max_new_tokens) after `generated` tokens: their blocks and
+        reservations are released (their rows leave at the next `keep_rows`)."""
+        for seq, n in zip(finished, generated):
+            seq.generated = n
+            self.finish(seq)
 
     def finish(self, seq: Sequence) -> None:
         for b in seq.blocks:

@@ -1,0 +1,310 @@
+"""The native engine's model runner: the model, the KV cache, the device row buffers, and the
+prefill and decode forward passes (the decode step captured as CUDA graphs).
+
+The running rows live in preallocated device buffers (token, position, seed, block-table row);
+the engine (engine.py) decides which rows run and tells the runner only what changed: the rows
+a prefill starts, the new block ids sequences crossed into, the rows that keep running when
+some finish. On CUDA the decode step (model forward, paged attention in Triton, fused sampling)
+is captured as a CUDA graph per batch size of a ladder (1, 2, 4, ..., max_num_seqs) and
+replayed; a batch is padded up to the next size with harmless rows that point at scratch block
+0. On CPU (and with enforce_eager) the same code runs eagerly with the torch references.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from hybridrl.models.llama import build_from_hf_config
+from hybridrl.rollout.native import triton_kernels
+from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
+from hybridrl.rollout.native.cache import KVCache, blocks_for
+from hybridrl.rollout.native.sampling import sample
+
+CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
+# Kept free beside the cache on top of the workspace estimate (`_workspace_bytes`): CUDA-graph
+# pools, cuBLAS workspaces, allocator fragmentation.
+WORKSPACE_SLACK = 512 << 20
+
+
+def canonical_name(name: str) -> str | None:
+    """Map a trainer parameter name (plain HF, torch.compile'd, DDP or peft-wrapped) to the HF name.
+
+    Unmerged LoRA factors cannot be applied by a copy: they raise instead of being dropped
+    silently (the engine would sample from the base model).
+    """
+    for prefix in ("_orig_mod.", "module.", "base_model.model."):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    if ".lora_" in name or "lora_embedding" in name:
+        raise ValueError(
+            f"weight {name!r} is an unmerged LoRA factor; merge the adapters into the base weights "
+            f"before syncing them to the native engine (or use rollout.name=hf)"
+        )
+    return name.replace(".base_layer.", ".")
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        hf_config,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        gpu_memory_utilization: float,
+        enforce_eager: bool,
+        block_size: int,
+        num_blocks: int | None,
+    ):
+        self.device, self.dtype, self.hf_config = device, dtype, hf_config
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.block_size, self.fixed_num_blocks = block_size, num_blocks
+        self.model = build_from_hf_config(
+            hf_config, dtype, device, max_positions=max(max_model_len, hf_config.max_position_embeddings)
+        )
+        self.model.fuse_projections()
+        fast = triton_kernels.available(device)
+        self.use_graphs = device.type == "cuda" and fast and not enforce_eager
+        self.use_triton = fast and device.type == "cuda"
+        self.attn = DecodeAttention(None, triton_kernels if self.use_triton else None)
+        self.attn.rope_tables = (self.model.rope_cos, self.model.rope_sin)
+        self.cache: KVCache | None = None
+        self._cache_ptr: int | None = None
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
+        self._alloc_row_buffers()
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_pool = None
+        self._inv_t: dict[tuple, torch.Tensor] = {}
+        self.ladder = _ladder(max_num_seqs)
+
+    # -- weights -------------------------------------------------------------------------------
+    def alias_weights(self, model) -> None:
+        """Make the runner's parameters the trainer's tensors (same storage): in-place optimizer
+        steps are then visible to the engine with no sync at all."""
+        own = self.model.state_dict()
+        shared = {}
+        for name, t in model.state_dict().items():
+            name = canonical_name(name)
+            if name in own:
+                shared[name] = t.detach()
+        missing = set(own) - set(shared)
+        if missing:
+            raise ValueError(f"the trainer model has no weights for {sorted(missing)[:5]}")
+        self.model.fuse_projections(False)  # fused copies would not see the trainer's updates
+        self.model.load_state_dict(shared, assign=True)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights in one tensor at a time (converting dtype/device on the way); tensors the
+        runner already aliases are skipped. Names the model does not have raise."""
+        params = dict(self.model.named_parameters())
+        for name, t in named_tensors:
+            name = canonical_name(name)
+            if name == "lm_head.weight" and self.model.tied:
+                continue  # tied: the embedding is the head
+            p = params.get(name)
+            if p is None:
+                raise KeyError(f"load_weights: the native model has no parameter {name!r}")
+            if p.data_ptr() != t.data_ptr():
+                p.copy_(t.detach(), non_blocking=True)
+
+    # -- memory --------------------------------------------------------------------------------
+    def _alloc_row_buffers(self) -> None:
+        S, M, dev = self.max_num_seqs, self.max_blocks_per_seq, self.device
+        self.buf_ids = torch.zeros(S, dtype=torch.long, device=dev)
+        self.buf_pos = torch.zeros(S, dtype=torch.long, device=dev)  # position of the input token
+        self.buf_seeds = torch.zeros(S, dtype=torch.long, device=dev)
+        self.buf_tables = torch.zeros(S, M, dtype=torch.int32, device=dev)  # row 0-filled = scratch block
+        self.out_tok = torch.zeros(S, dtype=torch.long, device=dev)
+        self.out_lp = torch.zeros(S, dtype=torch.float32, device=dev)
+
+    def _num_blocks(self) -> int:
+        cfg, m = self.hf_config, self.model
+        per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, self.block_size, m.n_kv_heads, m.head_dim, self.dtype)
+        useful = self.max_num_seqs * self.max_blocks_per_seq + 1
+        if self.fixed_num_blocks is not None:
+            return self.fixed_num_blocks
+        if self.device.type != "cuda":
+            return min(useful, CPU_KV_TOKENS // self.block_size + 1)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
+        if budget < 2 * per_block * self.max_blocks_per_seq:
+            raise RuntimeError(
+                f"native rollout: {free / 2**30:.1f} GiB free x gpu_memory_utilization={self.gpu_memory_utilization} "
+                f"leaves no room for a KV cache after {self._workspace_bytes() / 2**30:.1f} GiB of workspace; "
+                f"raise actor_rollout_ref.rollout.gpu_memory_utilization or lower max_num_seqs"
+            )
+        return min(useful, budget // per_block)
+
+    def _workspace_bytes(self) -> int:
+        """Activations beside the cache: decode logits (bf16 + fp32 temporaries) and prefill."""
+        cfg = self.hf_config
+        decode = self.max_num_seqs * cfg.vocab_size * 16
+        prefill = self.max_num_batched_tokens * (12 * cfg.hidden_size + 6 * cfg.intermediate_size)
+        return decode + prefill + WORKSPACE_SLACK
+
+    def wake(self) -> None:
+        """Allocate the KV cache. CUDA graphs bake its address in: they are kept when the new cache
+        lands at the same address (the usual case when nothing else moved), re-captured otherwise."""
+        if self.cache is not None:
+            return
+        m = self.model
+        self.cache = KVCache(self.hf_config.num_hidden_layers, self._num_blocks(), self.block_size, m.n_kv_heads,
+                             m.head_dim, self.dtype, self.device)  # fmt: skip
+        self.attn.cache = self.cache
+        ptr = self.cache.data.data_ptr()
+        if ptr != self._cache_ptr:
+            # The graphs' private memory pool goes with them: a pool whose graphs are all gone
+            # cannot take a new capture, so the next capture starts a fresh one.
+            self.graphs.clear()
+            self._graph_pool = None
+        self._cache_ptr = ptr
+
+    def sleep(self) -> None:
+        """Free the KV cache (the trainer gets the memory); weights and row buffers stay."""
+        self.cache = None
+        self.attn.cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- one generate call ---------------------------------------------------------------------
+    def start_run(self) -> None:
+        """Pinned host buffers the decode steps' tokens and log-probs come back through (two, so
+        a step's results are read while the next step is already queued)."""
+        pin = self.device.type == "cuda"
+        S = self.max_num_seqs
+        self.host_out = [torch.empty(2, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self.step_count = 0
+
+    def prefill(self, prompts: list[list[int]], blocks: list[list[int]], samples: list[int],
+                copies: list[tuple[int, int]], seeds: list[int], mode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt forward pass of one admitted group per prompt (its K/V into `blocks`, the
+        prompt's block table), then the first token of each of its `samples` sequences.
+        `copies`: (source, destination) blocks to copy once the prompt's K/V are written (each
+        sample's own copy of the partial last block). Returns device tensors (tokens, log-probs)
+        with one entry per sequence, the samples of a prompt adjacent."""
+        dev, bs = self.device, self.block_size
+        lens = [len(p) for p in prompts]
+        G, T = len(prompts), max(lens)
+        ids = torch.zeros(G, T, dtype=torch.long)
+        slots, valid = [], []
+        for i, (p, b) in enumerate(zip(prompts, blocks)):
+            ids[i, : lens[i]] = torch.tensor(p)
+            slots += [b[t // bs] * bs + t % bs for t in range(lens[i])]
+            valid += range(i * T, i * T + lens[i])
+        attn = PrefillAttention(self.cache, torch.tensor(slots, device=dev), torch.tensor(valid, device=dev),
+                                triton_kernels if self.use_triton else None, self.attn.rope_tables)  # fmt: skip
+        positions = torch.arange(T, device=dev).expand(G, T)
+        hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
+        logits = self.model.logits(last).repeat_interleave(torch.tensor(samples, device=dev), dim=0)  # (sequences, V)
+        self.cache.copy_blocks([s for s, _ in copies], [d for _, d in copies])
+        k = len(seeds)
+        seed_t = torch.tensor(seeds, device=dev)
+        pos_t = torch.tensor([L for L, n in zip(lens, samples) for _ in range(n)], device=dev)  # the first token's position
+        tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
+        self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
+        return tok, lp
+
+    def start_rows(self, r: slice, first_tokens: torch.Tensor, positions: np.ndarray, seeds: list[int],
+                   tables: list[list[int]]) -> None:
+        """Rows `r` start decoding: their input token (on the device), its position, seed and
+        block table."""
+        dev = self.device
+        self.buf_ids[r] = first_tokens
+        self.buf_pos[r] = torch.tensor(positions, device=dev)
+        self.buf_seeds[r] = torch.tensor(seeds, device=dev)
+        table = torch.zeros(len(tables), self.max_blocks_per_seq, dtype=torch.int32)
+        for j, t in enumerate(tables):
+            table[j, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        self.buf_tables[r] = table.to(dev)
+
+    def add_blocks(self, rows: np.ndarray, cols: np.ndarray, blocks: list[int]) -> None:
+        """Block `blocks[i]` becomes entry `cols[i]` of row `rows[i]`'s block table."""
+        idx = torch.from_numpy(np.stack([rows, cols])).to(self.device)
+        self.buf_tables[idx[0], idx[1]] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
+
+    def keep_rows(self, keep: np.ndarray, B: int) -> None:
+        """Move the rows that keep running to the front, in order; reset the vacated rows."""
+        n = len(keep)
+        if n:
+            idx = torch.from_numpy(keep).to(self.device)
+            for buf in (self.buf_ids, self.buf_pos, self.buf_seeds, self.buf_tables):
+                buf[:n] = buf[idx]
+        self.buf_pos[n:B] = 0
+        self.buf_tables[n:B] = 0
+
+    def decode(self, B: int, mode):
+        """Queue one decode step of rows [0, B) on the device (no sync) and the copy of its tokens
+        and log-probs to a pinned host buffer; the rows' next input is the sampled token. Returns
+        (host buffer, event to wait on before reading it; None on CPU)."""
+        Bp = next(s for s in self.ladder if s >= B)
+        if self.use_graphs:
+            self._graph(Bp, mode).replay()
+        else:
+            self._decode_forward(Bp, mode)
+        host = self.host_out[self.step_count % 2]
+        host[0, :B].copy_(self.out_tok[:B], non_blocking=True)
+        host[1, :B].copy_(self.out_lp[:B], non_blocking=True)
+        event = torch.cuda.Event() if self.device.type == "cuda" else None
+        if event is not None:
+            event.record()
+        self.buf_ids[:B] = self.out_tok[:B]  # the next step's input
+        self.buf_pos[:B] += 1
+        self.step_count += 1
+        return host, event
+
+    def _decode_forward(self, Bp: int, mode) -> None:
+        """One token for rows [0, Bp): reads the row buffers, writes out_tok / out_lp."""
+        ids, pos, tables = self.buf_ids[:Bp], self.buf_pos[:Bp], self.buf_tables[:Bp]
+        blk = tables.gather(1, (pos // self.block_size)[:, None])[:, 0]  # (Bp,) block of the new token
+        self.attn.slots = blk.long() * self.block_size + pos % self.block_size
+        self.attn.block_tables = tables
+        self.attn.context_lens = (pos + 1).to(torch.int32)
+        self.attn.positions = pos
+        hidden = self.model.hidden_states(ids[:, None], pos[:, None], self.attn)[:, 0]  # (Bp, hidden)
+        logits = self.model.logits(hidden)  # (Bp, V)
+        # the sampled token's position is pos + 1 (the hash key's input)
+        self._sample_into(logits, self.buf_seeds[:Bp], pos, mode, self.out_tok[:Bp], self.out_lp[:Bp], pos_offset=1)
+
+    def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out, pos_offset: int = 0) -> None:
+        temperature, top_k, top_p = mode
+        if self.use_triton and top_k <= 0 and top_p >= 1.0:
+            if mode not in self._inv_t:
+                self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
+            triton_kernels.fused_sample(logits, seeds, positions, self._inv_t[mode], tok_out, lp_out, temperature == 0,
+                                        pos_offset=pos_offset)  # fmt: skip
+        else:
+            tok, lp = sample(logits, seeds, positions + pos_offset, temperature, top_k, top_p)
+            tok_out.copy_(tok)
+            lp_out.copy_(lp)
+
+    def _graph(self, Bp: int, mode) -> torch.cuda.CUDAGraph:
+        key = (Bp, mode)
+        if key not in self.graphs:
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture.
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._decode_forward(Bp, mode)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._decode_forward(Bp, mode)
+            self.graphs[key] = graph
+        return self.graphs[key]
+
+
+def _ladder(max_num_seqs: int) -> list[int]:
+    """Captured batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
+    sizes = [2**i for i in range(int(math.log2(max_num_seqs)) + 1) if 2**i < max_num_seqs]
+    return sizes + [max_num_seqs]

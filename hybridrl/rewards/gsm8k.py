@@ -22,7 +22,8 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     """Return the final answer found in the last 300 characters, or None.
 
     ``strict`` takes the last ``#### <number>``; ``flexible`` takes the last
-    number anywhere. Commas are removed in both. As in verl, ``$`` is not part
+    number anywhere. Commas are removed in both (verl's flexible keeps them), and a
+    match of only "." and "," is never a flexible answer (verl may return one). As in verl, ``$`` is not part
     of a number, so ``#### $18`` is not a well-formed strict answer, and a
     trailing full stop stays in the match (``#### 18.`` gives ``"18."``).
 

@@ -132,6 +132,13 @@ def _assert_same_step(a: dict, b: dict) -> None:
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (k, a[k], b[k])
 
 
+def _assert_same_weights_after_step(group, batch: Batch, expected: torch.Tensor) -> None:
+    """The policy after an optimizer step gives `expected` log-probs: rtol 1e-5 is far below
+    what the step moves them by at lr 1e-3 (a resumed step without the saved Adam state fails)."""
+    got = group.compute_log_prob(batch.select(batch.keys()))[K.OLD_LOG_PROBS]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, tiny_model_with_weights, arith_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -139,8 +146,11 @@ def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, t
     from hybridrl.distributed.ray_backend import RayBackend
     from hybridrl.models.logprobs import log_probs_from_logits, response_logits
 
-    cfg1 = _cfg(tiny_model_with_weights, arith_data, 1)
-    cfg2 = _cfg(tiny_model_with_weights, arith_data, 2)
+    # lr 1e-3: an optimizer step moves the log-probs far more than the tolerances below, so a
+    # resume that lost the Adam moments or the step count is caught (see the resume checks)
+    big_lr = {"optim": {"lr": 1e-3}}
+    cfg1 = _cfg(tiny_model_with_weights, arith_data, 1, actor=big_lr)
+    cfg2 = _cfg(tiny_model_with_weights, arith_data, 2, actor=big_lr)
     for cfg in (cfg1, cfg2):
         cfg.algorithm.adv_estimator = "gae"  # a critic too
     cfg2.actor_rollout_ref.model.enable_gradient_checkpointing = True  # recomputation changes no number
@@ -184,18 +194,25 @@ def test_fsdp2_two_ranks_match_one_device_and_checkpoints_reshard(ray_session, t
         exported = log_probs_from_logits(logits, b1[K.RESPONSES]) * b1[K.RESPONSE_MASK]
         torch.testing.assert_close(exported, two.compute_log_prob(b1.select(b1.keys()))[K.OLD_LOG_PROBS], rtol=1e-5, atol=1e-6)
 
-        # the next step, uninterrupted, at both world sizes
+        # the next step, uninterrupted, at both world sizes; the log-probs after it show the
+        # weights its optimizer step produced (from the Adam moments of the first step)
         b2 = _with_old_log_probs(one, b2, 11)
         next2, next1 = two.update_actor(b2.select(b2.keys())), one.update_actor(b2.select(b2.keys()))
         _assert_same_step(next2, next1)
-        # 2 -> 1: one device resumes the 2-rank checkpoint (weights, Adam moments, LR schedule)
+        after2, after1 = (g.compute_log_prob(b2.select(b2.keys()))[K.OLD_LOG_PROBS] for g in (two, one))
+        torch.testing.assert_close(after2, after1, rtol=1e-5, atol=1e-6)
+        # 2 -> 1: one device resumes the 2-rank checkpoint (weights, Adam moments, LR schedule).
+        # The step's metrics are computed before its optimizer step, so the weights after it are
+        # compared too: they depend on the restored moments and step count (a fresh Adam differs).
         one.init_model(str(tmp_path / "ws2" / "actor"), True, 10, False)
         one.load_checkpoint(str(tmp_path / "ws2"))
         _assert_same_step(one.update_actor(b2.select(b2.keys())), next2)
+        _assert_same_weights_after_step(one, b2, after2)
         # 1 -> 2
         two.init_model(str(tmp_path / "ws1" / "actor"), True, 10, False)
         two.load_checkpoint(str(tmp_path / "ws1"))
         _assert_same_step(two.update_actor(b2.select(b2.keys())), next1)
+        _assert_same_weights_after_step(two, b2, after1)
         # the supervised update (SFT, warm-up) normalizes by the global token count too
         sft2, sft1 = two.update_sft(b2.select(b2.keys())), one.update_sft(b2.select(b2.keys()))
         for k in ("loss", "mean_token_accuracy", "num_tokens", "actor/grad_norm"):
@@ -298,6 +315,23 @@ def test_killed_worker_is_reported_then_recovered_with_max_restarts(ray_session,
     # the restarted step continues the same run: data position, weights, Adam, RNG of every rank
     for k in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
         assert recovered[3][k] == pytest.approx(straight[3][k], rel=1e-6), k
+    # step 3's metrics come before its optimizer step: the final weights show that the restarted
+    # workers also stepped from the checkpoint's Adam moments and LR schedule
+    _assert_same_final_weights(tmp_path / "recover", tmp_path / "straight", tmp_path)
+
+
+def _assert_same_final_weights(run_a, run_b, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    from hybridrl.distributed.checkpoint import export_hf
+
+    weights = []
+    for run in (run_a, run_b):
+        out = export_hf(run / "checkpoints" / "step_3" / "actor", tmp_path / f"{run.name}_hf")
+        weights.append(load_file(str(out / "model.safetensors")))
+    assert weights[0].keys() == weights[1].keys()
+    for name, w in weights[0].items():
+        torch.testing.assert_close(w, weights[1][name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_split_placement_runs_actor_and_critic_in_their_own_processes(ray_session, tiny_model_dir, arith_data, tmp_path):

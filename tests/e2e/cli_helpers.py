@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-VOLATILE = ("timing_s/", "perf/throughput", "perf/samples_per_s")  # wall-clock numbers differ between runs
+VOLATILE = ("timing_s/", "perf/throughput", "perf/samples_per_s", "perf/rollout_tokens_per_s",
+            "rollout/decode_ms_per_step")  # wall-clock numbers differ between runs
 
 
 def cli(*args, env=None, check=True, cwd=None):

@@ -31,7 +31,7 @@ def test_lora_dynamic_bsz_run_logs_perf_metrics_and_saves_a_loadable_policy(tiny
     for r in rows:
         assert r["actor/pad_fraction"] == 0.0  # packed: no padding computed
         # The HF engine samples from the current (peft) policy: its log-probs match the trainer's.
-        assert r["training/rollout_probs_diff_mean"] < 1e-3 and r["training/rollout_probs_diff_max"] < 1e-2
+        assert r["training/rollout_probs_diff_mean"] < 1e-5 and r["training/rollout_probs_diff_max"] < 1e-4, r
         assert "perf/mfu/actor" not in r  # no peak FLOP/s for a CPU
     step = out / "checkpoints" / "step_2"
     assert (step / "actor" / "adapter" / "adapter_model.safetensors").exists()

@@ -31,7 +31,9 @@ def test_hybridrl_half_then_trl_half_merge(tmp_path):
     assert res["base_eval"]["n"] == 16 and "accuracy" in h["eval"]
     assert res["settings"]["reward_kwargs"] == {}
     if importlib.util.find_spec("trl") is None:
-        return  # TRL is a benchmark-only dependency, not installed by the test extras
+        # TRL is a benchmark-only dependency, not installed by the test extras: the TRL half and
+        # the merge are not exercised, and the report says so (a skip, not a silent pass)
+        pytest.skip("trl is not installed: the TRL half and the merge of halves were not run")
     r = _run(tmp_path, "--only", "trl", "--max-cycles", "3")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res2 = json.loads((tmp_path / "vs_trl.json").read_text())

@@ -17,6 +17,11 @@ def family_configs():
             rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
             original_max_position_embeddings=16)),
         "qwen2": Qwen2Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True),
+        # positions 0..39 run past original_max_position_embeddings=16, where the scalings differ
+        "qwen2-linear": Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters=dict(
+            rope_type="linear", rope_theta=1000000.0, factor=4.0)),
+        "qwen2-yarn": Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters=dict(
+            rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=16)),
         "qwen3": Qwen3Config(**COMMON, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=False),
     }  # fmt: skip
 
@@ -44,7 +49,7 @@ def test_logits_match_transformers(family):
     assert unsupported_reason(config) is None
     hf = hf_model(config)
     native = native_from(hf, config)
-    ids = torch.randint(0, config.vocab_size, (3, 40))
+    ids = torch.randint(0, config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = hf(input_ids=ids).logits
         got = native(ids)
@@ -62,3 +67,15 @@ def test_unsupported_configs_are_named():
     assert "MistralForCausalLM" in unsupported_reason(config)
     with pytest.raises(ValueError, match="does not support"):
         DecoderLM(config)
+
+
+@pytest.mark.parametrize("scaled", ["qwen2-linear", "qwen2-yarn"])
+def test_rope_scaling_changes_the_tables(scaled):
+    """The scaled families are not the default rotary under another name: their cos/sin tables
+    differ from the unscaled ones (so the logits test above checks the scaling itself)."""
+    from hybridrl.models.llama import rope_tables
+
+    plain, config = family_configs()["qwen2"], family_configs()[scaled]
+    cos0, _ = rope_tables(plain, 8, 40)
+    cos1, _ = rope_tables(config, 8, 40)
+    assert not torch.allclose(cos0, cos1, atol=1e-3)

@@ -94,7 +94,7 @@ def test_training_scores_log_the_format_rate_and_both_accuracies():
     from hybridrl.rewards.registry import default_compute_score
     from hybridrl.trainer.scoring import score
 
-    rng = random.Random()
+    rng = random.Random(0)
     kinds = [rng.choice(["strict_right", "strict_wrong", "last_right", "nothing"]) for _ in range(40)]
     truths = [str(rng.randint(1, 999)) for _ in kinds]
     text = {"strict_right": "so #### {t}", "strict_wrong": "#### {w}", "last_right": "it is {t}.", "nothing": "no idea"}
@@ -115,7 +115,7 @@ def test_format_needs_work_pays_only_for_a_restated_answer():
     answer still earns the full score, with or without work."""
     import random
 
-    rng = random.Random()
+    rng = random.Random(1)
     for _ in range(200):
         truth, wrong, other = rng.sample(range(1, 5000), 3)
         kw = dict(format_score=0.1, format_needs_work=True)
@@ -124,3 +124,38 @@ def test_format_needs_work_pays_only_for_a_restated_answer():
         assert compute_score(f"so {wrong:,} in all.\n#### {wrong:,}", str(truth), **kw) == 0.1  # commas compared removed
         assert compute_score(f"#### {truth}", str(truth), **kw) == 1.0
         assert compute_score(f"#### {wrong}", str(truth), format_score=0.1) == 0.1  # off: verl's behaviour
+
+
+@pytest.mark.parametrize(
+    "response, ours, verls",
+    [
+        ("so it is 1,234", "1234", "1,234"),  # verl keeps the comma: "1,234" != "1234" scores 0 there
+        ("the answer is 5, .", "5", "5,"),  # a trailing comma after the number
+        ("no idea .", None, "."),  # verl returns the lone "." when nothing else matched
+        ("hmm , ,", None, ","),  # a lone "," is a number to verl
+        ("I get 12 then 13.", "13.", "13."),  # same: the full stop stays in the match (both)
+        ("-7 it is", "-7", "-7"),
+    ],
+)
+def test_flexible_differs_from_verl_only_on_commas_and_lone_punctuation(response, ours, verls):
+    """`method="flexible"` is verl's last-number extraction with two deliberate changes
+    (docs/gsm8k.md): commas are removed as in strict mode, and matches made only of "." and ","
+    are never an answer. Each verl value below is what verl's extraction returns for the same
+    text (worked out by hand from its rule: the last regex match that is not "" or ".")."""
+    assert extract_solution(response, method="flexible") == ours
+    assert _verl_flexible(response) == verls
+
+
+def _verl_flexible(text: str):
+    """verl's flexible rule restated for the comparison above: the last match of
+    -?[0-9.,]+ in the last 300 characters that is not "" or "."; if every match is, the first
+    match (its loop ends on it); None without matches. No comma removal."""
+    import re
+
+    found = re.findall(r"-?[0-9.,]+", text[-300:])
+    if not found:
+        return None
+    for answer in reversed(found):
+        if answer not in ("", "."):
+            return answer
+    return found[0]

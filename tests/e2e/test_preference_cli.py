@@ -22,8 +22,8 @@ from hybridrl.data import keys as K  # noqa: E402
 
 # Thresholds with a margin below what the runs measure on CPU (the tests print the values):
 KTO_LOSS_DROP = 0.05  # measured 0.103 (tiny 30-step run)
-HELD_OUT_DPO_ACC = 0.0  # shipped configs, pairs they never trained on
-HELD_OUT_KTO_ACC = 0.0
+HELD_OUT_DPO_ACC = 0.8  # shipped configs, 200 problems they never trained on: measured 0.905
+HELD_OUT_KTO_ACC = 0.8  # measured 0.915
 
 
 @pytest.fixture(scope="module")

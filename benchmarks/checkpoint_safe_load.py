@@ -22,8 +22,17 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from hybridrl.distributed import checkpoint as dckpt
 
 SHAPES = {
-    "tiny": dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-    "100M": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=4),
+    "tiny": dict(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "100M": dict(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=10,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    ),
 }
 
 
@@ -68,8 +77,11 @@ def main(repeats: int = 3) -> None:
                     fn(model, opt, path)
                     loads[name].append(time.perf_counter() - t)
         med = statistics.median
-        print(f"{shape} ({n / 1e6:.1f}M params): save {med(saves):.3f} s | load default {med(loads['default']):.3f} s | "
-              f"load safe {med(loads['safe']):.3f} s (median of {repeats})", flush=True)
+        print(
+            f"{shape} ({n / 1e6:.1f}M params): save {med(saves):.3f} s | load default {med(loads['default']):.3f} s | "
+            f"load safe {med(loads['safe']):.3f} s (median of {repeats})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """DPO throughput: hybridrl's PreferenceTrainer vs TRL's DPOTrainer, same model, data and settings.
 
-Command (one GPU; the GPU machine lacks trl/datasets/dill/multiprocess: carry their wheels):
+Command (one GPU; the GPU machine lacks trl/datasets/dill/multiprocess, so carry their wheels):
     python -m pip install --no-deps .wheels/*.whl && PYTHONPATH=. python benchmarks/dpo.py --steps 30 --warmup 5 --out $OUT
-CPU smoke test (tiny model, 96 pairs, 3 steps, step 1 = warm-up):  PYTHONPATH=. python benchmarks/dpo.py --tiny --out /tmp/dpo_bench
+CPU smoke test (tiny model, 96 pairs, 3 steps, step 1 = warm-up):
+    PYTHONPATH=. python benchmarks/dpo.py --tiny --out /tmp/dpo_bench
 
 Measures, for each trainer in its own subprocess (so peak memory is its own): pairs/s (32 pairs per
 optimizer step / median step time over the steps after the warm-up steps), peak GPU memory
@@ -34,11 +35,27 @@ from pathlib import Path
 
 from harness import REPO, cell, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-              intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0,
-              tie_word_embeddings=True)  # fmt: skip
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-            max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
+QWEN05 = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
 
 
 def settings(args) -> dict:
@@ -49,7 +66,11 @@ def settings(args) -> dict:
         completion_len=(5, 40) if args.tiny else (50, 400),
         steps=args.steps or (3 if args.tiny else 10),
         warmup=args.warmup if args.warmup is not None else (1 if args.tiny else 2),
-        batch=32, micro=8, lr=1e-6, beta=0.1, seed=1,
+        batch=32,
+        micro=8,
+        lr=1e-6,
+        beta=0.1,
+        seed=1,
         device="cpu" if args.tiny else "cuda",
     )
     s["max_prompt_length"] = s["prompt_len"][1]
@@ -85,8 +106,7 @@ def prepare(work: Path, s: dict) -> tuple[Path, Path]:
     data = work / "pairs.jsonl"
     with data.open("w") as f:
         for _ in range(s["pairs"]):
-            row = {"prompt": text(s["prompt_len"]), "chosen": text(s["completion_len"]),
-                   "rejected": text(s["completion_len"])}  # fmt: skip
+            row = {"prompt": text(s["prompt_len"]), "chosen": text(s["completion_len"]), "rejected": text(s["completion_len"])}
             f.write(json.dumps(row) + "\n")
     print(f"[dpo-bench] model {n_params / 1e6:.1f}M params -> {model_dir}; {s['pairs']} pairs -> {data}", flush=True)
     return model_dir, data
@@ -97,15 +117,16 @@ def memory(device: str) -> dict:
 
     if device != "cuda":
         return {"peak_mem_gb": None, "peak_reserved_gb": None}
-    return {"peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
-            "peak_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}  # fmt: skip
+    return {
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
+    }
 
 
 def summarize(step_s: list[float], s: dict) -> dict:
     timed = step_s[s["warmup"] :] or step_s
     med = statistics.median(timed)
-    return {"step_s": step_s, "median_step_s": med, "samples_per_s": s["batch"] / med,
-            "timed_steps": len(timed)}  # fmt: skip
+    return {"step_s": step_s, "median_step_s": med, "samples_per_s": s["batch"] / med, "timed_steps": len(timed)}
 
 
 # -- hybridrl (its own process) ---------------------------------------------------------------------------------------
@@ -117,20 +138,32 @@ def run_hybridrl(work: Path, s: dict) -> dict:
 
     run_dir = work / "hybridrl_run"
     overrides = [
-        f"data.train_files={work / 'pairs.jsonl'}", f"data.train_batch_size={s['batch']}",
-        f"data.max_prompt_length={s['max_prompt_length']}", f"data.max_response_length={s['max_response_length']}",
+        f"data.train_files={work / 'pairs.jsonl'}",
+        f"data.train_batch_size={s['batch']}",
+        f"data.max_prompt_length={s['max_prompt_length']}",
+        f"data.max_response_length={s['max_response_length']}",
         "data.truncation=error",
-        f"actor_rollout_ref.model.path={work / 'model'}", "actor_rollout_ref.model.random_init=false",
+        f"actor_rollout_ref.model.path={work / 'model'}",
+        "actor_rollout_ref.model.random_init=false",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={2 * s['micro']}",  # 16 sequences, as TRL's ref pass
-        "actor_rollout_ref.actor.grad_clip=1.0", f"actor_rollout_ref.actor.optim.lr={s['lr']}",
-        "actor_rollout_ref.actor.optim.weight_decay=0.0", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.grad_clip=1.0",
+        f"actor_rollout_ref.actor.optim.lr={s['lr']}",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
-        "algorithm.name=dpo", "preference.loss_type=sigmoid", f"preference.beta={s['beta']}",
-        "preference.label_smoothing=0.0", "preference.precompute_ref_log_probs=false",
-        f"trainer.device={s['device']}", f"trainer.total_training_steps={s['steps']}", "trainer.logger=[jsonl]",
-        f"trainer.default_local_dir={run_dir}", f"trainer.seed={s['seed']}", "warmup.steps=0",
-    ]  # fmt: skip
+        "algorithm.name=dpo",
+        "preference.loss_type=sigmoid",
+        f"preference.beta={s['beta']}",
+        "preference.label_smoothing=0.0",
+        "preference.precompute_ref_log_probs=false",
+        f"trainer.device={s['device']}",
+        f"trainer.total_training_steps={s['steps']}",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.seed={s['seed']}",
+        "warmup.steps=0",
+    ]
     cfg = load_config(REPO / "configs" / "dpo.yaml", overrides)
     if s["device"] == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -150,12 +183,16 @@ def run_hybridrl(work: Path, s: dict) -> dict:
         "setup_s": setup_s,
         "logged_samples_per_s": [r["perf/samples_per_s"] for r in rows],
         "tokens_per_step": [r["perf/total_num_tokens"] for r in rows],
-        "loss": last["loss"], "rewards/accuracies": last["rewards/accuracies"],
+        "loss": last["loss"],
+        "rewards/accuracies": last["rewards/accuracies"],
         "rewards/margins": last.get("rewards/margins"),
         "losses": [r["loss"] for r in rows],
-        "stage_s": {k: statistics.median(r[k] for r in rows[s["warmup"] :] or rows)
-                    for k in ("timing_s/ref", "timing_s/update_actor") if k in last},
-    }  # fmt: skip
+        "stage_s": {
+            k: statistics.median(r[k] for r in rows[s["warmup"] :] or rows)
+            for k in ("timing_s/ref", "timing_s/update_actor")
+            if k in last
+        },
+    }
 
 
 # -- TRL (its own process) -------------------------------------------------------------------------------------------
@@ -163,7 +200,8 @@ def run_trl(work: Path, s: dict) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import DPOConfig, DPOTrainer, __version__ as trl_version
+    from trl import DPOConfig, DPOTrainer
+    from trl import __version__ as trl_version
 
     cuda = s["device"] == "cuda"
 
@@ -194,21 +232,36 @@ def run_trl(work: Path, s: dict) -> dict:
     tok = AutoTokenizer.from_pretrained(work / "model")
     config = DPOConfig(
         output_dir=str(work / "trl_run"),
-        per_device_train_batch_size=s["micro"], gradient_accumulation_steps=s["batch"] // s["micro"],
-        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        beta=s["beta"], loss_type=["sigmoid"], label_smoothing=0.0,
-        max_length=s["max_length"], precompute_ref_log_probs=False,
-        gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda,
+        per_device_train_batch_size=s["micro"],
+        gradient_accumulation_steps=s["batch"] // s["micro"],
+        learning_rate=s["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=s["beta"],
+        loss_type=["sigmoid"],
+        label_smoothing=0.0,
+        max_length=s["max_length"],
+        precompute_ref_log_probs=False,
+        gradient_checkpointing=False,
+        bf16=cuda,
+        use_cpu=not cuda,
         model_init_kwargs={"dtype": torch.float32},
-        max_steps=s["steps"], logging_steps=1, save_strategy="no", report_to="none",
-        seed=s["seed"], dataloader_num_workers=0,
-    )  # fmt: skip
+        max_steps=s["steps"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=s["seed"],
+        dataloader_num_workers=0,
+    )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     timer = StepTimer()
-    trainer = DPOTrainer(model=str(work / "model"), args=config, train_dataset=Dataset.from_list(rows),
-                         processing_class=tok, callbacks=[timer])  # fmt: skip
+    trainer = DPOTrainer(
+        model=str(work / "model"), args=config, train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[timer]
+    )
     setup_s = time.perf_counter() - t0
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h and "rewards/accuracies" in h]
@@ -220,11 +273,13 @@ def run_trl(work: Path, s: dict) -> dict:
         "setup_s": setup_s,
         "interval_s": intervals,
         "samples_per_s_end_to_end": s["batch"] / statistics.median(intervals[s["warmup"] :] or intervals),
-        "loss": last["loss"], "rewards/accuracies": last["rewards/accuracies"],
+        "loss": last["loss"],
+        "rewards/accuracies": last["rewards/accuracies"],
         "rewards/margins": last.get("rewards/margins"),
         "losses": [h["loss"] for h in logs],
-        "trl_version": trl_version, "optim": str(config.optim),
-    }  # fmt: skip
+        "trl_version": trl_version,
+        "optim": str(config.optim),
+    }
 
 
 # -- driver ----------------------------------------------------------------------------------------------------------
@@ -266,22 +321,30 @@ def main() -> int:
 
 def print_table(results: dict, s: dict) -> None:
     f = cell
-    print(f"\nDPO, {s['pairs']} pairs, {s['batch']} pairs/step (micro {s['micro']}), {s['steps']} steps, "
-          f"median over steps {s['warmup'] + 1}-{s['steps']}, device {s['device']}  {results['versions']}")  # fmt: skip
-    print(f"| {'trainer':<9} | {'pairs/s':>8} | {'median step s':>13} | {'peak mem GB':>11} | {'final loss':>10} "
-          f"| {'rewards/acc':>11} |")  # fmt: skip
+    print(
+        f"\nDPO, {s['pairs']} pairs, {s['batch']} pairs/step (micro {s['micro']}), {s['steps']} steps, "
+        f"median over steps {s['warmup'] + 1}-{s['steps']}, device {s['device']}  {results['versions']}"
+    )
+    print(
+        f"| {'trainer':<9} | {'pairs/s':>8} | {'median step s':>13} | {'peak mem GB':>11} | {'final loss':>10} "
+        f"| {'rewards/acc':>11} |"
+    )
     print(f"|{'-' * 11}|{'-' * 10}|{'-' * 15}|{'-' * 13}|{'-' * 12}|{'-' * 13}|")
     for name in ("hybridrl", "trl"):
         r = results.get(name)
         if not r or "error" in r:
             print(f"| {name:<9} | {'failed' if r else 'not run':>8} |")
             continue
-        print(f"| {name:<9} | {f(r['samples_per_s'], '8.2f')} | {f(r['median_step_s'], '13.3f')} "
-              f"| {f(r['peak_mem_gb'], '11.2f')} | {f(r['loss'], '10.4f')} | {f(r['rewards/accuracies'], '11.3f')} |")  # fmt: skip
+        print(
+            f"| {name:<9} | {f(r['samples_per_s'], '8.2f')} | {f(r['median_step_s'], '13.3f')} "
+            f"| {f(r['peak_mem_gb'], '11.2f')} | {f(r['loss'], '10.4f')} | {f(r['rewards/accuracies'], '11.3f')} |"
+        )
     h, t = results.get("hybridrl", {}), results.get("trl", {})
     if "samples_per_s" in h and "samples_per_s" in t:
-        print(f"hybridrl / TRL pairs/s: {h['samples_per_s'] / t['samples_per_s']:.2f}x "
-              f"(TRL end-to-end incl. batch fetch + logging: {t['samples_per_s_end_to_end']:.2f} pairs/s)")  # fmt: skip
+        print(
+            f"hybridrl / TRL pairs/s: {h['samples_per_s'] / t['samples_per_s']:.2f}x "
+            f"(TRL end-to-end incl. batch fetch + logging: {t['samples_per_s_end_to_end']:.2f} pairs/s)"
+        )
 
 
 if __name__ == "__main__":

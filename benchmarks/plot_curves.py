@@ -15,8 +15,13 @@ import argparse
 import json
 from pathlib import Path
 
-DEFAULT_KEYS = ("critic/score/mean", "reward/gsm8k_format/mean", "reward/gsm8k_strict_acc/mean", "response_length/mean",
-                "actor/kl_loss")  # keys a run lacks are left out
+DEFAULT_KEYS = (
+    "critic/score/mean",
+    "reward/gsm8k_format/mean",
+    "reward/gsm8k_strict_acc/mean",
+    "response_length/mean",
+    "actor/kl_loss",
+)  # keys a run lacks are left out
 
 
 def load_metrics(path: Path) -> list[dict]:

@@ -39,13 +39,18 @@ class Echo:
 
 
 def config(tmp: Path, data: dict, model: str, **trainer):
-    return config_from_dict({
-        "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-        "actor_rollout_ref": {"model": {"path": model, "random_init": True}, "actor": {"ppo_mini_batch_size": 4},
-                              "rollout": {"n": 2}},
-        "algorithm": {"adv_estimator": "grpo"},
-        "trainer": {"device": "cpu", "n_gpus_per_node": 2, "logger": ["jsonl"], "val_before_train": False, **trainer},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
+            "actor_rollout_ref": {
+                "model": {"path": model, "random_init": True},
+                "actor": {"ppo_mini_batch_size": 4},
+                "rollout": {"n": 2},
+            },
+            "algorithm": {"adv_estimator": "grpo"},
+            "trainer": {"device": "cpu", "n_gpus_per_node": 2, "logger": ["jsonl"], "val_before_train": False, **trainer},
+        }
+    )
 
 
 def main() -> None:
@@ -63,16 +68,24 @@ def main() -> None:
     print(f"| 2 worker processes + gloo group | {t2 - t1:.1f} s |")
     group = backend.groups["echo"]
     for rows, width in ((256, 512), (1024, 1024)):
-        batch = Batch({"responses": torch.randint(0, 1000, (rows, width)), "mask": torch.ones(rows, width),
-                       "log_probs": torch.randn(rows, width)}, {"text": ["x" * 200] * rows})  # fmt: skip
+        batch = Batch(
+            {
+                "responses": torch.randint(0, 1000, (rows, width)),
+                "mask": torch.ones(rows, width),
+                "log_probs": torch.randn(rows, width),
+            },
+            {"text": ["x" * 200] * rows},
+        )
         times = []
         for _ in range(10):
             start = time.perf_counter()
             group.echo(batch)
             times.append(time.perf_counter() - start)
         mib = sum(t.numel() * t.element_size() for t in batch.tensors.values()) / 2**20
-        print(f"| `dp` round trip, {rows} rows x {width} ({mib:.0f} MiB of tensors + text) | "
-              f"{statistics.median(times) * 1e3:.0f} ms (median of 10) |")
+        print(
+            f"| `dp` round trip, {rows} rows x {width} ({mib:.0f} MiB of tensors + text) | "
+            f"{statistics.median(times) * 1e3:.0f} ms (median of 10) |"
+        )
     backend.shutdown()
     delays = []
     for trial in range(3):
@@ -83,8 +96,10 @@ def main() -> None:
             fit_with_restarts(cfg, PPOTrainer)
         except WorkerDiedError:
             delays.append(time.time() - float(flag.read_text().split()[1]))
-    print(f"| SIGKILL of rank 1 mid-update -> WorkerDiedError in the controller (workers stopped) | "
-          f"{', '.join(f'{d:.2f}' for d in delays)} s (3 runs) |")
+    print(
+        f"| SIGKILL of rank 1 mid-update -> WorkerDiedError in the controller (workers stopped) | "
+        f"{', '.join(f'{d:.2f}' for d in delays)} s (3 runs) |"
+    )
 
 
 if __name__ == "__main__":

@@ -39,14 +39,35 @@ from hybridrl.data.batch import Batch  # noqa: E402
 from hybridrl.rollout import SamplingParams  # noqa: E402
 from hybridrl.rollout.native.engine import NativeRolloutEngine  # noqa: E402
 
-COMMON = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-              tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"], eos_token_id=151643, pad_token_id=151643)  # fmt: skip
+COMMON = dict(
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    architectures=["Qwen2ForCausalLM"],
+    eos_token_id=151643,
+    pad_token_id=151643,
+)
 MODELS = {
-    "Qwen2.5-0.5B": dict(COMMON, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864),
-    "Qwen2.5-1.5B": dict(COMMON, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960),
-    "tiny": dict(COMMON, vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, eos_token_id=1, pad_token_id=0),
-}  # fmt: skip
+    "Qwen2.5-0.5B": dict(
+        COMMON, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864
+    ),
+    "Qwen2.5-1.5B": dict(
+        COMMON, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960
+    ),
+    "tiny": dict(
+        COMMON,
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        eos_token_id=1,
+        pad_token_id=0,
+    ),
+}
 
 
 class _Tok:
@@ -114,8 +135,12 @@ def run_native(engine, prompts, new_tokens):
     wall = time.perf_counter() - t
     tokens = int(out[K.RESPONSE_MASK].sum())
     assert tokens == len(prompts) * new_tokens, "EOS was not ignored"
-    return dict(tokens_per_s=tokens / wall, decode_ms=engine.last_metrics["rollout/decode_ms_per_step"], wall_s=wall,
-                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"))  # fmt: skip
+    return dict(
+        tokens_per_s=tokens / wall,
+        decode_ms=engine.last_metrics["rollout/decode_ms_per_step"],
+        wall_s=wall,
+        peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"),
+    )
 
 
 def run_hf(model, prompts, new_tokens, device):
@@ -124,8 +149,17 @@ def run_hf(model, prompts, new_tokens, device):
     def gen(n):
         sync()
         t = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=n, min_new_tokens=n, pad_token_id=0)  # fmt: skip
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            pad_token_id=0,
+        )
         sync()
         return time.perf_counter() - t, out
 
@@ -136,8 +170,12 @@ def run_hf(model, prompts, new_tokens, device):
     wall, out = gen(new_tokens)
     assert out.shape[1] - ids.shape[1] == new_tokens
     tokens = len(prompts) * new_tokens
-    return dict(tokens_per_s=tokens / wall, decode_ms=1000 * (wall - prefill) / (new_tokens - 1), wall_s=wall,
-                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"))  # fmt: skip
+    return dict(
+        tokens_per_s=tokens / wall,
+        decode_ms=1000 * (wall - prefill) / (new_tokens - 1),
+        wall_s=wall,
+        peak_gb=torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan"),
+    )
 
 
 def switch_time(engine, trainer_model) -> float:
@@ -177,8 +215,12 @@ def profile_decode(engine, prompts, steps: int, out: Path, tag: str) -> dict:
         device_us = sum(e.self_device_time_total for e in events) if cuda else float("nan")
         table = events.table(sort_by=sort, row_limit=30)
         (out / f"profile_{tag}_{mode}.txt").write_text(table + "\n")
-        res[mode] = dict(wall_ms=1000 * wall, device_busy_ms=device_us / 1000, busy=device_us / 1e6 / wall if cuda else float("nan"),
-                         decode_ms=engine.last_metrics["rollout/decode_ms_per_step"])  # fmt: skip
+        res[mode] = dict(
+            wall_ms=1000 * wall,
+            device_busy_ms=device_us / 1000,
+            busy=device_us / 1e6 / wall if cuda else float("nan"),
+            decode_ms=engine.last_metrics["rollout/decode_ms_per_step"],
+        )
         print(f"profile {tag} {mode}: {res[mode]}\n{table}", flush=True)
     engine.use_graphs = graphs
     return res
@@ -191,9 +233,14 @@ def main():
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--batches", nargs="*", type=int, default=None)
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
-    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                    help="also profile a STEPS-token generate per row (with and without CUDA graphs): kernel tables "
-                         "in --out, device-busy share of the wall time")  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also profile a STEPS-token generate per row (with and without CUDA graphs): kernel tables "
+        "in --out, device-busy share of the wall time",
+    )
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     models = args.models or (["tiny"] if args.tiny else ["Qwen2.5-0.5B", "Qwen2.5-1.5B"])
@@ -201,18 +248,34 @@ def main():
     prompt_len, new_tokens = (16, 32) if args.tiny else (256, 512)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(device)
-    results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                   copy_bandwidth_gb_s=bw / 1e9, prompt_len=prompt_len, new_tokens=new_tokens, rows=[], switch={})  # fmt: skip
+    results = dict(
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        copy_bandwidth_gb_s=bw / 1e9,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        rows=[],
+        switch={},
+    )
     print(f"device {results['device']}, copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     for name in models:
         trainer = hf_model(name, device)  # fp32, as the trainer holds it
         cfg = MODELS[name]
-        engine = NativeRolloutEngine(trainer.config, _Tok(cfg["eos_token_id"], cfg["pad_token_id"]), device=device,
-                                     max_model_len=prompt_len + new_tokens, max_num_seqs=max(batches),
-                                     gpu_memory_utilization=0.5, ignore_eos=True)  # fmt: skip
+        engine = NativeRolloutEngine(
+            trainer.config,
+            _Tok(cfg["eos_token_id"], cfg["pad_token_id"]),
+            device=device,
+            max_model_len=prompt_len + new_tokens,
+            max_num_seqs=max(batches),
+            gpu_memory_utilization=0.5,
+            ignore_eos=True,
+        )
         engine.load_weights(trainer.named_parameters())
         results["switch"][name] = switch_time(engine, trainer)
-        print(f"{name}: switch (wake + load_weights fp32->{engine.dtype} + sleep) {1000 * results['switch'][name]:.1f} ms", flush=True)
+        print(
+            f"{name}: switch (wake + load_weights fp32->{engine.dtype} + sleep) {1000 * results['switch'][name]:.1f} ms",
+            flush=True,
+        )
         baseline = trainer.to(torch.bfloat16) if device.type == "cuda" else trainer  # same weights, in place
         for b in batches:
             prompts = make_prompts(b, prompt_len, cfg["vocab_size"])
@@ -230,13 +293,18 @@ def main():
         del engine, trainer, baseline
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print("\n| model | prompts | native tok/s | HF tok/s | speedup | native decode ms/step | floor ms/step | HF decode ms/step | native peak GB | HF peak GB |")
+    print(
+        "\n| model | prompts | native tok/s | HF tok/s | speedup | native decode ms/step | floor ms/step | HF decode ms/step "
+        "| native peak GB | HF peak GB |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results["rows"]:
         n, h = r["native"], r.get("hf", {})
-        print(f"| {r['model']} | {r['prompts']} | {n['tokens_per_s']:.0f} | {h.get('tokens_per_s', float('nan')):.0f} | "
-              f"{r.get('speedup', float('nan')):.1f}x | {n['decode_ms']:.2f} | {r['floor_ms']:.2f} | "
-              f"{h.get('decode_ms', float('nan')):.1f} | {n['peak_gb']:.2f} | {h.get('peak_gb', float('nan')):.2f} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['prompts']} | {n['tokens_per_s']:.0f} | {h.get('tokens_per_s', float('nan')):.0f} | "
+            f"{r.get('speedup', float('nan')):.1f}x | {n['decode_ms']:.2f} | {r['floor_ms']:.2f} | "
+            f"{h.get('decode_ms', float('nan')):.1f} | {n['peak_gb']:.2f} | {h.get('peak_gb', float('nan')):.2f} |"
+        )
     for name, t in results["switch"].items():
         print(f"switch time {name}: {1000 * t:.1f} ms")
     out = Path(args.out)

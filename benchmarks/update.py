@@ -39,22 +39,46 @@ from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import sequence_lengths
+from hybridrl.models.prepare import compile_decoder_layers
 from hybridrl.models.tiny import write_tiny_model_dir
 from hybridrl.tracking import perf
-from hybridrl.models.prepare import compile_decoder_layers
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.forward import SEQ_KEYS
 
 ARCH = {
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                 tie_word_embeddings=True),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                 tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=256, vocab_size=1000, max_position_embeddings=512, tie_word_embeddings=True),
-}  # fmt: skip
+    "0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=1000,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+}
 
 
 def ragged_batch(n, prompt_range, response_range, vocab, seed=0) -> Batch:
@@ -62,30 +86,48 @@ def ragged_batch(n, prompt_range, response_range, vocab, seed=0) -> Batch:
     P, R = prompt_range[1], response_range[1]
     plen = torch.randint(prompt_range[0], P + 1, (n,), generator=g)
     rlen = torch.randint(response_range[0], R + 1, (n,), generator=g)
-    return Batch({
-        K.PROMPTS: torch.randint(2, vocab, (n, P), generator=g),
-        K.PROMPT_MASK: (torch.arange(P)[None] >= P - plen[:, None]).long(),
-        K.RESPONSES: torch.randint(2, vocab, (n, R), generator=g),
-        K.RESPONSE_MASK: (torch.arange(R)[None] < rlen[:, None]).float(),
-        K.OLD_LOG_PROBS: -torch.rand(n, R, generator=g) * 3,
-        K.ADVANTAGES: torch.randn(n, R, generator=g),
-    })  # fmt: skip
+    return Batch(
+        {
+            K.PROMPTS: torch.randint(2, vocab, (n, P), generator=g),
+            K.PROMPT_MASK: (torch.arange(P)[None] >= P - plen[:, None]).long(),
+            K.RESPONSES: torch.randint(2, vocab, (n, R), generator=g),
+            K.RESPONSE_MASK: (torch.arange(R)[None] < rlen[:, None]).float(),
+            K.OLD_LOG_PROBS: -torch.rand(n, R, generator=g) * 3,
+            K.ADVANTAGES: torch.randn(n, R, generator=g),
+        }
+    )
 
 
 def make_worker(model_dir, s, device, *, lora_rank=0, checkpointing=False):
-    cfg = config_from_dict({
-        "data": {"train_files": "unused.jsonl", "train_batch_size": s["seqs"], "max_prompt_length": s["prompt"][1],
-                 "max_response_length": s["response"][1]},
-        "actor_rollout_ref": {
-            "model": {"path": model_dir, "random_init": True, "lora_rank": lora_rank, "lora_alpha": max(2 * lora_rank, 1),
-                      "target_modules": "all-linear", "enable_gradient_checkpointing": checkpointing},
-            "actor": {"ppo_mini_batch_size": s["mini"], "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": s["budget"],
-                      "use_torch_compile": False,  # compiled later, after the eager baseline ran
-                      "optim": {"lr": 1e-6, "weight_decay": 0.0}},
-        },
-        "algorithm": {"adv_estimator": "reinforce_plus_plus"},
-        "trainer": {"device": device.type},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "data": {
+                "train_files": "unused.jsonl",
+                "train_batch_size": s["seqs"],
+                "max_prompt_length": s["prompt"][1],
+                "max_response_length": s["response"][1],
+            },
+            "actor_rollout_ref": {
+                "model": {
+                    "path": model_dir,
+                    "random_init": True,
+                    "lora_rank": lora_rank,
+                    "lora_alpha": max(2 * lora_rank, 1),
+                    "target_modules": "all-linear",
+                    "enable_gradient_checkpointing": checkpointing,
+                },
+                "actor": {
+                    "ppo_mini_batch_size": s["mini"],
+                    "use_dynamic_bsz": True,
+                    "ppo_max_token_len_per_gpu": s["budget"],
+                    "use_torch_compile": False,  # compiled later, after the eager baseline ran
+                    "optim": {"lr": 1e-6, "weight_decay": 0.0},
+                },
+            },
+            "algorithm": {"adv_estimator": "reinforce_plus_plus"},
+            "trainer": {"device": device.type},
+        }
+    )
     torch.manual_seed(0)
     w = ActorRolloutRefWorker(cfg, plan_batches(cfg), device)
     with device:  # build the random weights on the device directly
@@ -148,15 +190,30 @@ def bench_model(name, s, device, results, args):
     peak = perf.device_peak_flops(device)
     fwd = perf.pass_flops(shape, sequence_lengths(batch), targets)
     warm = batch.index(list(range(s["mini"])))
-    row = {"model": name, "sequences": s["seqs"], "real_tokens": real,
-           "padded_slots": float(batch[K.PROMPTS].numel() + batch[K.RESPONSES].numel()), "backend": w.engine.packing}  # fmt: skip
+    row = {
+        "model": name,
+        "sequences": s["seqs"],
+        "real_tokens": real,
+        "padded_slots": float(batch[K.PROMPTS].numel() + batch[K.RESPONSES].numel()),
+        "backend": w.engine.packing,
+    }
 
     def record(path, what, seconds, mem, flops, extra=None):
-        r = {"path": path, "pass": what, "seconds": seconds, "tokens_per_s": real / seconds,
-             "mfu": perf.mfu(flops, seconds, peak), "peak_gb": mem, **(extra or {})}  # fmt: skip
+        r = {
+            "path": path,
+            "pass": what,
+            "seconds": seconds,
+            "tokens_per_s": real / seconds,
+            "mfu": perf.mfu(flops, seconds, peak),
+            "peak_gb": mem,
+            **(extra or {}),
+        }
         row.setdefault("runs", []).append(r)
-        print(f"[{name}] {path:9s} {what:8s} {seconds:7.2f} s  {real / seconds:9.0f} tok/s  "
-              f"MFU {r['mfu'] or 0:.3f}  peak {mem or 0:.1f} GB  {extra or ''}", flush=True)  # fmt: skip
+        print(
+            f"[{name}] {path:9s} {what:8s} {seconds:7.2f} s  {real / seconds:9.0f} tok/s  "
+            f"MFU {r['mfu'] or 0:.3f}  peak {mem or 0:.1f} GB  {extra or ''}",
+            flush=True,
+        )
         dump(results, args.out)
 
     # baseline first, while the layers are not compiled: padded rows, the largest micro-batch that fits
@@ -166,8 +223,12 @@ def bench_model(name, s, device, results, args):
     row["baseline_update_micro"] = micro
     m, sec, mem = timed(lambda: w.update_actor(batch), device)
     record("padded", "update", sec, mem, 3 * fwd, {"pad_fraction": m["actor/pad_fraction"], "micro": micro})
-    lp_micro = largest_fitting(w, device, [c for c in (256, 128, 64, 32, 16, 8, 4) if c <= s["seqs"]],
-                               lambda m: (set_padded(w, False, lp_micro=m), w.compute_log_prob(batch.index(list(range(m))).select(SEQ_KEYS))))  # fmt: skip
+    lp_micro = largest_fitting(
+        w,
+        device,
+        [c for c in (256, 128, 64, 32, 16, 8, 4) if c <= s["seqs"]],
+        lambda m: (set_padded(w, False, lp_micro=m), w.compute_log_prob(batch.index(list(range(m))).select(SEQ_KEYS))),
+    )
     _, sec, mem = timed(lambda: w.compute_log_prob(batch.select(SEQ_KEYS)), device)
     record("padded", "logprob", sec, mem, fwd, {"micro": lp_micro})
 
@@ -183,7 +244,8 @@ def bench_model(name, s, device, results, args):
     packed_lp = w.compute_log_prob(few.select(SEQ_KEYS))[K.OLD_LOG_PROBS]
     row["logprob_absdiff_vs_fp32"] = {
         path: {"mean": float((lp - fp32).abs()[valid].mean()), "max": float((lp - fp32).abs()[valid].max())}
-        for path, lp in (("padded_bf16", padded_lp), ("packed_bf16", packed_lp))}  # fmt: skip
+        for path, lp in (("padded_bf16", padded_lp), ("packed_bf16", packed_lp))
+    }
     print(f"[{name}] |log-prob - fp32 padded|: {row['logprob_absdiff_vs_fp32']}", flush=True)
 
     # hybridrl: packed + token budget, eager then with the decoder layers compiled (the default on CUDA)
@@ -289,8 +351,13 @@ def main():
     else:
         s = dict(seqs=256, mini=64, prompt=(100, 300), response=(20, 1024), budget=args.budget)
         models = args.models.split(",")
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "settings": s, "models": []}  # fmt: skip
+    results = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": s,
+        "models": [],
+    }
     import transformers
 
     results["transformers"] = transformers.__version__

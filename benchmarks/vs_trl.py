@@ -40,22 +40,41 @@ import time
 from pathlib import Path
 
 from harness import REPO, cell, run_child, versions  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-            max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
+
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=256,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
 
 
 def settings(args) -> dict:
     tiny = args.tiny
     s = dict(
-        prompts=args.prompts or (8 if tiny else 64), n=args.n or (4 if tiny else 8),
-        mini_prompts=args.mini_prompts or (4 if tiny else 16), micro=args.micro or (8 if tiny else 32),
-        max_prompt=64 if tiny else 512, max_response=args.max_response or (4 if tiny else 256),
-        lr=args.lr if args.lr is not None else (1e-3 if tiny else 1e-6), weight_decay=0.0, beta=args.beta,
-        temperature=1.0, reward_kwargs=reward_kwargs(args), budget_s=args.budget_s or (10.0 if tiny else 240.0),
-        max_cycles=args.max_cycles or (2 if tiny else 10**6), eval_limit=args.eval_limit or (16 if tiny else 1319),
-        eval_max_response=4 if tiny else 512, rollout=args.rollout or ("hf" if tiny else "native"), seed=1,
+        prompts=args.prompts or (8 if tiny else 64),
+        n=args.n or (4 if tiny else 8),
+        mini_prompts=args.mini_prompts or (4 if tiny else 16),
+        micro=args.micro or (8 if tiny else 32),
+        max_prompt=64 if tiny else 512,
+        max_response=args.max_response or (4 if tiny else 256),
+        lr=args.lr if args.lr is not None else (1e-3 if tiny else 1e-6),
+        weight_decay=0.0,
+        beta=args.beta,
+        temperature=1.0,
+        reward_kwargs=reward_kwargs(args),
+        budget_s=args.budget_s or (10.0 if tiny else 240.0),
+        max_cycles=args.max_cycles or (2 if tiny else 10**6),
+        eval_limit=args.eval_limit or (16 if tiny else 1319),
+        eval_max_response=4 if tiny else 512,
+        rollout=args.rollout or ("hf" if tiny else "native"),
+        seed=1,
         device="cpu" if tiny else "cuda",
-    )  # fmt: skip
+    )
     seqs = s["mini_prompts"] * s["n"]
     if s["prompts"] % s["mini_prompts"] or seqs % s["micro"]:
         raise SystemExit("--prompts must be a multiple of --mini-prompts, and --mini-prompts x --n of --micro")
@@ -100,8 +119,7 @@ def trl_rows(model_dir: Path, train: Path, max_prompt: int) -> list[dict]:
     tok = load_tokenizer(str(model_dir))
     # truncation=error: a prompt TRL would see whole while hybridrl cut it would make the runs differ.
     records = load_prompt_records(str(train), tok, max_prompt_length=max_prompt, truncation="error")
-    return [{"prompt": r.raw_prompt, "ground_truth": str(r.ground_truth), "data_source": r.data_source}
-            for r in records]  # fmt: skip
+    return [{"prompt": r.raw_prompt, "ground_truth": str(r.ground_truth), "data_source": r.data_source} for r in records]
 
 
 def memory(device: str) -> dict:
@@ -120,27 +138,43 @@ def run_hybridrl(work: Path, s: dict) -> dict:
     from hybridrl.trainer.ppo import PPOTrainer
 
     overrides = [
-        f"data.train_files={work / 'train.rows.jsonl'}", "data.val_files=null",
-        f"data.train_batch_size={s['prompts']}", f"data.max_prompt_length={s['max_prompt']}",
-        f"data.max_response_length={s['max_response']}", "data.truncation=error",
-        f"actor_rollout_ref.model.path={work / 'model_link'}", "actor_rollout_ref.model.random_init=false",
+        f"data.train_files={work / 'train.rows.jsonl'}",
+        "data.val_files=null",
+        f"data.train_batch_size={s['prompts']}",
+        f"data.max_prompt_length={s['max_prompt']}",
+        f"data.max_response_length={s['max_response']}",
+        "data.truncation=error",
+        f"actor_rollout_ref.model.path={work / 'model_link'}",
+        "actor_rollout_ref.model.random_init=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={s['mini_prompts']}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={s['micro']}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={s['micro']}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={s['micro']}",
-        f"actor_rollout_ref.actor.optim.lr={s['lr']}", f"actor_rollout_ref.actor.optim.weight_decay={s['weight_decay']}",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.actor.grad_clip=1.0",
-        "actor_rollout_ref.actor.clip_ratio=0.2", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.optim.lr={s['lr']}",
+        f"actor_rollout_ref.actor.optim.weight_decay={s['weight_decay']}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.grad_clip=1.0",
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         f"actor_rollout_ref.actor.use_kl_loss={str(s['beta'] > 0).lower()}",
-        f"actor_rollout_ref.actor.kl_loss_coef={s['beta']}", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        f"actor_rollout_ref.rollout.name={s['rollout']}", f"actor_rollout_ref.rollout.n={s['n']}",
+        f"actor_rollout_ref.actor.kl_loss_coef={s['beta']}",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        f"actor_rollout_ref.rollout.name={s['rollout']}",
+        f"actor_rollout_ref.rollout.n={s['n']}",
         f"actor_rollout_ref.rollout.temperature={s['temperature']}",
-        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=true",
         f"custom_reward_function.reward_kwargs={_reward_kwargs_yaml(s)}",
-        f"trainer.device={s['device']}", "trainer.total_training_steps=1000000", "trainer.logger=[jsonl]",
-        f"trainer.default_local_dir={work / 'hybridrl_run'}", "trainer.resume_mode=disable",
-        f"trainer.seed={s['seed']}", "trainer.val_before_train=false", "trainer.log_samples=0", "warmup.steps=0",
-    ]  # fmt: skip
+        f"trainer.device={s['device']}",
+        "trainer.total_training_steps=1000000",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={work / 'hybridrl_run'}",
+        "trainer.resume_mode=disable",
+        f"trainer.seed={s['seed']}",
+        "trainer.val_before_train=false",
+        "trainer.log_samples=0",
+        "warmup.steps=0",
+    ]
     cfg = load_config(REPO / "configs" / "gsm8k_grpo.yaml", overrides)
     if s["device"] == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -155,12 +189,22 @@ def run_hybridrl(work: Path, s: dict) -> dict:
         t = time.perf_counter()
         m = trainer.step(run.loader.next_batch())  # its metrics are Python floats: the GPU work is done
         now = time.perf_counter()
-        cycles.append({"cycle_s": now - t, "t_end_s": now - start, "reward": m["critic/score/mean"],
-                       "response_length": m["response_length/mean"], "kl": m.get("actor/kl_loss"),
-                       "response_tokens": m["response_length/mean"] * s["prompts"] * s["n"],
-                       "timing_s": {k[len("timing_s/"):]: v for k, v in m.items() if k.startswith("timing_s/")}})  # fmt: skip
-        print(f"[hybridrl] cycle {len(cycles)}: {cycles[-1]['cycle_s']:.2f}s reward {m['critic/score/mean']:.3f} "
-              f"len {m['response_length/mean']:.0f}", flush=True)  # fmt: skip
+        cycles.append(
+            {
+                "cycle_s": now - t,
+                "t_end_s": now - start,
+                "reward": m["critic/score/mean"],
+                "response_length": m["response_length/mean"],
+                "kl": m.get("actor/kl_loss"),
+                "response_tokens": m["response_length/mean"] * s["prompts"] * s["n"],
+                "timing_s": {k[len("timing_s/") :]: v for k, v in m.items() if k.startswith("timing_s/")},
+            }
+        )
+        print(
+            f"[hybridrl] cycle {len(cycles)}: {cycles[-1]['cycle_s']:.2f}s reward {m['critic/score/mean']:.3f} "
+            f"len {m['response_length/mean']:.0f}",
+            flush=True,
+        )
     mem = memory(s["device"])
     run.actor.save_model(str(work / "hybridrl_model"))
     return {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "hybridrl_model")}
@@ -188,7 +232,8 @@ def run_trl(work: Path, s: dict) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer, __version__ as trl_version
+    from trl import GRPOConfig, GRPOTrainer
+    from trl import __version__ as trl_version
 
     from hybridrl.rewards import default_compute_score
 
@@ -229,22 +274,48 @@ def run_trl(work: Path, s: dict) -> dict:
     tok = AutoTokenizer.from_pretrained(work / "model_link")
     config = GRPOConfig(
         output_dir=str(work / "trl_run"),
-        per_device_train_batch_size=s["micro"], gradient_accumulation_steps=s["grad_accum"],
-        num_generations=s["n"], steps_per_generation=s["steps_per_cycle"], num_iterations=1,
-        max_completion_length=s["max_response"], temperature=s["temperature"], top_p=1.0,
-        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=s["weight_decay"],
-        max_grad_norm=1.0, epsilon=0.2, beta=s["beta"], loss_type="dapo", scale_rewards="group",
-        use_vllm=False, bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
+        per_device_train_batch_size=s["micro"],
+        gradient_accumulation_steps=s["grad_accum"],
+        num_generations=s["n"],
+        steps_per_generation=s["steps_per_cycle"],
+        num_iterations=1,
+        max_completion_length=s["max_response"],
+        temperature=s["temperature"],
+        top_p=1.0,
+        learning_rate=s["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=s["weight_decay"],
+        max_grad_norm=1.0,
+        epsilon=0.2,
+        beta=s["beta"],
+        loss_type="dapo",
+        scale_rewards="group",
+        use_vllm=False,
+        bf16=cuda,
+        use_cpu=not cuda,
+        gradient_checkpointing=False,
         model_init_kwargs={"dtype": torch.float32},
-        max_steps=s["steps_per_cycle"] * min(s["max_cycles"], 100000), logging_steps=1, save_strategy="no",
-        report_to="none", seed=s["seed"], dataloader_num_workers=0, log_completions=False,
-    )  # fmt: skip
+        max_steps=s["steps_per_cycle"] * min(s["max_cycles"], 100000),
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=s["seed"],
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     clock = CycleClock()
-    trainer = GRPOTrainer(model=str(work / "model_link"), reward_funcs=[reward], args=config,
-                          train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=[clock])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=str(work / "model_link"),
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[clock],
+    )
     setup_s = time.perf_counter() - t0
     trainer.train()
     mem = memory(s["device"])
@@ -255,29 +326,60 @@ def run_trl(work: Path, s: dict) -> dict:
     for i, (dt, t_end) in enumerate(zip(clock.cycle_s, clock.t_end)):
         h = per_cycle[i] if i < len(per_cycle) else {}
         length = h.get("completions/mean_length")
-        cycles.append({"cycle_s": dt, "t_end_s": t_end, "reward": h.get("reward"), "response_length": length,
-                       "kl": h.get("kl"), "response_tokens": None if length is None else length * s["prompts"] * s["n"]})  # fmt: skip
+        cycles.append(
+            {
+                "cycle_s": dt,
+                "t_end_s": t_end,
+                "reward": h.get("reward"),
+                "response_length": length,
+                "kl": h.get("kl"),
+                "response_tokens": None if length is None else length * s["prompts"] * s["n"],
+            }
+        )
     trainer.save_model(str(work / "trl_model"))
     tok.save_pretrained(work / "trl_model")
-    return {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "trl_model"),
-            "trl_version": trl_version}  # fmt: skip
+    return {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "trl_model"), "trl_version": trl_version}
 
 
 def summarize(cycles: list[dict]) -> dict:
     timed = cycles[1:] or cycles  # the first cycle carries one-time costs (CUDA graphs, allocator, kernels)
     med = statistics.median(c["cycle_s"] for c in timed) if timed else None
     toks = [c["response_tokens"] / c["cycle_s"] for c in timed if c.get("response_tokens")]
-    return {"cycles": cycles, "n_cycles": len(cycles), "median_cycle_s": med,
-            "response_tokens_per_s": statistics.median(toks) if toks else None}  # fmt: skip
+    return {
+        "cycles": cycles,
+        "n_cycles": len(cycles),
+        "median_cycle_s": med,
+        "response_tokens_per_s": statistics.median(toks) if toks else None,
+    }
 
 
 # -- evaluation (its own process) -------------------------------------------------------------------------------------
 def run_eval(work: Path, s: dict, model_dir: str, tag: str) -> dict:
     out = work / f"eval_{tag}"
-    cmd = [sys.executable, "-m", "hybridrl", "eval", "--model", model_dir, "--data", str(work / "test.rows.jsonl"),
-           "--limit", str(s["eval_limit"]), "--max-response-length", str(s["eval_max_response"]),
-           "--batch-size", "1024" if s["device"] == "cuda" else "16", "--device", s["device"],
-           "--output", f"{out}.jsonl", "--summary", f"{out}.json", "--rollout", s["rollout"]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridrl",
+        "eval",
+        "--model",
+        model_dir,
+        "--data",
+        str(work / "test.rows.jsonl"),
+        "--limit",
+        str(s["eval_limit"]),
+        "--max-response-length",
+        str(s["eval_max_response"]),
+        "--batch-size",
+        "1024" if s["device"] == "cuda" else "16",
+        "--device",
+        s["device"],
+        "--output",
+        f"{out}.jsonl",
+        "--summary",
+        f"{out}.json",
+        "--rollout",
+        s["rollout"],
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO)
     summary = json.loads(Path(f"{out}.json").read_text())
@@ -302,8 +404,11 @@ def main() -> int:
     ap.add_argument("--lr", type=float)
     ap.add_argument("--beta", type=float, default=0.001, help="KL coefficient (0 = no reference model)")
     ap.add_argument("--format-score", type=float, default=0.0, help="reward of a well-formed wrong GSM8K answer")
-    ap.add_argument("--reward-kwargs", help="JSON object of scorer options for both trainers, e.g. "
-                    "'{\"format_score\": 0.1, \"format_needs_work\": true, \"flexible_score\": 0.2}'")  # fmt: skip
+    ap.add_argument(
+        "--reward-kwargs",
+        help="JSON object of scorer options for both trainers, e.g. "
+        '\'{"format_score": 0.1, "format_needs_work": true, "flexible_score": 0.2}\'',
+    )
     ap.add_argument("--eval-limit", type=int, help="first N test questions (default all 1319)")
     ap.add_argument("--rollout", choices=["native", "hf"], help="hybridrl's engine (default native on GPU)")
     ap.add_argument("--only", choices=["hybridrl", "trl"], action="append")
@@ -360,13 +465,19 @@ def main() -> int:
 
 def print_table(results: dict, s: dict) -> None:
     f = cell
-    print(f"\nGRPO cycles of {s['prompts']} prompts x {s['n']} samples x <= {s['max_response']} tokens, "
-          f"{s['steps_per_cycle']} optimizer steps each; budget {s['budget_s']:.0f} s; {results['versions']}")  # fmt: skip
+    print(
+        f"\nGRPO cycles of {s['prompts']} prompts x {s['n']} samples x <= {s['max_response']} tokens, "
+        f"{s['steps_per_cycle']} optimizer steps each; budget {s['budget_s']:.0f} s; {results['versions']}"
+    )
     base = results.get("base_eval", {})
-    print(f"base model: strict {f(base.get('accuracy'), '.3f')}, flexible {f(base.get('flexible_accuracy'), '.3f')} "
-          f"on {base.get('n', '-')} test questions")  # fmt: skip
-    print(f"| {'trainer':<9} | {'cycles':>6} | {'median s/cycle':>14} | {'resp tok/s':>10} | {'peak GB':>7} "
-          f"| {'last reward':>11} | {'strict after':>12} | {'flexible after':>14} |")  # fmt: skip
+    print(
+        f"base model: strict {f(base.get('accuracy'), '.3f')}, flexible {f(base.get('flexible_accuracy'), '.3f')} "
+        f"on {base.get('n', '-')} test questions"
+    )
+    print(
+        f"| {'trainer':<9} | {'cycles':>6} | {'median s/cycle':>14} | {'resp tok/s':>10} | {'peak GB':>7} "
+        f"| {'last reward':>11} | {'strict after':>12} | {'flexible after':>14} |"
+    )
     print(f"|{'-' * 11}|{'-' * 8}|{'-' * 16}|{'-' * 12}|{'-' * 9}|{'-' * 13}|{'-' * 14}|{'-' * 16}|")
     for name in ("hybridrl", "trl"):
         r = results.get(name)
@@ -375,13 +486,17 @@ def print_table(results: dict, s: dict) -> None:
             continue
         e = r.get("eval", {})
         last = r["cycles"][-1]["reward"] if r["cycles"] else None
-        print(f"| {name:<9} | {r['n_cycles']:>6} | {f(r['median_cycle_s'], '14.2f')} | {f(r['response_tokens_per_s'], '10.0f')} "
-              f"| {f(r['peak_mem_gb'], '7.1f')} | {f(last, '11.3f')} | {f(e.get('accuracy'), '12.3f')} "
-              f"| {f(e.get('flexible_accuracy'), '14.3f')} |")  # fmt: skip
+        print(
+            f"| {name:<9} | {r['n_cycles']:>6} | {f(r['median_cycle_s'], '14.2f')} | {f(r['response_tokens_per_s'], '10.0f')} "
+            f"| {f(r['peak_mem_gb'], '7.1f')} | {f(last, '11.3f')} | {f(e.get('accuracy'), '12.3f')} "
+            f"| {f(e.get('flexible_accuracy'), '14.3f')} |"
+        )
     h, t = results.get("hybridrl", {}), results.get("trl", {})
     if h.get("median_cycle_s") and t.get("median_cycle_s"):
-        print(f"hybridrl cycle time / TRL's: {h['median_cycle_s'] / t['median_cycle_s']:.3f} "
-              f"({t['median_cycle_s'] / h['median_cycle_s']:.1f}x faster)")
+        print(
+            f"hybridrl cycle time / TRL's: {h['median_cycle_s'] / t['median_cycle_s']:.3f} "
+            f"({t['median_cycle_s'] / h['median_cycle_s']:.1f}x faster)"
+        )
 
 
 if __name__ == "__main__":

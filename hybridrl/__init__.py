@@ -3,7 +3,6 @@
 __version__ = "0.1.0"
 
 
-
 def _wire_registries() -> None:
     """Config checks, `explain` and docs/config.md take the allowed estimator and policy-loss names
     from the registries in hybridrl.algorithms (built-ins plus what `extensions` registered). The

@@ -1,4 +1,5 @@
 """`python -m hybridrl`."""
+
 import sys
 
 from hybridrl.cli.main import main

@@ -49,9 +49,7 @@ def get_adv_estimator(name: str) -> AdvEstimator:
     try:
         return ADV_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}"
-        ) from None
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}") from None
 
 
 def estimator_needs(name: str) -> tuple[str, ...]:
@@ -71,9 +69,7 @@ def _group_ids(index: Sequence[Any] | None, batch_size: int, device: torch.devic
     return torch.tensor([dense.setdefault(i, len(dense)) for i in ids], device=device)
 
 
-def _group_stats(
-    scores: torch.Tensor, group: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(scores: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row group size, sum and unbiased std of `scores` (B,) over rows sharing `group` (B,).
 
     Two-pass (mean first, then squared deviations) like torch.std. Returns three (B,) tensors;

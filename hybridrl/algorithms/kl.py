@@ -19,10 +19,10 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_type: str) -> torch.Tensor:
     """Per-token KL estimate, same shape as the inputs. With d = logp - ref:
 
-        kl, k1:          d
-        abs:             |d|
-        mse, k2:         d^2 / 2
-        low_var_kl, k3:  exp(-d) + d - 1, clamped to [-10, 10]
+    kl, k1:          d
+    abs:             |d|
+    mse, k2:         d^2 / 2
+    low_var_kl, k3:  exp(-d) + d - 1, clamped to [-10, 10]
     """
     if kl_type not in KL_TYPES:
         raise ValueError(f"unknown kl_type {kl_type!r}; known: {KL_TYPES}")

@@ -28,11 +28,18 @@ from hybridrl.algorithms.core import masked_mean, masked_sum
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_RS_OPTIONS = (
-    "token_k1", "token_k2", "token_k3",
-    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
-    "seq_max_k2", "seq_max_k3",
-)  # fmt: skip
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 
 # exp() bound on log-ratios (exp(20) ~ 5e8), as verl's SAFETY_BOUND
 _BOUND = 20.0

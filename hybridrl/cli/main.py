@@ -51,8 +51,10 @@ def _device_problems(cfg) -> list[str]:
 
     if torch.cuda.is_available():
         return []
-    return ["trainer.device=cuda but torch sees no CUDA device on this machine (a CPU-only torch, or no GPU visible); "
-            "use trainer.device=cpu or auto"]
+    return [
+        "trainer.device=cuda but torch sees no CUDA device on this machine (a CPU-only torch, or no GPU visible); "
+        "use trainer.device=cpu or auto"
+    ]
 
 
 def _check_reward_file(cfg) -> None:
@@ -68,8 +70,12 @@ def _check_reward_file(cfg) -> None:
         load_custom_reward_fn(c.path, c.name)
     except (Exception, SystemExit) as e:  # user code: whatever it raises is the user's to fix
         line = _user_code_line(e, c.path)
-        raise ConfigError([f"custom_reward_function.path={c.path!r}{line}: importing it raised {type(e).__name__}: "
-                           f"{_first_line(e)}; fix the file (HYBRIDRL_DEBUG=1 shows the traceback)"]) from e
+        raise ConfigError(
+            [
+                f"custom_reward_function.path={c.path!r}{line}: importing it raised {type(e).__name__}: "
+                f"{_first_line(e)}; fix the file (HYBRIDRL_DEBUG=1 shows the traceback)"
+            ]
+        ) from e
 
 
 def _user_code_line(e: BaseException, path: str) -> str:
@@ -144,11 +150,11 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from hybridrl.config.schema import RolloutConfig
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
     from hybridrl.rewards.pool import Target, WorkerPool
-    from hybridrl.config.schema import RolloutConfig
     from hybridrl.rollout import SamplingParams, make_rollout_engine
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.engine import autocast_dtype
@@ -164,13 +170,23 @@ def cmd_eval(args) -> int:
     else:
         compute_score, need_gt = default_compute_score, needs_ground_truth
     records = load_prompt_records(
-        args.data, tokenizer, max_prompt_length=args.max_prompt_length, truncation="left",
-        require_ground_truth=need_gt, max_rows=args.limit,
-    )  # fmt: skip
+        args.data,
+        tokenizer,
+        max_prompt_length=args.max_prompt_length,
+        truncation="left",
+        require_ground_truth=need_gt,
+        max_rows=args.limit,
+    )
     rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size)
-    engine = make_rollout_engine(args.rollout, model, tokenizer, max_num_seqs=args.batch_size, rollout=rollout,
-                                 autocast_dtype=autocast_dtype(device),
-                                 max_model_len=args.max_prompt_length + args.max_response_length)  # fmt: skip
+    engine = make_rollout_engine(
+        args.rollout,
+        model,
+        tokenizer,
+        max_num_seqs=args.batch_size,
+        rollout=rollout,
+        autocast_dtype=autocast_dtype(device),
+        max_model_len=args.max_prompt_length + args.max_response_length,
+    )
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
     try:
         rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
@@ -261,11 +277,15 @@ def cmd_export(args) -> int:
 
     role_dir = checkpoint_role_dir(args.checkpoint)
     if role_dir is None and lora_actor_dir(args.checkpoint) is not None:
-        raise UsageError(f"{lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF model "
-                         "directory (the merged weights; the adapter in its adapter/): load or copy it as it is")
+        raise UsageError(
+            f"{lora_actor_dir(args.checkpoint)} is a LoRA checkpoint's policy, already a plain HF model "
+            "directory (the merged weights; the adapter in its adapter/): load or copy it as it is"
+        )
     if role_dir is None:
-        raise UsageError(f"{args.checkpoint} is not a hybridrl checkpoint; give a run directory, its checkpoints/ "
-                         "directory, a checkpoints/step_N directory or step_N/actor")
+        raise UsageError(
+            f"{args.checkpoint} is not a hybridrl checkpoint; give a run directory, its checkpoints/ "
+            "directory, a checkpoints/step_N directory or step_N/actor"
+        )
     import torch
 
     dtype, why = (args.dtype, "--dtype") if args.dtype != "auto" else model_dtype(role_dir)
@@ -311,15 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
         ("explain", cmd_explain, "show how batch sizes resolve and every config error, loading nothing"),
     ):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("args", nargs="*", metavar="[CONFIG] key=value",
-                       help="a YAML config file (optional: without one, verl's defaults, so a verl command line "
-                            "runs as is) and dotted overrides, e.g. data.train_batch_size=64; +key=, ++key=, ~key "
-                            "as in Hydra")
+        s.add_argument(
+            "args",
+            nargs="*",
+            metavar="[CONFIG] key=value",
+            help="a YAML config file (optional: without one, verl's defaults, so a verl command line "
+            "runs as is) and dotted overrides, e.g. data.train_batch_size=64; +key=, ++key=, ~key "
+            "as in Hydra",
+        )
         s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
         s.set_defaults(fn=fn)
         if name == "explain":
-            s.add_argument("--no-path-check", action="store_true",
-                           help="only warn about model/data paths missing here (planning for another machine)")
+            s.add_argument(
+                "--no-path-check",
+                action="store_true",
+                help="only warn about model/data paths missing here (planning for another machine)",
+            )
 
     s = sub.add_parser("data", help="write datasets in verl's row format")
     s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref"])
@@ -339,8 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    s.add_argument("--rollout", default="auto", choices=["auto", "native", "hf"],
-                   help="generation engine (auto = native on a GPU, hf on CPU)")
+    s.add_argument(
+        "--rollout",
+        default="auto",
+        choices=["auto", "native", "hf"],
+        help="generation engine (auto = native on a GPU, hf on CPU)",
+    )
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)
@@ -348,10 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write a checkpoint's policy as a plain Hugging Face model directory")
     s.add_argument("checkpoint", help="a run directory, its checkpoints/ (latest), checkpoints/step_N or step_N/actor")
     s.add_argument("output", help="the HF directory to write (config.json, model.safetensors, tokenizer)")
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="dtype of the written weights; auto (default) = the dtype the base model came in "
-                        "(actor_rollout_ref.model.path's config.json), as verl's model merger does; training "
-                        "keeps float32 master weights")
+    s.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype of the written weights; auto (default) = the dtype the base model came in "
+        "(actor_rollout_ref.model.path's config.json), as verl's model merger does; training "
+        "keeps float32 master weights",
+    )
     s.set_defaults(fn=cmd_export)
 
     from hybridrl.cli import dashboard, report
@@ -413,9 +448,9 @@ def user_error_message(e: BaseException, cfg=None, config_path: str | None = Non
     from hybridrl.config import ConfigError
     from hybridrl.data.errors import DataError
     from hybridrl.distributed.checkpoint import CheckpointError
-    from hybridrl.trainer.rundir import RunDirError
     from hybridrl.distributed.groups import BackendError
     from hybridrl.models.loading import ModelLoadError
+    from hybridrl.trainer.rundir import RunDirError
 
     if isinstance(e, CheckpointError):  # also from a Ray worker, where str(e) is the remote traceback
         return _one_line(e.args[0] if e.args else str(e))

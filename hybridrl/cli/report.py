@@ -62,8 +62,9 @@ def load_runs(paths: list[str]):
     return runs
 
 
-def build_report(paths: list[str], *, title: str | None = None, max_points: int | None = None,
-                 max_samples: int | None = None) -> tuple[str, list]:  # fmt: skip
+def build_report(
+    paths: list[str], *, title: str | None = None, max_points: int | None = None, max_samples: int | None = None
+) -> tuple[str, list]:
     """(the HTML of the report of `paths`, the runs read)."""
     from hybridrl.tracking.report import MAX_GROUPS, MAX_POINTS, payload, render_page
 
@@ -89,10 +90,18 @@ def cmd_report(args) -> int:
 
 def add_parser(sub) -> None:
     s = sub.add_parser("report", help="one self-contained HTML report of one or more runs (curves, timing, samples)")
-    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (runs/<project>/<experiment>) or metrics .jsonl files")
+    s.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories (runs/<project>/<experiment>) or metrics .jsonl files"
+    )
     s.add_argument("--out", default="report.html", help="the HTML file to write (default: report.html)")
     s.add_argument("--title", default=None, help="page title (default: the run names)")
-    s.add_argument("--max-points", type=int, default=None, help="points per curve; longer runs are averaged in buckets (default 1500)")
-    s.add_argument("--max-samples", type=int, default=None,
-                   help="prompt groups per run and kind embedded; above it, all groups of evenly spaced steps (default 3000)")
+    s.add_argument(
+        "--max-points", type=int, default=None, help="points per curve; longer runs are averaged in buckets (default 1500)"
+    )
+    s.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="prompt groups per run and kind embedded; above it, all groups of evenly spaced steps (default 3000)",
+    )
     s.set_defaults(fn=cmd_report)

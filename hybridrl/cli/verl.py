@@ -79,17 +79,22 @@ def split_argv(argv: list[str], entry: str) -> list[str]:
             name = arg.split("=", 1)[1]
             continue
         if arg.startswith("-"):
-            raise ArgvError(f"{arg}: hybridrl's verl entry points take Hydra overrides (key=value) and "
-                            "--config-path/--config-name only")
+            raise ArgvError(
+                f"{arg}: hybridrl's verl entry points take Hydra overrides (key=value) and --config-path/--config-name only"
+            )
         if arg.split("=", 1)[0].lstrip("+~").startswith("hydra."):
             continue  # Hydra's own settings (run dir, logging): nothing to do here
         overrides.append(arg)
     if name is not None and name.removesuffix(".yaml") != _OWN_CONFIG[entry]:
         if "megatron" in name:
-            raise ArgvError(f"--config-name={name}: the Megatron strategy is not available here (hybridrl trains "
-                            f"with FSDP2); drop --config-name to use verl's {_OWN_CONFIG[entry]} defaults")
-        raise ArgvError(f"--config-name={name}: hybridrl starts from verl's {_OWN_CONFIG[entry]} defaults; to use "
-                        f"your own YAML, run `hybridrl train {name}.yaml key=value ...` (hybridrl's key names)")
+            raise ArgvError(
+                f"--config-name={name}: the Megatron strategy is not available here (hybridrl trains "
+                f"with FSDP2); drop --config-name to use verl's {_OWN_CONFIG[entry]} defaults"
+            )
+        raise ArgvError(
+            f"--config-name={name}: hybridrl starts from verl's {_OWN_CONFIG[entry]} defaults; to use "
+            f"your own YAML, run `hybridrl train {name}.yaml key=value ...` (hybridrl's key names)"
+        )
     return overrides
 
 
@@ -99,10 +104,10 @@ def sft_overrides(overrides: list[str]) -> list[str]:
     for item in overrides:
         key, sep, value = item.partition("=")
         lead = key[: len(key) - len(key.lstrip("+~"))]
-        bare = key[len(lead):]
+        bare = key[len(lead) :]
         for prefix in sorted(SFT_KEYS, key=len, reverse=True):
             if bare == prefix or bare.startswith(prefix + "."):
-                bare = SFT_KEYS[prefix] + bare[len(prefix):]
+                bare = SFT_KEYS[prefix] + bare[len(prefix) :]
                 break
         if bare == "data.max_length":  # verl: prompt + response; here each part has its limit
             out += [f"data.max_prompt_length={value}", f"data.max_response_length={value}"]
@@ -118,8 +123,10 @@ def main(entry: str, argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("-h", "--help"):
-        print(f"usage: python -m hybridrl.{'sft_trainer' if entry == 'sft' else 'main_' + entry} key=value ... "
-              f"(verl's argv; see docs/verl.md)")
+        print(
+            f"usage: python -m hybridrl.{'sft_trainer' if entry == 'sft' else 'main_' + entry} key=value ... "
+            f"(verl's argv; see docs/verl.md)"
+        )
         return 0
     try:
         overrides = split_argv(argv, entry)

@@ -1,8 +1,8 @@
 """Typed config: schema (dataclasses), YAML + `a.b.c=value` overrides, validation, batch plan.
 
-    cfg = load_config("configs/gsm8k_grpo.yaml", ["data.train_batch_size=128"])
-    plan = plan_batches(cfg)      # per-device mini/micro batch sizes
-    print(explain(cfg))           # the same, as a table
+cfg = load_config("configs/gsm8k_grpo.yaml", ["data.train_batch_size=128"])
+plan = plan_batches(cfg)      # per-device mini/micro batch sizes
+print(explain(cfg))           # the same, as a table
 """
 
 from .explain import explain, explain_text

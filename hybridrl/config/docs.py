@@ -1,6 +1,6 @@
 """Render the reference of every config key from the dataclasses.
 
-    python -m hybridrl.config.docs > docs/config.md
+python -m hybridrl.config.docs > docs/config.md
 """
 
 import dataclasses

@@ -33,8 +33,12 @@ def explain_text(cfg: Config) -> str:
         *_placement(cfg, p),
         _row("prompts per step", "data.train_batch_size", p.prompts_per_step),
         _row("sequences per step", f"x actor_rollout_ref.rollout.n ({a.rollout.n})", p.sequences_per_step),
-        _row("...per device", f"{p.sequences_per_step} / dp {p.dp}", p.sequences_per_device,
-             f"generated in {p.generation_rounds} round(s) of up to {p.max_num_seqs} (rollout.max_num_seqs)"),
+        _row(
+            "...per device",
+            f"{p.sequences_per_step} / dp {p.dp}",
+            p.sequences_per_device,
+            f"generated in {p.generation_rounds} round(s) of up to {p.max_num_seqs} (rollout.max_num_seqs)",
+        ),
         "",
         "actor (actor_rollout_ref.actor)",
         *_role_rows(cfg, p, p.actor, a.actor.ppo_micro_batch_size_per_gpu),
@@ -45,22 +49,41 @@ def explain_text(cfg: Config) -> str:
         lines.append(f"critic: off (algorithm.adv_estimator={cfg.algorithm.adv_estimator})")
     else:
         c = cfg.critic
-        lines += ["critic (critic)", *_role_rows(cfg, p, p.critic, c.ppo_micro_batch_size_per_gpu),
-                  *_budget_rows("critic", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu)]
+        lines += [
+            "critic (critic)",
+            *_role_rows(cfg, p, p.critic, c.ppo_micro_batch_size_per_gpu),
+            *_budget_rows("critic", c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu),
+        ]
     lines += [
         "",
         "log-prob passes per device (actor_rollout_ref.{rollout,ref}.log_prob_micro_batch_size_per_gpu)",
-        _log_prob_row("rollout (old log-probs)", "rollout", a.rollout.log_prob_micro_batch_size_per_gpu,
-                      p.sequences_per_device, p.rollout_log_prob_micro_batch, p.rollout_log_prob_passes),
+        _log_prob_row(
+            "rollout (old log-probs)",
+            "rollout",
+            a.rollout.log_prob_micro_batch_size_per_gpu,
+            p.sequences_per_device,
+            p.rollout_log_prob_micro_batch,
+            p.rollout_log_prob_passes,
+        ),
     ]
     r = resolve(copy.deepcopy(cfg)).actor_rollout_ref
-    lines += _budget_rows("actor_rollout_ref.rollout", r.rollout.log_prob_use_dynamic_bsz,
-                          r.rollout.log_prob_max_token_len_per_gpu, "log_prob_")
+    lines += _budget_rows(
+        "actor_rollout_ref.rollout", r.rollout.log_prob_use_dynamic_bsz, r.rollout.log_prob_max_token_len_per_gpu, "log_prob_"
+    )
     if p.uses_ref:
-        lines += _budget_rows("actor_rollout_ref.ref", r.ref.log_prob_use_dynamic_bsz, r.ref.log_prob_max_token_len_per_gpu,
-                              "log_prob_")
-        lines.append(_log_prob_row("reference", "ref", a.ref.log_prob_micro_batch_size_per_gpu,
-                                   p.sequences_per_device, p.ref_log_prob_micro_batch, p.ref_log_prob_passes))
+        lines += _budget_rows(
+            "actor_rollout_ref.ref", r.ref.log_prob_use_dynamic_bsz, r.ref.log_prob_max_token_len_per_gpu, "log_prob_"
+        )
+        lines.append(
+            _log_prob_row(
+                "reference",
+                "ref",
+                a.ref.log_prob_micro_batch_size_per_gpu,
+                p.sequences_per_device,
+                p.ref_log_prob_micro_batch,
+                p.ref_log_prob_passes,
+            )
+        )
     else:
         lines.append("  reference: off (actor.use_kl_loss=false, algorithm.use_kl_in_reward=false)")
     return "\n".join(lines + _length_rows(cfg, p, "prompts"))
@@ -70,12 +93,17 @@ def _placement(cfg: Config, p: BatchPlan) -> list[str]:
     """Where the roles run and how their ranks are laid out, when that is more than one device
     (docs/distributed.md)."""
     if p.critic is not None and cfg.resource_pool.critic:
-        return [f"placement: split (resource_pool): actor, rollout, reference on {p.devices_per_node} device(s) "
-                f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})",
-                f"layout (actor): {p.actor.layout.describe()}", f"layout (critic): {p.critic.layout.describe()}"]
+        return [
+            f"placement: split (resource_pool): actor, rollout, reference on {p.devices_per_node} device(s) "
+            f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})",
+            f"layout (actor): {p.actor.layout.describe()}",
+            f"layout (critic): {p.critic.layout.describe()}",
+        ]
     if p.actor.layout.world > 1:
-        return ["placement: colocated: every role on every device, one worker process per device (Ray, FSDP2)",
-                f"layout: {p.actor.layout.describe()}"]
+        return [
+            "placement: colocated: every role on every device, one worker process per device (Ray, FSDP2)",
+            f"layout: {p.actor.layout.describe()}",
+        ]
     return []
 
 
@@ -85,8 +113,10 @@ def _length_rows(cfg: Config, p: BatchPlan, rows: str) -> list[str]:
     if t.total_training_steps is not None:
         lines.append(_row("steps", "trainer.total_training_steps", t.total_training_steps))
     else:
-        lines.append(f"  trainer.total_epochs ({t.total_epochs}) x (training {rows} // {p.prompts_per_step}) "
-                     "steps; the count is known once the data is loaded")
+        lines.append(
+            f"  trainer.total_epochs ({t.total_epochs}) x (training {rows} // {p.prompts_per_step}) "
+            "steps; the count is known once the data is loaded"
+        )
     return lines
 
 
@@ -98,28 +128,40 @@ def _offline_text(cfg: Config, p: BatchPlan) -> str:
     r, micro = p.actor, cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
     lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
     lines = [
-        f"Batch plan for algorithm.name={name} (data-parallel size {p.dp} = {p.nnodes} node(s) x "
-        f"{p.devices_per_node} device(s))",
+        f"Batch plan for algorithm.name={name} (data-parallel size {p.dp} = {p.nnodes} node(s) x {p.devices_per_node} device(s))",
         *([f"layout: {p.actor.layout.describe()}"] if p.actor.layout.world > 1 else []),
         _row(f"{rows} per step", "data.train_batch_size", p.prompts_per_step, "= 1 optimizer step per step"),
         _row("...per device", f"{p.prompts_per_step} / dp {p.dp}", r.per_device_mini_batch, rows),
-        _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "
-             f"({_given(micro, r.micro_batch)})", r.grad_accum, f"(gradient accumulation {r.grad_accum})"),
-        _row("tokens per micro-batch", f"{r.micro_batch}{' x 2' if seqs == 2 else ''} x {lengths}",
-             r.tokens_per_micro_batch * seqs, "(upper bound, padded)"),
+        _row(
+            "micro-batches / device",
+            f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu ({_given(micro, r.micro_batch)})",
+            r.grad_accum,
+            f"(gradient accumulation {r.grad_accum})",
+        ),
+        _row(
+            "tokens per micro-batch",
+            f"{r.micro_batch}{' x 2' if seqs == 2 else ''} x {lengths}",
+            r.tokens_per_micro_batch * seqs,
+            "(upper bound, padded)",
+        ),
         "",
     ]
     if name == "sft":
         lines.append("loss: token-mean negative log-likelihood of the response tokens; reference: off")
     else:
-        loss = (f"dpo {pref.loss_type}, beta {pref.beta}, label_smoothing {pref.label_smoothing}" if name == "dpo"
-                else f"kto, beta {pref.beta}, desirable_weight {pref.desirable_weight}, "
-                     f"undesirable_weight {pref.undesirable_weight}")
+        loss = (
+            f"dpo {pref.loss_type}, beta {pref.beta}, label_smoothing {pref.label_smoothing}"
+            if name == "dpo"
+            else f"kto, beta {pref.beta}, desirable_weight {pref.desirable_weight}, undesirable_weight {pref.undesirable_weight}"
+        )
         lines.append(f"loss: {loss} (preference.*)")
         passes = f"{seqs} x {p.ref_log_prob_passes}" if name == "dpo" else f"2 x {p.ref_log_prob_passes}"
-        when = ("once for the whole training set before step 1 (preference.precompute_ref_log_probs=true)"
-                if pref.precompute_ref_log_probs else f"every step: {passes} forward pass(es) of up to "
-                f"{p.ref_log_prob_micro_batch} sequences (actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)")
+        when = (
+            "once for the whole training set before step 1 (preference.precompute_ref_log_probs=true)"
+            if pref.precompute_ref_log_probs
+            else f"every step: {passes} forward pass(es) of up to "
+            f"{p.ref_log_prob_micro_batch} sequences (actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)"
+        )
         lines.append(f"reference log-probs (frozen copy of the initial policy): {when}")
         if name == "kto":
             lines.append("KL reference point z0: every step, a no-grad policy pass over mismatched prompt/completion pairs")
@@ -138,14 +180,20 @@ def _role_rows(cfg: Config, p: BatchPlan, r: RolePlan, micro: int | None) -> lis
     steps = f"per epoch x {r.epochs} epoch(s) = {r.optimizer_steps_per_step} optimizer steps per step"
     lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
     return [
-        _row("mini-batches", f"{p.prompts_per_step} / ppo_mini_batch_size ({r.mini_batch_prompts})",
-             r.num_mini_batches, steps),
-        _row("...per device", f"{r.mini_batch_prompts} x {cfg.actor_rollout_ref.rollout.n} / dp {r.dp}",
-             r.per_device_mini_batch, "sequences"),
-        _row("micro-batches / device", f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu "
-             f"({_given(micro, r.micro_batch)})", r.grad_accum, f"(gradient accumulation {r.grad_accum})"),
-        _row("tokens per micro-batch", f"{r.micro_batch} x {lengths}", r.tokens_per_micro_batch,
-             "(upper bound, padded)"),
+        _row("mini-batches", f"{p.prompts_per_step} / ppo_mini_batch_size ({r.mini_batch_prompts})", r.num_mini_batches, steps),
+        _row(
+            "...per device",
+            f"{r.mini_batch_prompts} x {cfg.actor_rollout_ref.rollout.n} / dp {r.dp}",
+            r.per_device_mini_batch,
+            "sequences",
+        ),
+        _row(
+            "micro-batches / device",
+            f"{r.per_device_mini_batch} / ppo_micro_batch_size_per_gpu ({_given(micro, r.micro_batch)})",
+            r.grad_accum,
+            f"(gradient accumulation {r.grad_accum})",
+        ),
+        _row("tokens per micro-batch", f"{r.micro_batch} x {lengths}", r.tokens_per_micro_batch, "(upper bound, padded)"),
     ]
 
 
@@ -153,11 +201,12 @@ def _budget_rows(section: str, on: bool, budget: int, prefix: str = "ppo_") -> l
     """With use_dynamic_bsz the micro-batch rows above do not apply: say what does."""
     if not on:
         return []
-    return [f"  -> {section}.{prefix.replace('ppo_', '')}use_dynamic_bsz=true: micro-batches are filled up to "
-            f"{section}.{prefix}max_token_len_per_gpu={budget} real tokens each, not by sequence count"]
+    return [
+        f"  -> {section}.{prefix.replace('ppo_', '')}use_dynamic_bsz=true: micro-batches are filled up to "
+        f"{section}.{prefix}max_token_len_per_gpu={budget} real tokens each, not by sequence count"
+    ]
 
 
-def _log_prob_row(label: str, section: str, configured: int | None, per_device: int, micro: int,
-                  passes: int) -> str:
+def _log_prob_row(label: str, section: str, configured: int | None, per_device: int, micro: int, passes: int) -> str:
     formula = f"{per_device} / {section} micro-batch ({_given(configured, micro)})"
     return _row(label, formula, passes, f"forward pass(es) of {micro} sequences")

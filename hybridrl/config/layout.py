@@ -32,8 +32,10 @@ class ParallelLayout:
         if self.dp_shard == 0:
             object.__setattr__(self, "dp_shard", self.world // max(self.dp_replicate * self.sp, 1))
         if self.dp_replicate * self.dp_shard * self.sp != self.world:
-            raise ValueError(f"parallel layout: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x sp "
-                             f"{self.sp} != world {self.world}")
+            raise ValueError(
+                f"parallel layout: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x sp "
+                f"{self.sp} != world {self.world}"
+            )
         if self.world % self.tp:
             raise ValueError(f"parallel layout: tp {self.tp} does not divide world {self.world}")
 
@@ -75,10 +77,15 @@ class ParallelLayout:
             fsdp = f"{self.dp_replicate} full replicas (no sharding)"
         else:
             fsdp = f"HSDP: {self.dp_replicate} replicas x FSDP over {self.dp_shard * self.sp}"
-        tp = f" (tensor_model_parallel_size={self.tp} recorded; runs as {self.world} DP replicas until TP exists)" \
-            if self.tp > 1 else ""
-        return (f"training {self.dp_replicate} x {self.dp_shard} x sp {self.sp} = {self.world} rank(s), dp {self.dp}, "
-                f"{fsdp}; rollout {self.rollout_replicas} replica(s) x tp {self.rollout_tp}{tp}")
+        tp = (
+            f" (tensor_model_parallel_size={self.tp} recorded; runs as {self.world} DP replicas until TP exists)"
+            if self.tp > 1
+            else ""
+        )
+        return (
+            f"training {self.dp_replicate} x {self.dp_shard} x sp {self.sp} = {self.world} rank(s), dp {self.dp}, "
+            f"{fsdp}; rollout {self.rollout_replicas} replica(s) x tp {self.rollout_tp}{tp}"
+        )
 
 
 def fsdp_shard_size(world: int, fsdp_size: int) -> int:
@@ -99,6 +106,7 @@ def build_layout(world: int, fsdp_size: int = -1, sp: int = 1, tp: int = 1) -> P
 def layout_problem(world: int, fsdp_size: int, sp: int = 1, tp: int = 1) -> tuple[str, str, int] | None:
     """(which size, what is wrong, a value that works) when the sizes cannot be laid out on
     `world` ranks; None when they can. `which` is "fsdp_size", "sp" or "tp"."""
+
     def divisor_near(x: int, ok) -> int:
         good = [d for d in range(1, world + 1) if ok(d)]
         return min(good, key=lambda d: (abs(d - x), -d))
@@ -110,6 +118,10 @@ def layout_problem(world: int, fsdp_size: int, sp: int = 1, tp: int = 1) -> tupl
     if fsdp_size != -1 and (fsdp_size < 1 or (fsdp_size < world and (world % fsdp_size or fsdp_size % sp))):
         fix = divisor_near(fsdp_size, lambda d: world % d == 0 and d % sp == 0)
         within = f" and be a multiple of the sequence-parallel size {sp}" if sp > 1 else ""
-        return ("fsdp_size", f"={fsdp_size} must be -1 (shard over all ranks) or divide the role's {world} rank(s)"
-                f"{within} (shard within groups of that size, replicate across them)", fix)
+        return (
+            "fsdp_size",
+            f"={fsdp_size} must be -1 (shard over all ranks) or divide the role's {world} rank(s)"
+            f"{within} (shard within groups of that size, replicate across them)",
+            fix,
+        )
     return None

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from . import verl_keys
-from .schema import Config, ConfigError, resolve, type_name, walk
 from .extensions import load_extensions
+from .schema import Config, ConfigError, resolve, type_name, walk
 from .validate import config_notices as validation_notices
 from .validate import find_problems
 
@@ -35,8 +35,7 @@ class _Loader(yaml.SafeLoader):
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _Loader.yaml_implicit_resolvers = {
-    first: [r for r in resolvers if r[0] != _FLOAT_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    first: [r for r in resolvers if r[0] != _FLOAT_TAG] for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
     _FLOAT_TAG,
@@ -52,7 +51,6 @@ _Loader.add_implicit_resolver(
 )
 
 
-
 def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     """A mapping in which a key appears twice is an error: YAML keeps the last one, so a second
     `actor_rollout_ref:` section would silently drop the first (a common copy-paste accident)."""
@@ -64,8 +62,11 @@ def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, dee
         line = key_node.start_mark.line + 1
         if isinstance(key, typing.Hashable) and key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); the first would be dropped: "
-                "merge them into one", key_node.start_mark)  # fmt: skip
+                None,
+                None,
+                f"key {key!r} appears twice (lines {seen[key]} and {line}); the first would be dropped: merge them into one",
+                key_node.start_mark,
+            )
         if isinstance(key, typing.Hashable):
             seen[key] = line
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
@@ -126,14 +127,18 @@ def config_notices(cfg: Config, tree: Mapping | None = None, overrides: Sequence
     out = []
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if algo.name == "rl" and a.use_kl_loss and algo.use_kl_in_reward:
-        out.append("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are on: the KL to the "
-                   "reference is penalised twice (in the loss and in the reward); verl's GRPO recipes use only the loss")
+        out.append(
+            "both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are on: the KL to the "
+            "reference is penalised twice (in the loss and in the reward); verl's GRPO recipes use only the loss"
+        )
     if not cfg.critic_enabled and tree is not None:
         keys = _critic_keys_set(tree, overrides)
         if keys:
             shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-            out.append(f"{shown} ignored: no critic runs with algorithm.adv_estimator={algo.adv_estimator} "
-                       f"(only gae learns a value function)")
+            out.append(
+                f"{shown} ignored: no critic runs with algorithm.adv_estimator={algo.adv_estimator} "
+                f"(only gae learns a value function)"
+            )
     return out
 
 
@@ -200,8 +205,9 @@ def save_config(cfg: Config, path: str | Path) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def _load(tree: dict, overrides: Sequence[str], check: bool, errors: list[str], readable: bool,
-          verl: str | None = None) -> Config:
+def _load(
+    tree: dict, overrides: Sequence[str], check: bool, errors: list[str], readable: bool, verl: str | None = None
+) -> Config:
     if isinstance(overrides, str):  # a single override passed bare would be split into characters
         overrides = [overrides]
     for item in overrides:
@@ -425,8 +431,9 @@ _OPPOSITES = (("micro", "mini"), ("max", "min"), ("low", "high"), ("actor", "cri
 
 def _other_meaning(leaf: str, candidate: str) -> bool:
     words, other = set(leaf.split("_")), set(candidate.split("_"))
-    return any(a in words and b in other and a not in other or b in words and a in other and b not in other
-               for a, b in _OPPOSITES)
+    return any(
+        a in words and b in other and a not in other or b in words and a in other and b not in other for a, b in _OPPOSITES
+    )
 
 
 def suggest_keys(path: str, limit: int = 3) -> list[str]:

@@ -27,8 +27,10 @@ def _model_dir(key: str, path: str | None) -> list[str]:
         return []  # an empty path is a validation problem, reported there
     p = Path(path)
     if not p.exists():
-        return [f"{key}={path!r} does not exist on this machine; hybridrl loads local model directories only "
-                f"(download one first, e.g. `huggingface-cli download <repo> --local-dir DIR`, and set {key}=DIR)"]
+        return [
+            f"{key}={path!r} does not exist on this machine; hybridrl loads local model directories only "
+            f"(download one first, e.g. `huggingface-cli download <repo> --local-dir DIR`, and set {key}=DIR)"
+        ]
     if not p.is_dir():
         return [f"{key}={path!r} is a file, not a model directory; give the directory that holds config.json"]
     if key.endswith(".path") and not (p / "config.json").exists():
@@ -76,14 +78,17 @@ def _writable(key: str, path: Path) -> list[str]:
     while not p.exists() and p != p.parent:
         p = p.parent
     if not p.is_dir():
-        return [f"{key}: {str(p)!r} is a file, so the run directory {str(path)!r} cannot be created; "
-                f"set {key} to a directory path"]
+        return [
+            f"{key}: {str(p)!r} is a file, so the run directory {str(path)!r} cannot be created; set {key} to a directory path"
+        ]
     try:
         with tempfile.TemporaryFile(dir=p):
             pass
     except OSError as e:
-        return [f"{key}: cannot write in {str(p)!r} ({e.strerror or e}), so the run directory {str(path)!r} cannot be "
-                f"written; set {key} to a writable directory"]
+        return [
+            f"{key}: cannot write in {str(p)!r} ({e.strerror or e}), so the run directory {str(path)!r} cannot be "
+            f"written; set {key} to a writable directory"
+        ]
     return []
 
 

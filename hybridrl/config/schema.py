@@ -41,13 +41,12 @@ class DataConfig:
 
     train_files: str | list[str] = option("", "Training prompts: one or more local parquet or jsonl files.")
     val_files: str | list[str] | None = option(
-        None, "Validation rows in the training rows' format (prompts for RL; pairs / labelled examples / SFT rows for "
-        "dpo / kto / sft, scored by log-probs: docs/preference.md); null = no validation."
+        None,
+        "Validation rows in the training rows' format (prompts for RL; pairs / labelled examples / SFT rows for "
+        "dpo / kto / sft, scored by log-probs: docs/preference.md); null = no validation.",
     )
     prompt_key: str = option("prompt", "Column holding the prompt (a string or a list of chat messages).")
-    response_key: str | None = option(
-        None, "SFT: column holding the response to train on; null = `response` (or `completion`)."
-    )
+    response_key: str | None = option(None, "SFT: column holding the response to train on; null = `response` (or `completion`).")
     reward_fn_key: str = option("data_source", "Column that selects the reward function for each row.")
     max_prompt_length: int = option(512, "Longest prompt in tokens; longer ones are handled per `truncation`.")
     max_response_length: int = option(512, "Most tokens generated per response.")
@@ -55,12 +54,14 @@ class DataConfig:
     val_batch_size: int | None = option(None, "Prompts per validation batch; null = the whole validation set at once.")
     val_max_samples: int | None = option(None, "Use only the first N validation rows; null = all of them.")
     truncation: str = option(
-        "error", "A prompt over max_prompt_length: raise, or cut tokens from the left, the right or the middle "
-        "(keeping the first and last max_prompt_length / 2 tokens)."
+        "error",
+        "A prompt over max_prompt_length: raise, or cut tokens from the left, the right or the middle "
+        "(keeping the first and last max_prompt_length / 2 tokens).",
     )
     filter_overlong_prompts: bool = option(
-        False, "Drop prompts longer than max_prompt_length when the data is loaded (the count is printed) instead of "
-        "applying `truncation`."
+        False,
+        "Drop prompts longer than max_prompt_length when the data is loaded (the count is printed) instead of "
+        "applying `truncation`.",
     )
     gen_batch_size: int | None = option(
         None, "Prompts generated per round with algorithm.filter_groups (DAPO dynamic sampling); null = train_batch_size."
@@ -93,8 +94,9 @@ class ModelConfig:
     lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
     lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
     lora_adapter_path: str | None = option(
-        None, "A saved peft adapter directory (adapter_config.json + weights) to start LoRA training from; its "
-        "rank, alpha and target modules replace lora_rank, lora_alpha and target_modules."
+        None,
+        "A saved peft adapter directory (adapter_config.json + weights) to start LoRA training from; its "
+        "rank, alpha and target modules replace lora_rank, lora_alpha and target_modules.",
     )
     target_modules: str | list[str] = option(
         "all-linear", "Modules that get LoRA adapters: all-linear (every linear layer but the LM head) or a list of names."
@@ -123,17 +125,20 @@ class FSDPConfig:
     """FSDP2 sharding of a model over several devices (no effect on one device or on CPU)."""
 
     param_offload: bool = option(
-        False, "Keep the sharded weights and gradients in CPU memory (FSDP2 CPUOffloadPolicy); each block is copied "
-        "to the GPU for its forward/backward, and the optimizer step runs on the CPU. Saves the most GPU memory."
+        False,
+        "Keep the sharded weights and gradients in CPU memory (FSDP2 CPUOffloadPolicy); each block is copied "
+        "to the GPU for its forward/backward, and the optimizer step runs on the CPU. Saves the most GPU memory.",
     )
     optimizer_offload: bool = option(
-        False, "Keep the optimizer state (Adam moments) in CPU memory between optimizer steps; it is copied to the "
-        "GPU for each step only. Implied by param_offload."
+        False,
+        "Keep the optimizer state (Adam moments) in CPU memory between optimizer steps; it is copied to the "
+        "GPU for each step only. Implied by param_offload.",
     )
     fsdp_size: int = option(
-        -1, "Ranks in one FSDP shard group (verl's meaning): -1 = shard over all of the role's ranks; a divisor of "
+        -1,
+        "Ranks in one FSDP shard group (verl's meaning): -1 = shard over all of the role's ranks; a divisor of "
         "them = shard within groups of that size and replicate across the groups (HSDP: less communication between "
-        "nodes, more memory per device). The reference and a colocated critic use the actor's value."
+        "nodes, more memory per device). The reference and a colocated critic use the actor's value.",
     )
 
 
@@ -142,8 +147,9 @@ class PolicyLossConfig:
     """Which policy objective the actor minimises, and the parameters of some of them (docs/algorithms.md)."""
 
     loss_mode: str = option(
-        "vanilla", "Policy loss by its registered name (docs/algorithms.md); vanilla = PPO's clipped surrogate. Your "
-        "own: hybridrl.algorithms.register_policy_loss in a file listed in `extensions`."
+        "vanilla",
+        "Policy loss by its registered name (docs/algorithms.md); vanilla = PPO's clipped surrogate. Your "
+        "own: hybridrl.algorithms.register_policy_loss in a file listed in `extensions`.",
     )
     clip_cov_ratio: float = option(0.0002, "clip_cov: at most this share of the tokens is detached.")
     clip_cov_lb: float = option(1.0, "clip_cov: lower bound of the covariance of a token that may be detached.")
@@ -204,9 +210,10 @@ class RolloutConfig:
     """Generation of responses during training."""
 
     name: str = option(
-        "auto", "Generation engine: native (paged KV cache, continuous batching, CUDA graphs; Llama/Qwen2/Qwen3 "
+        "auto",
+        "Generation engine: native (paged KV cache, continuous batching, CUDA graphs; Llama/Qwen2/Qwen3 "
         "family, others fall back to hf), hf (transformers generate), vllm (only where vLLM is installed); "
-        "auto = native on a GPU, hf on CPU."
+        "auto = native on a GPU, hf on CPU.",
     )
     n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).")
     temperature: float = option(1.0, "Sampling temperature.")
@@ -215,8 +222,9 @@ class RolloutConfig:
     do_sample: bool = option(True, "Sample (true) or decode greedily (false).")
     max_num_seqs: int = option(256, "Sequences one device generates together.")
     gpu_memory_utilization: float = option(
-        0.5, "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
-        "that the KV cache and decode workspace may take."
+        0.5,
+        "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
+        "that the KV cache and decode workspace may take.",
     )
     enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
     free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
@@ -224,9 +232,7 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
     )
-    log_prob_use_dynamic_bsz: bool | None = option(
-        None, "Old log-prob passes by token budget; null = actor.use_dynamic_bsz."
-    )
+    log_prob_use_dynamic_bsz: bool | None = option(None, "Old log-prob passes by token budget; null = actor.use_dynamic_bsz.")
     log_prob_max_token_len_per_gpu: int | None = option(
         None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu."
     )
@@ -308,17 +314,20 @@ class CustomRewardConfig:
     path: str | None = option(None, "Python file defining the reward function; null = the built-in scorers.")
     name: str = option("compute_score", "Name of the function in that file.")
     reward_kwargs: dict = option(
-        {}, "Keyword arguments for the reward function, built-in or custom; e.g. {format_score: 0.1} gives a "
-        "well-formed but wrong GSM8K answer 0.1."
+        {},
+        "Keyword arguments for the reward function, built-in or custom; e.g. {format_score: 0.1} gives a "
+        "well-formed but wrong GSM8K answer 0.1.",
     )
     timeout_s: float = option(
-        10.0, "Seconds one call of the reward function may take. A custom function runs in separate processes: one "
+        10.0,
+        "Seconds one call of the reward function may take. A custom function runs in separate processes: one "
         "that hangs past this, exits, crashes or raises scores 0 for that sample and counts in reward/timeouts or "
-        "reward/errors; the run goes on (hybridrl/rewards/pool.py)."
+        "reward/errors; the run goes on (hybridrl/rewards/pool.py).",
     )
     num_workers: int = option(
-        2, "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
-        "threads of the trainer process."
+        2,
+        "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
+        "threads of the trainer process.",
     )
 
 
@@ -339,9 +348,10 @@ class RewardModelConfig:
     """How rule-based rewards are computed from the scorers (verl's reward managers)."""
 
     reward_manager: str = option(
-        "naive", "naive: one scorer call per response; dapo: as naive, the EOS text stripped from the response, plus "
+        "naive",
+        "naive: one scorer call per response; dapo: as naive, the EOS text stripped from the response, plus "
         "the overlong penalty; batch: one call of the custom function with lists for the whole batch; prime: one call "
-        "per response in parallel processes (docs/algorithms.md)."
+        "per response in parallel processes (docs/algorithms.md).",
     )
     overlong_buffer: OverlongBufferConfig = option(OverlongBufferConfig, "DAPO overlong reward shaping.")
 
@@ -360,15 +370,17 @@ class KLCtrlConfig:
 class FilterGroupsConfig:
     """DAPO dynamic sampling: train only on prompts whose samples disagree (docs/algorithms.md)."""
 
-    enable: bool = option(False, "Drop every prompt whose rollout.n samples all have the same `metric`, and generate "
-                          "more prompts (data.gen_batch_size at a time) until data.train_batch_size prompts remain.")
+    enable: bool = option(
+        False,
+        "Drop every prompt whose rollout.n samples all have the same `metric`, and generate "
+        "more prompts (data.gen_batch_size at a time) until data.train_batch_size prompts remain.",
+    )
     metric: str | None = option(
-        None, "What must vary within a prompt's samples: acc (or score: the scorer's score), seq_reward (the sum of the "
-        "token rewards), seq_final_reward, or another numeric key the reward function returns; null = acc."
+        None,
+        "What must vary within a prompt's samples: acc (or score: the scorer's score), seq_reward (the sum of the "
+        "token rewards), seq_final_reward, or another numeric key the reward function returns; null = acc.",
     )
-    max_num_gen_batches: int = option(
-        0, "Give up with an error after this many generation rounds in one step; <= 0 = no limit."
-    )
+    max_num_gen_batches: int = option(0, "Give up with an error after this many generation rounds in one step; <= 0 = no limit.")
 
 
 @dataclass
@@ -381,12 +393,14 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: float = option(2.0, "Upper bound of the importance weights (truncation).")
     rollout_is_batch_normalize: bool = option(False, "Scale the weights so that they average 1 over the batch.")
     rollout_rs: str | None = option(
-        None, "Rejection: comma-separated criteria that every token / sequence must pass to stay in the loss, e.g. "
-        "token_k1, seq_mean_k1 (geometric mean ratio), seq_max_k2 (docs/algorithms.md); null = off."
+        None,
+        "Rejection: comma-separated criteria that every token / sequence must pass to stay in the loss, e.g. "
+        "token_k1, seq_mean_k1 (geometric mean ratio), seq_max_k2 (docs/algorithms.md); null = off.",
     )
     rollout_rs_threshold: str | float | None = option(
-        None, "Bounds of the rollout_rs criteria, one per criterion (comma-separated) or one for all: lower_upper or "
-        "one number u = [1/u, u] for k1 criteria, an upper bound for k2/k3."
+        None,
+        "Bounds of the rollout_rs criteria, one per criterion (comma-separated) or one for all: lower_upper or "
+        "one number u = [1/u, u] for k1 criteria, an upper bound for k2/k3.",
     )
     bypass_mode: bool = option(
         False, "Use the engine's log-probs as the old log-probs instead of recomputing them (no correction then)."
@@ -399,8 +413,9 @@ class AlgorithmConfig:
     """Advantage estimation and the KL penalty in the reward."""
 
     adv_estimator: str = option(
-        "gae", "Advantage estimator by its registered name (docs/algorithms.md); gae trains a critic, the others do not. "
-        "Your own: hybridrl.algorithms.register_adv_estimator in a file listed in `extensions`."
+        "gae",
+        "Advantage estimator by its registered name (docs/algorithms.md); gae trains a critic, the others do not. "
+        "Your own: hybridrl.algorithms.register_adv_estimator in a file listed in `extensions`.",
     )
     gamma: float = option(1.0, "Discount factor.")
     lam: float = option(1.0, "GAE lambda.")
@@ -413,8 +428,9 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "Train/rollout mismatch correction; its metrics (rollout_corr/...) are always logged."
     )
     name: str = option(
-        "rl", "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
-        "optimization (see `preference`); sft = supervised fine-tuning on the responses."
+        "rl",
+        "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
+        "optimization (see `preference`); sft = supervised fine-tuning on the responses.",
     )
 
 
@@ -436,42 +452,44 @@ class TrainerConfig:
     test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).")
     val_before_train: bool = option(True, "Validate once before the first step.")
     logger: list[str] = option(
-        ["console", "jsonl", "tensorboard"], "Where metrics go: console, jsonl (or file, verl's name for it), tensorboard, "
-        "wandb, mlflow, swanlab. metrics.jsonl is written in any case (hybridrl report and dashboard read it)."
+        ["console", "jsonl", "tensorboard"],
+        "Where metrics go: console, jsonl (or file, verl's name for it), tensorboard, "
+        "wandb, mlflow, swanlab. metrics.jsonl is written in any case (hybridrl report and dashboard read it).",
     )
     default_local_dir: str | None = option(None, "Output directory; null = runs/<project_name>/<experiment_name>.")
-    resume_mode: str = option(
-        "auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path."
-    )
+    resume_mode: str = option("auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path.")
     resume_from_path: str | None = option(None, "Checkpoint directory to resume from (resume_mode=resume_path).")
     overwrite: bool = option(
-        False, "A new run (nothing to resume) into a directory holding another run: true moves the old run aside to "
-        "<dir>.old-<timestamp> (never deletes it); false stops with an error naming the choices."
+        False,
+        "A new run (nothing to resume) into a directory holding another run: true moves the old run aside to "
+        "<dir>.old-<timestamp> (never deletes it); false stops with an error naming the choices.",
     )
     seed: int = option(1, "Random seed.")
     max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
     log_samples: int = option(
-        4, "Prompts per training step written to samples.jsonl with all n of their responses, the ground truth, "
-        "scores and advantages (the report's rollout inspector); 0 = none."
+        4,
+        "Prompts per training step written to samples.jsonl with all n of their responses, the ground truth, "
+        "scores and advantages (the report's rollout inspector); 0 = none.",
     )
-    log_val_samples: int = option(
-        8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none."
-    )
+    log_val_samples: int = option(8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none.")
     rollout_data_dir: str | None = option(
-        None, "verl's key: dump every training sample of every step to <dir>/<step>.jsonl (input, output, gts, score, "
-        "step, advantage, data_source, uid); null = off."
+        None,
+        "verl's key: dump every training sample of every step to <dir>/<step>.jsonl (input, output, gts, score, "
+        "step, advantage, data_source, uid); null = off.",
     )
     validation_data_dir: str | None = option(
         None, "verl's key: dump every validation sample to <dir>/<step>.jsonl (same fields as rollout_data_dir); null = off."
     )
     max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
     max_wall_time_s: float | None = option(
-        None, "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
-        "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit."
+        None,
+        "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
+        "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit.",
     )
     worker_timeout_s: float = option(
-        60.0, "Ray backend: a worker process that sends no heartbeat for this many seconds while the controller waits "
-        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts)."
+        60.0,
+        "Ray backend: a worker process that sends no heartbeat for this many seconds while the controller waits "
+        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts).",
     )
     max_restarts: int = option(
         0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
@@ -480,8 +498,9 @@ class TrainerConfig:
         0, "Train only the critic until this step: the actor first updates at step max(1, critic_warmup), as in verl."
     )
     profile_steps: list[int] = option(
-        [], "Steps to profile with torch.profiler in every worker process: a Chrome/Perfetto trace and a table of "
-        "the ops with the most device time per process, in <run dir>/profile/step_N/ (docs/performance.md)."
+        [],
+        "Steps to profile with torch.profiler in every worker process: a Chrome/Perfetto trace and a table of "
+        "the ops with the most device time per process, in <run dir>/profile/step_N/ (docs/performance.md).",
     )
 
 
@@ -503,13 +522,15 @@ class RayInitConfig:
     """How the driver joins Ray (used when there is more than one device or an address)."""
 
     address: str | None = option(
-        None, "Address of a running Ray cluster (ray start --head prints it), or auto; null = the RAY_ADDRESS "
-        "environment variable, else start a local cluster when trainer.nnodes x n_gpus_per_node > 1."
+        None,
+        "Address of a running Ray cluster (ray start --head prints it), or auto; null = the RAY_ADDRESS "
+        "environment variable, else start a local cluster when trainer.nnodes x n_gpus_per_node > 1.",
     )
     num_cpus: int | None = option(None, "CPUs of a local cluster the driver starts; null = all of the machine's.")
     kwargs: dict = option(
-        {}, "Further keyword arguments for ray.init (verl's ray_kwargs.ray_init.*, e.g. runtime_env); address and "
-        "num_cpus above take precedence."
+        {},
+        "Further keyword arguments for ray.init (verl's ray_kwargs.ray_init.*, e.g. runtime_env); address and "
+        "num_cpus above take precedence.",
     )
 
 
@@ -555,9 +576,10 @@ class Config:
     resource_pool: ResourcePoolConfig = option(ResourcePoolConfig, "Devices of each role: colocated or split.")
     ray_init: RayInitConfig = option(RayInitConfig, "Joining or starting a Ray cluster.")
     extensions: list[str] = option(
-        [], "Python files (path/to/file.py) or module names imported when the config is loaded, before it is checked, "
+        [],
+        "Python files (path/to/file.py) or module names imported when the config is loaded, before it is checked, "
         "and in every worker process: register your own advantage estimators and policy losses there, then select them "
-        "by name (docs/algorithms.md)."
+        "by name (docs/algorithms.md).",
     )
 
     # What loading changed or ignored (verl keys, parallelism notices, warnings), shown once at start.

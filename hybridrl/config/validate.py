@@ -56,7 +56,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-
 def all_choices() -> dict[str, tuple[str, ...]]:
     """CHOICES plus the keys whose values are names in a registry (what is registered now)."""
     return {**CHOICES, **registered_choices()}
@@ -165,13 +164,30 @@ _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
 _POOL = {"actor": "resource_pool.actor_rollout_ref", "critic": "resource_pool.critic"}
 _MINI = {"actor": f"{_A}.ppo_mini_batch_size", "critic": "critic.ppo_mini_batch_size"}
 _MICRO = {"actor": f"{_A}.ppo_micro_batch_size_per_gpu", "critic": "critic.ppo_micro_batch_size_per_gpu"}
-_LOG_PROB_MICRO = {"rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
-                   "ref": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"}
+_LOG_PROB_MICRO = {
+    "rollout": f"{_R}.log_prob_micro_batch_size_per_gpu",
+    "ref": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+}
 _PLAN_INPUTS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_POOL.values()}
-_BATCH_KEYS = {_TRAIN, _N, _NODES, _GPUS, *_MINI.values(), *_MICRO.values(), *_LOG_PROB_MICRO.values(), *_POOL.values(),
-               "data.max_prompt_length", "data.max_response_length", f"{_R}.max_num_seqs",
-               f"{_A}.ppo_epochs", "critic.ppo_epochs", "algorithm.adv_estimator", "algorithm.name",
-               f"{_A}.fsdp_config.fsdp_size", "critic.model.fsdp_config.fsdp_size"}
+_BATCH_KEYS = {
+    _TRAIN,
+    _N,
+    _NODES,
+    _GPUS,
+    *_MINI.values(),
+    *_MICRO.values(),
+    *_LOG_PROB_MICRO.values(),
+    *_POOL.values(),
+    "data.max_prompt_length",
+    "data.max_response_length",
+    f"{_R}.max_num_seqs",
+    f"{_A}.ppo_epochs",
+    "critic.ppo_epochs",
+    "algorithm.adv_estimator",
+    "algorithm.name",
+    f"{_A}.fsdp_config.fsdp_size",
+    "critic.model.fsdp_config.fsdp_size",
+}
 
 
 @dataclass
@@ -188,9 +204,11 @@ def config_notices(cfg: Config) -> list[str]:
     out = []
     a = cfg.algorithm
     if a.name == "rl" and a.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 1:
-        out.append("algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group holds one response, "
-                   "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
-                   "actor_rollout_ref.rollout.n=5")
+        out.append(
+            "algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group holds one response, "
+            "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
+            "actor_rollout_ref.rollout.n=5"
+        )
     return out
 
 
@@ -264,6 +282,7 @@ def _choice_problems(cfg: Config) -> list[Problem]:
 def _harmless(cfg: Config, key: str, value: Any) -> bool:
     """Whether setting key=value adds no problem besides choice ones (e.g. resume_mode=resume_path
     without a path, or adv_estimator=grpo with rollout.n=1)."""
+
     def others(c: Config) -> set[str]:
         r = resolve(copy.deepcopy(c))
         return {p.message for p in _range_problems(r) + _requirement_problems(r) + _batch_problems(c)}
@@ -277,41 +296,68 @@ def _harmless(cfg: Config, key: str, value: Any) -> bool:
 def _requirement_problems(cfg: Config) -> list[Problem]:
     out = []
     if not cfg.actor_rollout_ref.model.path:
-        out.append(Problem(
-            "actor_rollout_ref.model.path is empty; set it to a local Hugging Face model directory, "
-            "e.g. actor_rollout_ref.model.path=models/Qwen2.5-0.5B-Instruct",
-            ("actor_rollout_ref.model.path",), {"actor_rollout_ref.model.path": "models/Qwen2.5-0.5B-Instruct"}))
+        out.append(
+            Problem(
+                "actor_rollout_ref.model.path is empty; set it to a local Hugging Face model directory, "
+                "e.g. actor_rollout_ref.model.path=models/Qwen2.5-0.5B-Instruct",
+                ("actor_rollout_ref.model.path",),
+                {"actor_rollout_ref.model.path": "models/Qwen2.5-0.5B-Instruct"},
+            )
+        )
     files = cfg.data.train_files
     if not files or (isinstance(files, list) and not all(files)):
-        out.append(Problem(
-            f"data.train_files={show(files)} names no file; set it to parquet or jsonl prompt files, "
-            "e.g. data.train_files=data/gsm8k/train.parquet",
-            ("data.train_files",), {"data.train_files": "data/gsm8k/train.parquet"}))
+        out.append(
+            Problem(
+                f"data.train_files={show(files)} names no file; set it to parquet or jsonl prompt files, "
+                "e.g. data.train_files=data/gsm8k/train.parquet",
+                ("data.train_files",),
+                {"data.train_files": "data/gsm8k/train.parquet"},
+            )
+        )
     t = cfg.trainer
     if t.resume_mode == "resume_path" and not t.resume_from_path:
-        out.append(Problem(
-            "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint directory such as "
-            f"{t.default_local_dir}/checkpoints/step_100); or use trainer.resume_mode=auto to resume from the latest",
-            ("trainer.resume_mode", "trainer.resume_from_path"), {"trainer.resume_mode": "auto"}))
+        out.append(
+            Problem(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint directory such as "
+                f"{t.default_local_dir}/checkpoints/step_100); or use trainer.resume_mode=auto to resume from the latest",
+                ("trainer.resume_mode", "trainer.resume_from_path"),
+                {"trainer.resume_mode": "auto"},
+            )
+        )
     bad = [s for s in t.profile_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
-        out.append(Problem(
-            f"trainer.profile_steps={show(t.profile_steps)} has {show(bad)}, not a step number (1, 2, ...); "
-            "e.g. trainer.profile_steps=[2] profiles the second step (the first one warms up)",
-            ("trainer.profile_steps",), {"trainer.profile_steps": [2]}))
+        out.append(
+            Problem(
+                f"trainer.profile_steps={show(t.profile_steps)} has {show(bad)}, not a step number (1, 2, ...); "
+                "e.g. trainer.profile_steps=[2] profiles the second step (the first one warms up)",
+                ("trainer.profile_steps",),
+                {"trainer.profile_steps": [2]},
+            )
+        )
     w = cfg.warmup
     if w.steps > 0 and (not w.files or (isinstance(w.files, list) and not all(w.files))):
-        out.append(Problem(
-            f"warmup.steps={w.steps} needs warmup.files (rows with a prompt and a `response` column); "
-            "or use warmup.steps=0 to skip the warm-up",
-            ("warmup.files", "warmup.steps"), {"warmup.steps": 0}))
+        out.append(
+            Problem(
+                f"warmup.steps={w.steps} needs warmup.files (rows with a prompt and a `response` column); "
+                "or use warmup.steps=0 to skip the warm-up",
+                ("warmup.files", "warmup.steps"),
+                {"warmup.steps": 0},
+            )
+        )
     reward = cfg.custom_reward_function
     if reward.path and not reward.name:
-        out.append(_suggest("custom_reward_function.name", reward.name,
-                            f"must name a function in {reward.path}", "compute_score"))
+        out.append(
+            _suggest("custom_reward_function.name", reward.name, f"must name a function in {reward.path}", "compute_score")
+        )
     if not (isinstance(reward.timeout_s, (int, float)) and 0 < reward.timeout_s < float("inf")):
-        out.append(_suggest("custom_reward_function.timeout_s", reward.timeout_s,
-                            "must be a positive number of seconds (one reward call's limit)", 10.0))
+        out.append(
+            _suggest(
+                "custom_reward_function.timeout_s",
+                reward.timeout_s,
+                "must be a positive number of seconds (one reward call's limit)",
+                10.0,
+            )
+        )
     if not (isinstance(reward.num_workers, int) and reward.num_workers >= 1):
         out.append(_suggest("custom_reward_function.num_workers", reward.num_workers, "must be 1 or more processes", 2))
     if not (isinstance(t.worker_timeout_s, (int, float)) and 0 < t.worker_timeout_s < float("inf")):
@@ -319,16 +365,26 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
     for prefix in (_R, f"{_R}.val_kwargs"):
         sampling = _get(cfg, prefix)
         if sampling.do_sample and sampling.temperature == 0:
-            out.append(Problem(
-                f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
-                f"for greedy decoding, or a temperature such as 1.0",
-                (f"{prefix}.do_sample", f"{prefix}.temperature"), {f"{prefix}.do_sample": False}))
+            out.append(
+                Problem(
+                    f"{prefix}.temperature=0 with {prefix}.do_sample=true cannot sample; use {prefix}.do_sample=false "
+                    f"for greedy decoding, or a temperature such as 1.0",
+                    (f"{prefix}.do_sample", f"{prefix}.temperature"),
+                    {f"{prefix}.do_sample": False},
+                )
+            )
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name in ("native", "auto") and max(rollout.n, rollout.val_kwargs.n) > rollout.max_num_seqs:
         n = max(rollout.n, rollout.val_kwargs.n)
-        out.append(_suggest(f"{_R}.max_num_seqs", rollout.max_num_seqs,
-                            f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
-                            "together in the native engine)", n))
+        out.append(
+            _suggest(
+                f"{_R}.max_num_seqs",
+                rollout.max_num_seqs,
+                f"must be >= rollout.n={n} with rollout.name=native or auto (a prompt's samples run "
+                "together in the native engine)",
+                n,
+            )
+        )
     out += _offline_problems(cfg)
     out += _placement_problems(cfg)
     return out
@@ -342,37 +398,58 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         out.append(_suggest("resource_pool.actor_rollout_ref", actor, f"is more than trainer.n_gpus_per_node={gpus}", None))
     if critic is not None:
         if not cfg.critic_enabled:
-            out.append(Problem(
-                f"resource_pool.critic={critic} but no critic is trained (algorithm.adv_estimator="
-                f"{cfg.algorithm.adv_estimator}); use resource_pool.critic=null",
-                ("resource_pool.critic", "algorithm.adv_estimator"), {"resource_pool.critic": None}))
+            out.append(
+                Problem(
+                    f"resource_pool.critic={critic} but no critic is trained (algorithm.adv_estimator="
+                    f"{cfg.algorithm.adv_estimator}); use resource_pool.critic=null",
+                    ("resource_pool.critic", "algorithm.adv_estimator"),
+                    {"resource_pool.critic": None},
+                )
+            )
         elif actor is None:
             fix = max(gpus - critic, 1)
-            out.append(Problem(
-                f"resource_pool.critic={critic} splits the devices, so resource_pool.actor_rollout_ref must say how many "
-                f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
-                ("resource_pool.actor_rollout_ref", "resource_pool.critic"), {"resource_pool.actor_rollout_ref": fix}))
+            out.append(
+                Problem(
+                    f"resource_pool.critic={critic} splits the devices, so resource_pool.actor_rollout_ref must say how many "
+                    f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
+                    ("resource_pool.actor_rollout_ref", "resource_pool.critic"),
+                    {"resource_pool.actor_rollout_ref": fix},
+                )
+            )
         elif actor + critic > gpus:
-            out.append(Problem(
-                f"resource_pool.actor_rollout_ref={actor} + resource_pool.critic={critic} devices per node is more than "
-                f"trainer.n_gpus_per_node={gpus}; use e.g. trainer.n_gpus_per_node={actor + critic}",
-                ("resource_pool.critic", "resource_pool.actor_rollout_ref", "trainer.n_gpus_per_node"),
-                {"trainer.n_gpus_per_node": actor + critic}))
+            out.append(
+                Problem(
+                    f"resource_pool.actor_rollout_ref={actor} + resource_pool.critic={critic} devices per node is more than "
+                    f"trainer.n_gpus_per_node={gpus}; use e.g. trainer.n_gpus_per_node={actor + critic}",
+                    ("resource_pool.critic", "resource_pool.actor_rollout_ref", "trainer.n_gpus_per_node"),
+                    {"trainer.n_gpus_per_node": actor + critic},
+                )
+            )
     w, dp = cfg.warmup, cfg.trainer.nnodes * (actor or gpus)
     if w.steps > 0 and w.batch_size % dp:
         fix = max(dp, w.batch_size - w.batch_size % dp)
-        out.append(_suggest("warmup.batch_size", w.batch_size,
-                            f"must divide by the actor's data-parallel size {dp}", fix))
+        out.append(_suggest("warmup.batch_size", w.batch_size, f"must divide by the actor's data-parallel size {dp}", fix))
     rank = cfg.actor_rollout_ref.model.lora_rank
     if cfg.actor_rollout_ref.model.lora_adapter_path and dp > 1:
-        out.append(_suggest("actor_rollout_ref.model.lora_adapter_path", cfg.actor_rollout_ref.model.lora_adapter_path,
-                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
-                            f"{dp}", None))
+        out.append(
+            _suggest(
+                "actor_rollout_ref.model.lora_adapter_path",
+                cfg.actor_rollout_ref.model.lora_adapter_path,
+                f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size {dp}",
+                None,
+            )
+        )
     elif rank > 0 and dp > 1:
         # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
-        out.append(_suggest("actor_rollout_ref.model.lora_rank", rank,
-                            f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
-                            f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device", 0))
+        out.append(
+            _suggest(
+                "actor_rollout_ref.model.lora_rank",
+                rank,
+                f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
+                f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device",
+                0,
+            )
+        )
     return out + _layout_problems(cfg)
 
 
@@ -408,9 +485,14 @@ def _token_budget_problems(cfg: Config) -> list[Problem]:
         critic_on = a.actor.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
         budgets.append(("critic.ppo_max_token_len_per_gpu", critic_on, c.ppo_max_token_len_per_gpu, None))
         inherited = c.forward_max_token_len_per_gpu in (None, c.ppo_max_token_len_per_gpu)
-        budgets.append(("critic.forward_max_token_len_per_gpu", critic_on,
-                        c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
-                        "critic.ppo_max_token_len_per_gpu" if inherited else None))  # fmt: skip
+        budgets.append(
+            (
+                "critic.forward_max_token_len_per_gpu",
+                critic_on,
+                c.ppo_max_token_len_per_gpu if inherited else c.forward_max_token_len_per_gpu,
+                "critic.ppo_max_token_len_per_gpu" if inherited else None,
+            )
+        )
     out, reported = [], set()
     for key, on, budget, source in budgets:
         if not on or budget is None or not 1 <= budget < longest:
@@ -419,10 +501,14 @@ def _token_budget_problems(cfg: Config) -> list[Problem]:
             continue  # the same number, already reported under the key it comes from
         key = source or key
         reported.add(key)
-        out.append(Problem(
-            f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
-            f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
-            (key, "data.max_prompt_length", "data.max_response_length"), {key: longest}))
+        out.append(
+            Problem(
+                f"{key}={budget} is below the longest possible sequence, data.max_prompt_length + "
+                f"data.max_response_length = {longest} tokens, which must fit one micro-batch; use e.g. {key}={longest}",
+                (key, "data.max_prompt_length", "data.max_response_length"),
+                {key: longest},
+            )
+        )
     return out
 
 
@@ -479,8 +565,11 @@ def plan_batches(cfg: Config) -> BatchPlan:
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
     sizes = _sizes(r)
     actor_layout = build_layout(_dp(sizes, "actor"), a.actor.fsdp_config.fsdp_size)
-    critic_layout = (build_layout(_dp(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size)
-                     if r.critic_enabled and r.resource_pool.critic else actor_layout)
+    critic_layout = (
+        build_layout(_dp(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size)
+        if r.critic_enabled and r.resource_pool.critic
+        else actor_layout
+    )
     dp = actor_layout.dp  # the actor's data-parallel size: rollout and log-probs run there
     per_device = r.data.train_batch_size * rollout.n // dp
     seq_tokens = r.data.max_prompt_length + r.data.max_response_length
@@ -491,9 +580,17 @@ def plan_batches(cfg: Config) -> BatchPlan:
         micro = micro or per_device_mini
         steps = r.data.train_batch_size // mini
         return RolePlan(
-            mini_batch_prompts=mini, mini_batch_sequences=mini * rollout.n, per_device_mini_batch=per_device_mini,
-            micro_batch=micro, grad_accum=per_device_mini // micro, num_mini_batches=steps, epochs=epochs,
-            optimizer_steps_per_step=steps * epochs, tokens_per_micro_batch=micro * seq_tokens, dp=dp, layout=layout,
+            mini_batch_prompts=mini,
+            mini_batch_sequences=mini * rollout.n,
+            per_device_mini_batch=per_device_mini,
+            micro_batch=micro,
+            grad_accum=per_device_mini // micro,
+            num_mini_batches=steps,
+            epochs=epochs,
+            optimizer_steps_per_step=steps * epochs,
+            tokens_per_micro_batch=micro * seq_tokens,
+            dp=dp,
+            layout=layout,
         )
 
     def log_prob_micro(configured: int | None) -> int:
@@ -514,7 +611,8 @@ def plan_batches(cfg: Config) -> BatchPlan:
         tokens_per_sequence=seq_tokens,
         actor=role(a.actor.ppo_mini_batch_size, a.actor.ppo_micro_batch_size_per_gpu, a.actor.ppo_epochs, actor_layout),
         critic=role(critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.ppo_epochs, critic_layout)
-        if r.critic_enabled else None,
+        if r.critic_enabled
+        else None,
         rollout_log_prob_micro_batch=rollout_micro,
         rollout_log_prob_passes=math.ceil(per_device / rollout_micro),
         uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward or r.algorithm.name in PREFERENCE_ALGORITHMS,
@@ -569,7 +667,9 @@ def _failures(s: _Sizes, ctx: _Context) -> set[tuple[str, str]]:
     if critic_on:
         critic = _role_failure(s, "critic")
         same_dp = _dp(s, "critic") == _dp(s, "actor")
-        inherited = s[_MINI["critic"]] is None and (critic == "divides" or critic == "split" and same_dp)  # reported for the actor
+        inherited = s[_MINI["critic"]] is None and (
+            critic == "divides" or critic == "split" and same_dp
+        )  # reported for the actor
         if critic and not inherited:
             out.add(("critic", critic))
     if grouped and s[_N] < 2:
@@ -615,8 +715,10 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
     if kind == "group":
         values = [5] if _removes(s, {_N: 5}, failure, ctx) else []
         values = values or _working_values(s, _N, range(2, max(4 * n, 16) + 1), failure, ctx)
-        text = (f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares several responses to the same "
-                f"prompt, so it needs {_N} > 1 (got {n})")
+        text = (
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares several responses to the same "
+            f"prompt, so it needs {_N} > 1 (got {n})"
+        )
         return _with_fix(text, (_N, "algorithm.adv_estimator"), _N, values, f"use {_N}=")
 
     dp = _dp(s, role)
@@ -640,8 +742,10 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
             return Problem(f"{text}; use {_show_fix(joint)}", keys, joint)
         return Problem(f"{text}; change several of {', '.join(keys)} together", keys)
     if kind == "split":
-        text = (f"{mini_text} x {_N}={n} = {mini * n} sequences per mini-batch cannot be split evenly over "
-                f"data-parallel size {dp} ({_NODES}={nodes} x {gpus_key}={gpus})")
+        text = (
+            f"{mini_text} x {_N}={n} = {mini * n} sequences per mini-batch cannot be split evenly over "
+            f"data-parallel size {dp} ({_NODES}={nodes} x {gpus_key}={gpus})"
+        )
         keys = (mini_key, _N, _NODES, _GPUS)
         values = _working_values(s, mini_key, _divisors(train), failure, ctx)
         if values:
@@ -655,11 +759,12 @@ def _describe(s: _Sizes, role: str, kind: str, ctx: _Context, cfg: Config) -> Pr
     # kind == "micro"
     micro, per_device = s[micro_key], mini * n // dp
     verb = "is larger than" if micro > per_device else "does not divide"
-    text = (f"{micro_key}={micro} {verb} the per-device mini-batch of {per_device} sequences "
-            f"({mini_text} x {_N}={n} / data-parallel size {dp})")
+    text = (
+        f"{micro_key}={micro} {verb} the per-device mini-batch of {per_device} sequences "
+        f"({mini_text} x {_N}={n} / data-parallel size {dp})"
+    )
     values = _working_values(s, micro_key, _divisors(per_device), failure, ctx)
-    return _with_fix(text, (micro_key, mini_key, _N, _NODES, _GPUS), micro_key, values,
-                     f"use a divisor of {per_device} such as ")
+    return _with_fix(text, (micro_key, mini_key, _N, _NODES, _GPUS), micro_key, values, f"use a divisor of {per_device} such as ")
 
 
 def _joint_fix(s: _Sizes, role: str, mini_key: str, failure: tuple[str, str], ctx: _Context) -> dict | None:
@@ -678,8 +783,10 @@ def _joint_fix(s: _Sizes, role: str, mini_key: str, failure: tuple[str, str], ct
 
     step = dp // math.gcd(n, dp)  # mini-batches that dp can split are multiples of this
     options = [with_micro({mini_key: m}) for m in nearest_first(_divisors(train)) if m % step == 0]
-    options += [with_micro({_TRAIN: max(m, round(train / m) * m), mini_key: m})
-                for m in nearest_first(range(step, 4 * max(train, s[mini_key]) + 1, step))[:256]]
+    options += [
+        with_micro({_TRAIN: max(m, round(train / m) * m), mini_key: m})
+        for m in nearest_first(range(step, 4 * max(train, s[mini_key]) + 1, step))[:256]
+    ]
     options = [{k: v for k, v in fix.items() if v != s[k]} for fix in options]
     return next((fix for fix in options if fix and _removes(s, fix, failure, ctx)), None)
 
@@ -709,31 +816,49 @@ def _as_offline_plan(r: Config) -> None:
 
 def _offline_batch_problems(cfg: Config) -> list[Problem]:
     train, micro_key = cfg.data.train_batch_size, _MICRO["actor"]
-    micro, nodes, gpus = _get(cfg, micro_key), cfg.trainer.nnodes, cfg.resource_pool.actor_rollout_ref or cfg.trainer.n_gpus_per_node
+    micro, nodes, gpus = (
+        _get(cfg, micro_key),
+        cfg.trainer.nnodes,
+        cfg.resource_pool.actor_rollout_ref or cfg.trainer.n_gpus_per_node,
+    )
     dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples"}[cfg.algorithm.name]
     if train % dp:
         fixes = [v for v in range(train - train % dp, train + dp + 1, dp) if v > 0]
-        return [Problem(
-            f"{_TRAIN}={train} {rows} per step cannot be split evenly over data-parallel size {dp} "
-            f"({_NODES}={nodes} x {_GPUS}={gpus}); use a multiple of {dp} such as {_TRAIN}={fixes[0]}",
-            (_TRAIN, _NODES, _GPUS), {_TRAIN: fixes[0]})]
+        return [
+            Problem(
+                f"{_TRAIN}={train} {rows} per step cannot be split evenly over data-parallel size {dp} "
+                f"({_NODES}={nodes} x {_GPUS}={gpus}); use a multiple of {dp} such as {_TRAIN}={fixes[0]}",
+                (_TRAIN, _NODES, _GPUS),
+                {_TRAIN: fixes[0]},
+            )
+        ]
     per_device = train // dp
     if micro is not None and per_device % micro:
         verb = "is larger than" if micro > per_device else "does not divide"
         values = [d for d in _divisors(per_device) if d < micro][-1:] + [d for d in _divisors(per_device) if d > micro][:1]
-        return [_with_fix(
-            f"{micro_key}={micro} {verb} the {per_device} {rows} one device trains on per step "
-            f"({_TRAIN}={train} / data-parallel size {dp}; algorithm.name={cfg.algorithm.name} makes one optimizer "
-            f"step per {_TRAIN} rows)", (micro_key, _TRAIN, _NODES, _GPUS), micro_key, values,
-            f"use a divisor of {per_device} such as ")]
+        return [
+            _with_fix(
+                f"{micro_key}={micro} {verb} the {per_device} {rows} one device trains on per step "
+                f"({_TRAIN}={train} / data-parallel size {dp}; algorithm.name={cfg.algorithm.name} makes one optimizer "
+                f"step per {_TRAIN} rows)",
+                (micro_key, _TRAIN, _NODES, _GPUS),
+                micro_key,
+                values,
+                f"use a divisor of {per_device} such as ",
+            )
+        ]
     return []
 
 
 def _offline_problems(cfg: Config) -> list[Problem]:
     p, out = cfg.preference, []
     if cfg.algorithm.name == "dpo" and p.label_smoothing > 0 and p.loss_type != "sigmoid":
-        out.append(Problem(
-            f"preference.label_smoothing={show(p.label_smoothing)} applies to the sigmoid loss only "
-            f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
-            ("preference.label_smoothing", "preference.loss_type"), {"preference.label_smoothing": 0.0}))
+        out.append(
+            Problem(
+                f"preference.label_smoothing={show(p.label_smoothing)} applies to the sigmoid loss only "
+                f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
+                ("preference.label_smoothing", "preference.loss_type"),
+                {"preference.label_smoothing": 0.0},
+            )
+        )
     return out

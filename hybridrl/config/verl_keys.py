@@ -26,8 +26,13 @@ from typing import Any, NamedTuple
 
 from .schema import show
 
-_ARR, _A, _R, _REF, _M = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.rollout", \
-    "actor_rollout_ref.ref", "actor_rollout_ref.model"
+_ARR, _A, _R, _REF, _M = (
+    "actor_rollout_ref",
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "actor_rollout_ref.model",
+)
 
 
 # --------------------------------------------------------------------------- ignored
@@ -46,13 +51,37 @@ _RAY = "Ray/cluster plumbing"
 
 IGNORED: dict[str, str] = {
     # rollout engine knobs
-    **{f"{_R}.{k}": _ENGINE for k in (
-        "mode", "dtype", "cudagraph_capture_sizes", "data_parallel_size", "expert_parallel_size",
-        "pipeline_model_parallel_size", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
-        "logprobs_mode", "scheduling_policy", "load_format", "disable_log_stats", "multi_stage_wake_up",
-        "engine_kwargs", "engine_kwargs.*", "checkpoint_engine.*", "skip_tokenizer_init", "layered_summon",
-        "calculate_log_probs", "agent.num_workers", "trace.*", "prometheus.*", "profiler.*",
-        "quantization_config_file", "skip_dump_dir")},
+    **{
+        f"{_R}.{k}": _ENGINE
+        for k in (
+            "mode",
+            "dtype",
+            "cudagraph_capture_sizes",
+            "data_parallel_size",
+            "expert_parallel_size",
+            "pipeline_model_parallel_size",
+            "max_model_len",
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+            "logprobs_mode",
+            "scheduling_policy",
+            "load_format",
+            "disable_log_stats",
+            "multi_stage_wake_up",
+            "engine_kwargs",
+            "engine_kwargs.*",
+            "checkpoint_engine.*",
+            "skip_tokenizer_init",
+            "layered_summon",
+            "calculate_log_probs",
+            "agent.num_workers",
+            "trace.*",
+            "prometheus.*",
+            "profiler.*",
+            "quantization_config_file",
+            "skip_dump_dir",
+        )
+    },
     **{f"{_R}.{k}": _DERIVED for k in ("prompt_length", "response_length")},
     # multi-turn settings only matter with multi_turn.enable=true (refused below)
     f"{_R}.multi_turn.*": "multi-turn agent loop option; multi_turn.enable=false",
@@ -60,21 +89,44 @@ IGNORED: dict[str, str] = {
     # Megatron
     "*.megatron.*": _MEGATRON,
     # FSDP knobs that shape memory, not results
-    **{f"*fsdp_config.{k}": _MEMORY for k in (
-        "wrap_policy.*", "offload_policy", "reshard_after_forward", "forward_prefetch", "use_orig_params",
-        "entropy_from_logits_with_chunking", "entropy_checkpointing", "forward_only", "use_torch_compile",
-        "seed", "full_determinism")},
+    **{
+        f"*fsdp_config.{k}": _MEMORY
+        for k in (
+            "wrap_policy.*",
+            "offload_policy",
+            "reshard_after_forward",
+            "forward_prefetch",
+            "use_orig_params",
+            "entropy_from_logits_with_chunking",
+            "entropy_checkpointing",
+            "forward_only",
+            "use_torch_compile",
+            "seed",
+            "full_determinism",
+        )
+    },
     "*fsdp_config.fsdp_size": "sharding layout only (FSDP shards over all ranks here), same results",
     "*fsdp_config.model_dtype": "hybridrl keeps fp32 master weights, as verl's default model_dtype=fp32",
     "*fsdp_config.dtype": "hybridrl computes in bf16 autocast on GPUs, as verl's default dtype=bfloat16",
     "*fsdp_config.strategy": _DERIVED,
     f"{_M}.torch_dtype": "hybridrl keeps fp32 master weights with bf16 autocast, as verl's FSDP workers do",
-    **{f"{_A}.{k}": _MEMORY for k in (
-        "entropy_from_logits_with_chunking", "entropy_checkpointing", "use_prefix_grouper", "use_fused_kernels",
-        "sum_pi_squared_checkpointing", "calculate_sum_pi_squared", "calculate_entropy")},
+    **{
+        f"{_A}.{k}": _MEMORY
+        for k in (
+            "entropy_from_logits_with_chunking",
+            "entropy_checkpointing",
+            "use_prefix_grouper",
+            "use_fused_kernels",
+            "sum_pi_squared_checkpointing",
+            "calculate_sum_pi_squared",
+            "calculate_entropy",
+        )
+    },
     **{f"{_REF}.{k}": _MEMORY for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing", "use_torch_compile")},
-    **{f"{_M}.{k}": _MEMORY for k in (
-        "use_liger", "use_fused_kernels", "fused_kernel_options.*", "tiled_mlp.*", "enable_activation_offload")},
+    **{
+        f"{_M}.{k}": _MEMORY
+        for k in ("use_liger", "use_fused_kernels", "fused_kernel_options.*", "tiled_mlp.*", "enable_activation_offload")
+    },
     **{f"critic.model.{k}": _MEMORY for k in ("tiled_mlp.*", "enable_activation_offload")},
     "critic.forward_micro_batch_size": "memory only: value passes use critic.ppo_micro_batch_size_per_gpu",
     "critic.forward_micro_batch_size_per_gpu": "memory only: value passes use critic.ppo_micro_batch_size_per_gpu",
@@ -96,9 +148,19 @@ IGNORED: dict[str, str] = {
     "*.checkpoint.*": _CKPT,
     "*.data_loader_seed": "mini-batch shuffling seed (hybridrl seeds from trainer.seed)",
     # data loading plumbing
-    **{f"data.{k}": "data loading plumbing, same rows" for k in (
-        "return_raw_input_ids", "return_raw_chat", "return_full_prompt", "dataloader_num_workers",
-        "validation_shuffle", "filter_overlong_prompts_workers", "trust_remote_code", "tool_config_path")},
+    **{
+        f"data.{k}": "data loading plumbing, same rows"
+        for k in (
+            "return_raw_input_ids",
+            "return_raw_chat",
+            "return_full_prompt",
+            "dataloader_num_workers",
+            "validation_shuffle",
+            "filter_overlong_prompts_workers",
+            "trust_remote_code",
+            "tool_config_path",
+        )
+    },
     **{f"data.{k}": _VISION for k in ("image_patch_size", "image_key", "video_key", "return_multi_modal_inputs")},
     f"{_A}.freeze_vision_tower": _VISION,
     f"{_A}.tau_pos": "used only by loss_mode=sapo",
@@ -110,11 +172,28 @@ IGNORED: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "verl worker implementation switch",
     "ray_kwargs.timeline_json_file": _PROFILER,
     # reward model worker and reward loop (reward_model.enable must be false, below)
-    **{f"reward_model.{k}": _RM_OFF for k in (
-        "enable_resource_pool", "n_gpus_per_node", "nnodes", "strategy", "model.*", "micro_batch_size",
-        "micro_batch_size_per_gpu", "max_length", "use_dynamic_bsz", "forward_max_token_len_per_gpu",
-        "ulysses_sequence_parallel_size", "rollout.*", "use_reward_loop", "num_workers", "reward_loop_source",
-        "reward_loop_module_path", "reward_loop_class_name")},
+    **{
+        f"reward_model.{k}": _RM_OFF
+        for k in (
+            "enable_resource_pool",
+            "n_gpus_per_node",
+            "nnodes",
+            "strategy",
+            "model.*",
+            "micro_batch_size",
+            "micro_batch_size_per_gpu",
+            "max_length",
+            "use_dynamic_bsz",
+            "forward_max_token_len_per_gpu",
+            "ulysses_sequence_parallel_size",
+            "rollout.*",
+            "use_reward_loop",
+            "num_workers",
+            "reward_loop_source",
+            "reward_loop_module_path",
+            "reward_loop_class_name",
+        )
+    },
     "reward_model.launch_reward_fn_async": "reward scoring overlaps generation here already (reward pool)",
     "reward_model.sandbox_fusion.max_concurrent": "sandbox option; sandbox_fusion.url is unset",
     "reward_model.sandbox_fusion.memory_limit_mb": "sandbox option; sandbox_fusion.url is unset",
@@ -140,21 +219,42 @@ class Need(NamedTuple):
 
 NEEDS: dict[str, Need] = {
     # verl spellings of features hybridrl has under another key
-    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward_model.reward_kwargs.max_resp_len": Need((None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": Need(
+        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": Need(
+        (0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need(
+        (0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need(
+        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward_model.reward_kwargs.max_resp_len": Need(
+        (None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
     # the DAPO recipe's own section (recipe/dapo/config/dapo_trainer.yaml) spells the same as reward.*
     "reward.reward_manager.name": Need(("naive",), "this spelling of the reward manager (use reward_model.reward_manager)"),
-    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward.reward_kwargs.overlong_buffer_cfg.len": Need((0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need((0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward.reward_kwargs.overlong_buffer_cfg.log": Need((False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
-    "reward.reward_kwargs.max_resp_len": Need((None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"),
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need(
+        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward.reward_kwargs.overlong_buffer_cfg.len": Need(
+        (0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need(
+        (0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward.reward_kwargs.overlong_buffer_cfg.log": Need(
+        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
+    "reward.reward_kwargs.max_resp_len": Need(
+        (None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
+    ),
     # features hybridrl does not have
-    f"{_ARR}.hybrid_engine": Need((True,), "a non-colocated actor and rollout (hybridrl always colocates them; "
-                                         "split the critic with resource_pool instead)"),
+    f"{_ARR}.hybrid_engine": Need(
+        (True,), "a non-colocated actor and rollout (hybridrl always colocates them; split the critic with resource_pool instead)"
+    ),
     "*.strategy": Need(("fsdp", "fsdp2"), "the Megatron strategy (hybridrl trains with FSDP2)"),
     "*.optim.optimizer": Need(("AdamW", "adamw"), "optimizers other than AdamW"),
     "*.optim.num_cycles": Need((0.5,), "cosine schedules other than a half cycle"),
@@ -188,8 +288,10 @@ NEEDS: dict[str, Need] = {
     "data.datagen.*": Need((None,), "a data generator"),
     "data.apply_chat_template_kwargs": Need(({},), "chat-template keyword arguments"),
     "data.apply_chat_template_kwargs.*": Need((), "chat-template keyword arguments"),
-    "reward_model.enable": Need((False,), "a reward-model worker (hybridrl scores with rule-based or custom "
-                                          "reward functions: custom_reward_function.path)"),
+    "reward_model.enable": Need(
+        (False,),
+        "a reward-model worker (hybridrl scores with rule-based or custom reward functions: custom_reward_function.path)",
+    ),
     "reward_model.sandbox_fusion.url": Need((None,), "the SandboxFusion code-execution service"),
     "reward_manager.module.*": Need((None, "custom_reward_manager"), "a custom reward manager class"),
     "algorithm.use_pf_ppo": Need((False,), "preference-feedback PPO reweighting"),
@@ -363,7 +465,7 @@ def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -
         elif "." not in target:  # same section, other name
             target = path.rsplit(".", 1)[0] + "." + target
         elif target.endswith(".*"):  # the same sub-path under the new prefix
-            target = target[:-1] + path[len(pattern) - 1:]
+            target = target[:-1] + path[len(pattern) - 1 :]
         if get(tree, target) is None:
             put(tree, target, value)
         return
@@ -378,8 +480,9 @@ def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -
         pop(tree, path)
         if need.ok and value not in need.ok and not _same_number(value, need.ok):
             fix = f"{path}={show(need.ok[0])}"
-            out.errors.append(f"{path}={show(value)} needs {need.missing}, which hybridrl does not have; "
-                              f"use {fix} or leave it out")
+            out.errors.append(
+                f"{path}={show(value)} needs {need.missing}, which hybridrl does not have; use {fix} or leave it out"
+            )
         return
     pattern = match(path, IGNORED)
     if pattern:
@@ -388,8 +491,11 @@ def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -
 
 
 def _same_number(value: Any, ok: tuple) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and any(
-        isinstance(o, (int, float)) and not isinstance(o, bool) and float(o) == float(value) for o in ok)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and any(isinstance(o, (int, float)) and not isinstance(o, bool) and float(o) == float(value) for o in ok)
+    )
 
 
 def _ckpt_to_keep(tree: dict, value: Any, out: Translation) -> None:
@@ -401,8 +507,10 @@ def _ckpt_to_keep(tree: dict, value: Any, out: Translation) -> None:
 
 def _profiler_tool(tree: dict, value: Any, out: Translation) -> None:
     if value not in (None, "torch"):
-        out.notices.append(f"global_profiler.tool={value}: hybridrl profiles with torch.profiler (Chrome trace and "
-                           "op table per process), not {value}; the steps in global_profiler.steps are profiled")
+        out.notices.append(
+            f"global_profiler.tool={value}: hybridrl profiles with torch.profiler (Chrome trace and "
+            "op table per process), not {value}; the steps in global_profiler.steps are profiled"
+        )
 
 
 _SPECIAL = {
@@ -434,25 +542,35 @@ def _normalize_micro(tree: dict, defaults: dict[str, Any], out: Translation) -> 
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            out.errors.append(f"{key}={show(value)} must be an integer >= 1 (a global size, divided by the "
-                              f"data-parallel size {world})")
+            out.errors.append(
+                f"{key}={show(value)} must be an integer >= 1 (a global size, divided by the data-parallel size {world})"
+            )
             continue
         if get(tree, per_gpu) is not None:
-            out.errors.append(f"{key} and {per_gpu} are both set; set only one ({key} is verl's deprecated global "
-                              f"size, divided by the data-parallel size; {per_gpu} is per device)")
+            out.errors.append(
+                f"{key} and {per_gpu} are both set; set only one ({key} is verl's deprecated global "
+                f"size, divided by the data-parallel size; {per_gpu} is per device)"
+            )
             continue
         if value < world:
-            out.errors.append(f"{key}={value} is smaller than the data-parallel size {world}, so each device would get "
-                              f"{value // world} sequences; use {key}={world} or more, or {per_gpu}")
+            out.errors.append(
+                f"{key}={value} is smaller than the data-parallel size {world}, so each device would get "
+                f"{value // world} sequences; use {key}={world} or more, or {per_gpu}"
+            )
             continue
         put(tree, per_gpu, value // world)
 
 
 # Sequence parallelism per role, and the per-device micro-batch keys it scales in verl.
 _SP = {"actor": f"{_A}.ulysses_sequence_parallel_size", "critic": "critic.ulysses_sequence_parallel_size"}
-_SP_MICRO = {"actor": (f"{_A}.ppo_micro_batch_size_per_gpu", f"{_R}.log_prob_micro_batch_size_per_gpu",
-                       f"{_REF}.log_prob_micro_batch_size_per_gpu"),
-             "critic": ("critic.ppo_micro_batch_size_per_gpu",)}
+_SP_MICRO = {
+    "actor": (
+        f"{_A}.ppo_micro_batch_size_per_gpu",
+        f"{_R}.log_prob_micro_batch_size_per_gpu",
+        f"{_REF}.log_prob_micro_batch_size_per_gpu",
+    ),
+    "critic": ("critic.ppo_micro_batch_size_per_gpu",),
+}
 
 
 def _without_sp(tree: dict, sp: dict[str, Any], out: Translation) -> None:
@@ -468,8 +586,10 @@ def _without_sp(tree: dict, sp: dict[str, Any], out: Translation) -> None:
             micro = get(tree, key)
             if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1:
                 put(tree, key, max(1, micro // degree))
-                out.notices.append(f"{key}: {micro} -> {max(1, micro // degree)} sequences per device (verl's "
-                                   f"{micro} with {_SP[role]}={degree} split over {degree} devices)")
+                out.notices.append(
+                    f"{key}: {micro} -> {max(1, micro // degree)} sequences per device (verl's "
+                    f"{micro} with {_SP[role]}={degree} split over {degree} devices)"
+                )
 
 
 # Choice values that other branches add (the key exists; these values are refused until then).
@@ -478,8 +598,9 @@ def verl_argv(tree: dict, out: Translation) -> None:
     name = get(tree, f"{_R}.name")
     if name in VERL_ENGINES:
         put(tree, f"{_R}.name", "auto")
-        out.notices.append(f"{_R}.name={name}: hybridrl's own engine generates (native on a GPU, hf on CPU), with "
-                           "the same sampling settings")
+        out.notices.append(
+            f"{_R}.name={name}: hybridrl's own engine generates (native on a GPU, hf on CPU), with the same sampling settings"
+        )
     loggers = get(tree, "trainer.logger")
     if isinstance(loggers, str):
         loggers = [loggers]
@@ -487,8 +608,9 @@ def verl_argv(tree: dict, out: Translation) -> None:
         dropped = [x for x in loggers if x in VERL_LOGGERS and VERL_LOGGERS[x] is None]
         kept = [VERL_LOGGERS.get(x) or x for x in loggers if x not in dropped]
         if dropped:
-            out.notices.append(f"trainer.logger: {', '.join(dropped)} not available here; metrics also go to "
-                               "metrics.jsonl in the run directory")
+            out.notices.append(
+                f"trainer.logger: {', '.join(dropped)} not available here; metrics also go to metrics.jsonl in the run directory"
+            )
         put(tree, "trainer.logger", list(dict.fromkeys([*kept, "jsonl"])))
 
 
@@ -516,6 +638,7 @@ def verl_base(entry: str, known: set[str]) -> dict:
 
 def markdown() -> str:
     """The tables of docs/verl.md between its generated-section markers (tests/verl checks them)."""
+
     def target(pattern: str, to: str) -> str:
         if to.startswith("../"):
             return f"{pattern.split('.optim.')[0]}.{to[3:]}"
@@ -523,18 +646,30 @@ def markdown() -> str:
 
     out = ["### Renamed (same meaning, hybridrl's key)", "", "| verl key | hybridrl key |", "| --- | --- |"]
     out += [f"| `{k}` | `{target(k, v)}` |" for k, v in RENAMED.items()]
-    out += ["| `trainer.max_actor_ckpt_to_keep`, `trainer.max_critic_ckpt_to_keep` | `trainer.max_ckpt_to_keep` "
-            "(one step directory holds both: the larger count) |",
-            "| `data.val_max_samples=-1` | `data.val_max_samples=null` (every row) |", ""]
-    out += ["### Deprecated global micro-batch sizes (divided by the data-parallel size, as verl does)", "",
-            "| verl key | becomes |", "| --- | --- |"]
+    out += [
+        "| `trainer.max_actor_ckpt_to_keep`, `trainer.max_critic_ckpt_to_keep` | `trainer.max_ckpt_to_keep` "
+        "(one step directory holds both: the larger count) |",
+        "| `data.val_max_samples=-1` | `data.val_max_samples=null` (every row) |",
+        "",
+    ]
+    out += [
+        "### Deprecated global micro-batch sizes (divided by the data-parallel size, as verl does)",
+        "",
+        "| verl key | becomes |",
+        "| --- | --- |",
+    ]
     out += [f"| `{k}` | `{v}` = value // (nnodes x n_gpus_per_node) |" for k, v in GLOBAL_MICRO.items()]
     out += ["", "### Accepted with a notice when > 1", "", "| verl key | what happens here |", "| --- | --- |"]
     out += [f"| `{k}` | {v}{_ABOVE_ONE_TAIL} |" for k, v in ABOVE_ONE.items()]
     out += ["", "### Ignored, no effect here (listed once in one notice at start)", "", "| verl key | why |", "| --- | --- |"]
     out += [f"| `{k}` | {v} |" for k, v in IGNORED.items()]
-    out += ["", "### Refused unless at the harmless value (an error naming what is missing)", "",
-            "| verl key | accepted values | what hybridrl lacks |", "| --- | --- | --- |"]
+    out += [
+        "",
+        "### Refused unless at the harmless value (an error naming what is missing)",
+        "",
+        "| verl key | accepted values | what hybridrl lacks |",
+        "| --- | --- | --- |",
+    ]
     for k, n in NEEDS.items():
         ok = ", ".join(f"`{show(v)}`" for v in n.ok) or "any (checked through its switch)"
         out.append(f"| `{k}` | {ok} | {n.missing} |")

@@ -33,9 +33,7 @@ class Batch:
         first = batches[0]
         for b in batches[1:]:
             if b.tensors.keys() != first.tensors.keys() or b.non_tensors.keys() != first.non_tensors.keys():
-                raise ValueError(
-                    f"cannot concat batches with different keys: {sorted(first.keys())} vs {sorted(b.keys())}"
-                )
+                raise ValueError(f"cannot concat batches with different keys: {sorted(first.keys())} vs {sorted(b.keys())}")
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors}
         return cls(tensors, non_tensors, dict(first.meta))

@@ -35,8 +35,9 @@ def _suffix(path: str | os.PathLike) -> str:
     if suffix not in _SUFFIXES:
         hint = " (convert it, e.g. pandas.read_csv(f).to_parquet(...))" if suffix in (".csv", ".tsv") else ""
         hint = hint or (" (one JSON object per line: rename it .jsonl)" if suffix == ".json" else "")
-        raise DataError(f"{os.fspath(path)}: unsupported file type {suffix or '(none)'!r}; "
-                        f"use one of {', '.join(_SUFFIXES)}{hint}")
+        raise DataError(
+            f"{os.fspath(path)}: unsupported file type {suffix or '(none)'!r}; use one of {', '.join(_SUFFIXES)}{hint}"
+        )
     return suffix
 
 
@@ -78,8 +79,10 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         lineno = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{name}:{lineno}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); "
-                        "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise DataError(
+            f"{name}:{lineno}: not valid UTF-8 (byte {data[e.start]:#04x} at offset {e.start}); "
+            "re-save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     rows = []
     lines = text.split("\n")
     for lineno, line in enumerate(lines, start=1):
@@ -89,11 +92,14 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             if lineno == len(lines) and not text.endswith("\n"):
-                raise DataError(f"{name}:{lineno}: the last line is cut off (invalid JSON: {e.msg}, and no newline at "
-                                "the end): the file looks truncated, e.g. by an interrupted copy; re-create it or "
-                                "delete that line") from None
-            raise DataError(f"{name}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); "
-                            "each line must be one JSON object") from None
+                raise DataError(
+                    f"{name}:{lineno}: the last line is cut off (invalid JSON: {e.msg}, and no newline at "
+                    "the end): the file looks truncated, e.g. by an interrupted copy; re-create it or "
+                    "delete that line"
+                ) from None
+            raise DataError(
+                f"{name}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); each line must be one JSON object"
+            ) from None
     return rows
 
 
@@ -104,8 +110,10 @@ def _read_parquet(name: str) -> list[dict[str, Any]]:
         return pq.read_table(name).to_pylist()
     except (pa.ArrowException, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"{name}: not a readable parquet file ({first}); re-create it, "
-                        "e.g. with `hybridrl data` or pandas.DataFrame.to_parquet") from None
+        raise DataError(
+            f"{name}: not a readable parquet file ({first}); re-create it, "
+            "e.g. with `hybridrl data` or pandas.DataFrame.to_parquet"
+        ) from None
 
 
 def _guess_split(path: str | os.PathLike) -> str:
@@ -247,8 +255,10 @@ def make_arith_preferences(
         right = a + b
         wrong = right + rng.choice([d for d in range(-9, 10) if d != 0 and right + d >= 0])
         pairs.append({"prompt": prompt, "chosen": str(right), "rejected": str(wrong)})
-        kto += [{"prompt": prompt, "completion": str(right), "label": True},
-                {"prompt": prompt, "completion": str(wrong), "label": False}]  # fmt: skip
+        kto += [
+            {"prompt": prompt, "completion": str(right), "label": True},
+            {"prompt": prompt, "completion": str(wrong), "label": False},
+        ]
         sft.append({"messages": [*prompt, {"role": "assistant", "content": str(right)}]})
     rng.shuffle(kto)
     paths = {}

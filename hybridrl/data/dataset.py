@@ -59,9 +59,7 @@ def _check_prompt(prompt, where: str):
     if isinstance(prompt, list) and prompt:
         for j, msg in enumerate(prompt):
             if not isinstance(msg, dict) or "content" not in msg or "role" not in msg:
-                raise DataError(
-                    f"{where}: prompt message {j} must be a dict with 'role' and 'content', got {msg!r:.120}"
-                )
+                raise DataError(f"{where}: prompt message {j} must be a dict with 'role' and 'content', got {msg!r:.120}")
             if not isinstance(msg["content"], str):
                 raise DataError(f"{where}: prompt message {j} 'content' must be a string, got {msg['content']!r:.60}")
             if msg["role"] not in ROLES:
@@ -78,11 +76,9 @@ def _data_source(row: dict, key: str, where: str) -> str:
     if isinstance(source, (int, np.integer)) and not isinstance(source, bool):
         return str(source)
     if source is None:
-        raise DataError(f"{where}: missing {key!r} (data.reward_fn_key), which picks the reward function; "
-                        f"row has {sorted(row)}")
+        raise DataError(f"{where}: missing {key!r} (data.reward_fn_key), which picks the reward function; row has {sorted(row)}")
     if not isinstance(source, str) or not source:
-        raise DataError(f"{where}: {key!r} (data.reward_fn_key) must be a non-empty string naming the scorer, "
-                        f"got {source!r:.60}")
+        raise DataError(f"{where}: {key!r} (data.reward_fn_key) must be a non-empty string naming the scorer, got {source!r:.60}")
     return source
 
 
@@ -91,8 +87,9 @@ def _extra_info(row: dict, where: str) -> dict:
     if extra is None:
         return {}
     if not isinstance(extra, dict):
-        raise DataError(f"{where}: 'extra_info' must be a mapping (a JSON object) or absent, got {type(extra).__name__} "
-                        f"{extra!r:.60}")
+        raise DataError(
+            f"{where}: 'extra_info' must be a mapping (a JSON object) or absent, got {type(extra).__name__} {extra!r:.60}"
+        )
     return dict(extra)
 
 
@@ -152,7 +149,11 @@ def load_prompt_records(
     if dropped:
         logger.warning(
             "data: dropped %d prompt(s) longer than data.max_prompt_length=%d tokens from %s "
-            "(data.filter_overlong_prompts=true); %d remain", dropped, max_prompt_length, files, len(records)
+            "(data.filter_overlong_prompts=true); %d remain",
+            dropped,
+            max_prompt_length,
+            files,
+            len(records),
         )
     if not records:
         if dropped:

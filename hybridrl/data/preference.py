@@ -31,10 +31,13 @@ from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _ch
 KINDS = ("dpo", "kto", "sft")
 # The completions a row of each kind carries, as batch fields.
 COMPLETIONS = {"dpo": (K.CHOSEN, K.REJECTED), "kto": (K.RESPONSES, K.KL_RESPONSES), "sft": (K.RESPONSES,)}
-MASK_OF = {K.CHOSEN: K.CHOSEN_MASK, K.REJECTED: K.REJECTED_MASK, K.RESPONSES: K.RESPONSE_MASK,
-           K.KL_RESPONSES: K.KL_RESPONSE_MASK}  # fmt: skip
-REF_OF = {K.CHOSEN: K.REF_CHOSEN_LOGPS, K.REJECTED: K.REF_REJECTED_LOGPS, K.RESPONSES: K.REF_LOGPS,
-          K.KL_RESPONSES: K.REF_KL_LOGPS}  # fmt: skip
+MASK_OF = {K.CHOSEN: K.CHOSEN_MASK, K.REJECTED: K.REJECTED_MASK, K.RESPONSES: K.RESPONSE_MASK, K.KL_RESPONSES: K.KL_RESPONSE_MASK}
+REF_OF = {
+    K.CHOSEN: K.REF_CHOSEN_LOGPS,
+    K.REJECTED: K.REF_REJECTED_LOGPS,
+    K.RESPONSES: K.REF_LOGPS,
+    K.KL_RESPONSES: K.REF_KL_LOGPS,
+}
 _REQUIRED = {"dpo": ("chosen", "rejected"), "kto": ("completion", "label")}
 
 
@@ -90,34 +93,50 @@ def load_preference_records(
     return records
 
 
-def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str,
-               sft_response_key: str | None = None) -> Record:
+def _parse_row(
+    row: dict, kind: str, prompt_key: str, tok, limits: _Limits, where: str, sft_response_key: str | None = None
+) -> Record:
     if kind == "sft" and "messages" in row:
         if not isinstance(row["messages"], (list, np.ndarray)):
             got = f"{type(row['messages']).__name__} {row['messages']!r:.60}"
-            raise DataError(f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got {got}; "
-                            "for plain text use 'prompt' and 'response'")
+            raise DataError(
+                f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got {got}; "
+                "for plain text use 'prompt' and 'response'"
+            )
         messages = _check_prompt(row["messages"], f"{where}: 'messages'")
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
-            raise DataError(f"{where}: 'messages' must end with an assistant message after at least one other "
-                            f"message (the response to train on); got roles {[m['role'] for m in messages]}")
+            raise DataError(
+                f"{where}: 'messages' must end with an assistant message after at least one other "
+                f"message (the response to train on); got roles {[m['role'] for m in messages]}"
+            )
         prompt, completions = messages[:-1], {K.RESPONSES: messages[-1:]}
     else:
         response_key = sft_response_key or next((k for k in ("response", "completion") if k in row), "response")
         needed = _REQUIRED.get(kind, (response_key,))
         missing = [k for k in (prompt_key, *needed) if row.get(k) is None]
         if missing:
-            hint = {"dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
-                    "kto": f"KTO rows need {prompt_key!r}, 'completion' and 'label'",
-                    "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}"}[kind]  # fmt: skip
+            hint = {
+                "dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
+                "kto": f"KTO rows need {prompt_key!r}, 'completion' and 'label'",
+                "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}",
+            }[kind]
             raise DataError(f"{where}: missing {', '.join(map(repr, missing))} ({hint}); row has {sorted(row)}")
         prompt = _check_prompt(row[prompt_key], f"{where}: {prompt_key!r}")
-        fields = {"dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"}, "kto": {K.RESPONSES: "completion"},
-                  "sft": {K.RESPONSES: response_key}}[kind]  # fmt: skip
+        fields = {
+            "dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
+            "kto": {K.RESPONSES: "completion"},
+            "sft": {K.RESPONSES: response_key},
+        }[kind]
         completions = {key: row[col] for key, col in fields.items()}
     prompt_text = render_prompt(tok, prompt)
-    prompt_ids = _fit(tok(prompt_text, add_special_tokens=False)["input_ids"], limits.max_prompt_length,
-                      limits.truncation, f"{where}: the prompt", "data.max_prompt_length", keep_end=True)  # fmt: skip
+    prompt_ids = _fit(
+        tok(prompt_text, add_special_tokens=False)["input_ids"],
+        limits.max_prompt_length,
+        limits.truncation,
+        f"{where}: the prompt",
+        "data.max_prompt_length",
+        keep_end=True,
+    )
     ids = {}
     for key, value in completions.items():
         name = {K.CHOSEN: "'chosen'", K.REJECTED: "'rejected'"}.get(key, "the response")
@@ -125,8 +144,9 @@ def _parse_row(row: dict, kind: str, prompt_key: str, tok, limits: _Limits, wher
         tokens = tok(text, add_special_tokens=False)["input_ids"]
         if tok.eos_token_id not in tokens:
             tokens.append(tok.eos_token_id)
-        ids[key] = _fit(tokens, limits.max_response_length, limits.truncation, f"{where}: {name}",
-                        "data.max_response_length", keep_end=False)  # fmt: skip
+        ids[key] = _fit(
+            tokens, limits.max_response_length, limits.truncation, f"{where}: {name}", "data.max_response_length", keep_end=False
+        )
     label = None
     if kind == "kto":
         label = row["label"]
@@ -143,8 +163,11 @@ def _warn_ties(records: list[Record], files) -> None:
     ties = [i for i, r in enumerate(records) if r.completions[K.CHOSEN] == r.completions[K.REJECTED]]
     if ties:
         first = ", ".join(map(str, ties[:5])) + (", ..." if len(ties) > 5 else "")
-        print(f"hybridrl: warning: {', '.join(map(str, files))}: {len(ties)} of {len(records)} pairs have chosen == rejected "
-              f"(rows {first}); they teach nothing, drop them from the data", file=sys.stderr)
+        print(
+            f"hybridrl: warning: {', '.join(map(str, files))}: {len(ties)} of {len(records)} pairs have chosen == rejected "
+            f"(rows {first}); they teach nothing, drop them from the data",
+            file=sys.stderr,
+        )
 
 
 def load_warmup_pairs(files, tokenizer, *, prompt_key: str, max_prompt_length: int, truncation: str):
@@ -153,10 +176,19 @@ def load_warmup_pairs(files, tokenizer, *, prompt_key: str, max_prompt_length: i
     files = [files] if isinstance(files, str) else list(files)
     for path in files:
         if not read_rows(path):
-            raise DataError(f"{path}: no rows (the file is empty); warmup.files needs rows with {prompt_key!r} and "
-                            "'response', or set warmup.steps=0 to skip the warm-up")
-    records = load_preference_records(files, tokenizer, "sft", prompt_key=prompt_key, max_prompt_length=max_prompt_length,
-                                      max_response_length=1 << 30, truncation=truncation)  # fmt: skip
+            raise DataError(
+                f"{path}: no rows (the file is empty); warmup.files needs rows with {prompt_key!r} and "
+                "'response', or set warmup.steps=0 to skip the warm-up"
+            )
+    records = load_preference_records(
+        files,
+        tokenizer,
+        "sft",
+        prompt_key=prompt_key,
+        max_prompt_length=max_prompt_length,
+        max_response_length=1 << 30,
+        truncation=truncation,
+    )
     return [(r.prompt_ids, r.completions[K.RESPONSES]) for r in records]
 
 
@@ -174,8 +206,10 @@ def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
         return "\n".join(m["content"] for m in messages)
     full = tok.apply_chat_template(prompt + messages, tokenize=False)
     if not full.startswith(prompt_text):
-        raise DataError(f"{where}: the chat template renders prompt + completion with a different prefix than the "
-                        "prompt alone; pass the completion as a plain string instead")
+        raise DataError(
+            f"{where}: the chat template renders prompt + completion with a different prefix than the "
+            "prompt alone; pass the completion as a plain string instead"
+        )
     return full[len(prompt_text) :]
 
 

@@ -76,8 +76,9 @@ def balance_across_ranks(lengths, world_size: int) -> list[list[int]]:
     return [sorted(g) for g in out]
 
 
-def micro_batches(batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str,
-                  min_parts: int = 1) -> tuple[list[Batch], list[int]]:  # fmt: skip
+def micro_batches(
+    batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str, min_parts: int = 1
+) -> tuple[list[Batch], list[int]]:
     """The micro-batches of `batch` and the row order they come in (concatenated).
 
     Fixed: consecutive chunks of `micro_size` rows. Dynamic: token-budget groups.

@@ -49,8 +49,16 @@ class CheckpointError(ValueError):
 # data class or a pure lookup, so calling it with attacker-chosen arguments does nothing else.
 _METADATA_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", name)
-    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-                 "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    )
 } | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),
@@ -60,7 +68,7 @@ _METADATA_GLOBALS = {
     ("pathlib", "WindowsPath"),
     ("pathlib", "PureWindowsPath"),
     ("collections", "OrderedDict"),
-}  # fmt: skip
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):

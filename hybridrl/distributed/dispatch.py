@@ -110,8 +110,10 @@ def collect_outputs(mode: Dispatch, outputs: list, pad: int, groups: list[int] |
         if pad:
             # Padding rows are copies of real ones: fine for outputs per row, wrong for an
             # update, which would train on them twice.
-            raise ValueError(f"a DP method returning metrics got a batch that needed {pad} padding rows; "
-                             "its batch size must divide by the data-parallel size")
+            raise ValueError(
+                f"a DP method returning metrics got a batch that needed {pad} padding rows; "
+                "its batch size must divide by the data-parallel size"
+            )
         return {k: sum(o[k] for o in outputs) / len(outputs) for k in first}
     if first is None:
         return None
@@ -125,8 +127,7 @@ def _common_width(outputs: list[Batch]) -> list[Batch]:
     aligned with it come back ragged; one device would have padded them to the longest of
     all, which is what this gives (token ids with the prompts' pad id, everything else 0).
     """
-    ragged = [k for k, v in outputs[0].tensors.items()
-              if v.dim() >= 2 and len({o.tensors[k].shape[1] for o in outputs}) > 1]  # fmt: skip
+    ragged = [k for k, v in outputs[0].tensors.items() if v.dim() >= 2 and len({o.tensors[k].shape[1] for o in outputs}) > 1]
     if not ragged:
         return outputs
     pad_id = outputs[0].meta.get(K.PAD_TOKEN_ID, 0)

@@ -69,13 +69,16 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
-        raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} to shard "
-                         "(its _no_split_modules names none of its modules)")
+        raise ValueError(
+            f"cannot find the transformer blocks of {type(model).__name__} to shard "
+            "(its _no_split_modules names none of its modules)"
+        )
     return blocks
 
 
-def place(model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = (),
-          mesh=None) -> nn.Module:
+def place(
+    model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = (), mesh=None
+) -> nn.Module:
     """The model on its device: moved there on one rank, FSDP2-sharded over several.
 
     `forward_methods`: methods other than `forward` that callers run the model through (the
@@ -107,8 +110,7 @@ def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:
                 t.data.copy_(buf)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None,
-               mesh=None) -> nn.Module:
+def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None, mesh=None) -> nn.Module:
     """Shard `model` with FSDP2 over `mesh` (default: the active layout's): each transformer
     block, then the root.
 

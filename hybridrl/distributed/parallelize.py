@@ -16,10 +16,18 @@ from hybridrl.models.packing import enable_packing
 from hybridrl.models.prepare import compile_decoder_layers
 
 
-def parallelize(model: nn.Module, device: torch.device, *, remove_padding: bool, attn_backend: str = "auto",
-                checkpointing: bool = False, compile_layers: bool = False, param_offload: bool = False,
-                forward_methods: tuple[str, ...] = (),
-                hooks_on: nn.Module | None = None) -> tuple[nn.Module, str | None]:  # fmt: skip
+def parallelize(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    remove_padding: bool,
+    attn_backend: str = "auto",
+    checkpointing: bool = False,
+    compile_layers: bool = False,
+    param_offload: bool = False,
+    forward_methods: tuple[str, ...] = (),
+    hooks_on: nn.Module | None = None,
+) -> tuple[nn.Module, str | None]:
     """The placed model (moved to `device` on one rank, FSDP2-sharded over several) and its
     packed-attention backend, or None when its passes stay padded.
 

@@ -98,8 +98,12 @@ class WorkerHost:
         torch.manual_seed(seed + rank)
 
     def info(self) -> dict:
-        return {"ip": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()]}  # fmt: skip
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -113,8 +117,14 @@ class WorkerHost:
         backend = "nccl" if self.device_type == "cuda" else "gloo"
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))  # for libraries that read them
         kw = {"device_id": torch.device("cuda", 0)} if self.device_type == "cuda" else {}
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world,
-                                timeout=timedelta(seconds=timeout_s), **kw)  # fmt: skip
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=timeout_s),
+            **kw,
+        )
 
     def add_role(self, role: str, cls, cfg, plan) -> None:
         from hybridrl.config.extensions import load_extensions
@@ -240,16 +250,24 @@ def _check_stalled(waiting: list[tuple[str, int, dict]]) -> None:
     # The longest silent rank is the stalled one; the others may only be slowed down waiting on it.
     quiet, who = max(((silent.get(w[2].get("pid"), 0.0), w) for w in waiting), key=lambda x: x[0])
     if quiet >= limit:
-        raise _died(who, RuntimeError(f"stopped responding: no heartbeat for {quiet:.0f} s "
-                                      f"(trainer.worker_timeout_s={limit:g}); stalled, e.g. SIGSTOP or a frozen node"))
+        raise _died(
+            who,
+            RuntimeError(
+                f"stopped responding: no heartbeat for {quiet:.0f} s "
+                f"(trainer.worker_timeout_s={limit:g}); stalled, e.g. SIGSTOP or a frozen node"
+            ),
+        )
 
 
 def _died(who: tuple[str, int, dict], error: Exception) -> WorkerDiedError:
     role, rank, info = who
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return WorkerDiedError(
-        f"the {role} worker process of rank {rank} on node {info['ip']} ({info['host']}, pid {info['pid']}) died: "
-        f"{reason}", role, rank, info["ip"])  # fmt: skip
+        f"the {role} worker process of rank {rank} on node {info['ip']} ({info['host']}, pid {info['pid']}) died: {reason}",
+        role,
+        rank,
+        info["ip"],
+    )
 
 
 class RayBackend:
@@ -298,14 +316,17 @@ class RayBackend:
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **res
             ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env, self.monitor)
-            for n, pg in enumerate(per_node) for i in range(spec.per_node)
-        ]  # fmt: skip
+            for n, pg in enumerate(per_node)
+            for i in range(spec.per_node)
+        ]
         unknown = {"ip": "?", "host": "?", "pid": "?"}
         infos = wait_all([h.info.remote() for h in hosts], [(spec.name, r, unknown) for r in range(len(hosts))])
         if spec.world > 1:
             addr, port = infos[0]["ip"], ray.get(hosts[0].free_port.remote())
-            wait_all([h.init_process_group.remote(addr, port, 600.0) for h in hosts],
-                     [(spec.name, r, info) for r, info in enumerate(infos)])  # fmt: skip
+            wait_all(
+                [h.init_process_group.remote(addr, port, 600.0) for h in hosts],
+                [(spec.name, r, info) for r, info in enumerate(infos)],
+            )
         return hosts, infos
 
     def run_on_hosts(self, fn, *args) -> list:
@@ -362,8 +383,15 @@ def init_ray(cfg) -> None:
     # A local cluster lives and dies with this run: its files in a temp dir of its own (removed
     # at exit, so /tmp/ray/session_* does not pile up), and SIGTERM/SIGHUP stop it like an exit.
     temp_dir = tempfile.mkdtemp(prefix="hybridrl-ray-")
-    ray.init(**{"include_dashboard": False, "log_to_driver": True, **_extra_init_kwargs(cfg), "num_cpus": num_cpus,
-                "_temp_dir": temp_dir})
+    ray.init(
+        **{
+            "include_dashboard": False,
+            "log_to_driver": True,
+            **_extra_init_kwargs(cfg),
+            "num_cpus": num_cpus,
+            "_temp_dir": temp_dir,
+        }
+    )
     atexit.register(_stop_local_ray, temp_dir)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -66,6 +66,8 @@ def missing_resources(specs: list[PoolSpec], device_type: str, nodes: list[dict]
         hint = f"the cluster has no {kind}s: use trainer.device=cpu, or join a cluster that has them (ray_init.address)"
     else:
         hint = f"lower trainer.n_gpus_per_node to at most {most} (with resource_pool, their sum)"
-    return (f"the config asks for {nnodes} node(s) with {layout} = {need_per_node} {kind}s each (trainer.nnodes x "
-            f"trainer.n_gpus_per_node, resource_pool), but the Ray cluster has {len(fitting)} such node(s); "
-            f"nodes seen: {seen}. Missing: {nnodes - len(fitting)} node(s) with {need_per_node} {kind}s; {hint}")
+    return (
+        f"the config asks for {nnodes} node(s) with {layout} = {need_per_node} {kind}s each (trainer.nnodes x "
+        f"trainer.n_gpus_per_node, resource_pool), but the Ray cluster has {len(fitting)} such node(s); "
+        f"nodes seen: {seen}. Missing: {nnodes - len(fitting)} node(s) with {need_per_node} {kind}s; {hint}"
+    )

@@ -48,8 +48,10 @@ def _check_dir(path: str, what: str, need: str = "config.json") -> Path:
         raise ModelLoadError(f"{what}={path!r} is a file, not a model directory; give the directory that holds config.json")
     if need == "config.json" and not (p / "config.json").exists():
         what_is_there = "it is empty" if not any(p.iterdir()) else "not a Hugging Face model directory"
-        raise ModelLoadError(f"{what}={path!r} has no config.json ({what_is_there}); give a directory written by "
-                             "save_pretrained or downloaded from the Hub")
+        raise ModelLoadError(
+            f"{what}={path!r} has no config.json ({what_is_there}); give a directory written by "
+            "save_pretrained or downloaded from the Hub"
+        )
     return p
 
 
@@ -65,14 +67,17 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, what: str = "acto
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not any((p / f).exists() for f in tokenizer_files):
         state = "it is empty" if not any(p.iterdir()) else ", ".join(tokenizer_files)
-        raise ModelLoadError(f"{what}={path!r} has no tokenizer ({state}); save the tokenizer there "
-                             "(tokenizer.save_pretrained) or set actor_rollout_ref.model.tokenizer_path")
+        raise ModelLoadError(
+            f"{what}={path!r} has no tokenizer ({state}); save the tokenizer there "
+            "(tokenizer.save_pretrained) or set actor_rollout_ref.model.tokenizer_path"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"{what}={path!r}: the tokenizer does not load ({first}); re-save it with "
-                             "tokenizer.save_pretrained") from e
+        raise ModelLoadError(
+            f"{what}={path!r}: the tokenizer does not load ({first}); re-save it with tokenizer.save_pretrained"
+        ) from e
     if tok.pad_token_id is None:
         # Decoder-only models often ship without a pad token; padding is masked everywhere.
         tok.pad_token = tok.eos_token
@@ -144,8 +149,10 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("trainer.device=cuda but torch sees no CUDA device (a CPU-only torch, or no GPU visible); "
-                             "use trainer.device=cpu or auto")
+        raise ModelLoadError(
+            "trainer.device=cuda but torch sees no CUDA device (a CPU-only torch, or no GPU visible); "
+            "use trainer.device=cpu or auto"
+        )
     if device == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device(device)

@@ -29,8 +29,9 @@ BASE_DIR = "lora_base"  # a random-init base, saved beside actor/ so resume can 
 def apply_lora(model, rank: int, alpha: int, target_modules):
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")  # fmt: skip
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)
 
 
@@ -44,8 +45,10 @@ def load_lora(model, adapter_dir: str | Path):
 def check_adapter_dir(path: str | Path) -> Path:
     """`path` if it holds a saved peft adapter; a one-line error naming the key otherwise."""
     if not (Path(path) / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"actor_rollout_ref.model.lora_adapter_path={path} holds no adapter_config.json: "
-                                "point it at a directory written by peft's save_pretrained")
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.lora_adapter_path={path} holds no adapter_config.json: "
+            "point it at a directory written by peft's save_pretrained"
+        )
     return Path(path)
 
 
@@ -104,8 +107,9 @@ def merged_named_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
 def save_lora_checkpoint(model, actor_dir: Path, base_dir: Path | None) -> None:
     """actor_dir: merged HF model (+ adapter/); base_dir: the unmodified base, when given."""
     base = model.get_base_model()
-    base.save_pretrained(actor_dir, state_dict={k: v.contiguous() for k, v in merged_named_parameters(model)},
-                         safe_serialization=True)  # fmt: skip
+    base.save_pretrained(
+        actor_dir, state_dict={k: v.contiguous() for k, v in merged_named_parameters(model)}, safe_serialization=True
+    )
     model.save_pretrained(actor_dir / ADAPTER_DIR, safe_serialization=True)
     if base_dir is not None:
         with model.disable_adapter():

@@ -112,8 +112,9 @@ def _sdpa_padded(q, k, v, cu, max_len: int, scale):
         return out.transpose(1, 2)
 
     # Right padding inside each row: a causal mask already hides it from every real query.
-    out = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), is_causal=True, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+    out = F.scaled_dot_product_attention(
+        rows(q), rows(k), rows(v), is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out.transpose(1, 2)[seq, pos]
 
 
@@ -172,8 +173,9 @@ def document_block_mask(cu: torch.Tensor, n: int):
     return create_block_mask(causal_document, None, None, n, n, device=cu.device)
 
 
-def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, *,
-                             packed_backend: str = "sdpa", **kwargs):  # fmt: skip
+def packed_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, *, packed_backend: str = "sdpa", **kwargs
+):
     """transformers attention function: varlen over the packed row when the forward carries
     `cu_seq_lens_q` (our packed passes), plain SDPA otherwise (generation, padded passes)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -182,8 +184,10 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
     if cu is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise NotImplementedError("packed attention does not support sliding windows or softcapping; "
-                                  "set actor_rollout_ref.model.use_remove_padding=false")  # fmt: skip
+        raise NotImplementedError(
+            "packed attention does not support sliding windows or softcapping; "
+            "set actor_rollout_ref.model.use_remove_padding=false"
+        )
     if dropout and module.training:
         raise NotImplementedError("packed attention does not apply attention dropout; set the model's attention_dropout=0")
     backend = packed_backend
@@ -195,8 +199,9 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
         dt = torch.get_autocast_dtype(dev)
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
     if backend == "flex":
-        out = _flex_attention()(query, key, value, block_mask=attention_mask, scale=scaling,
-                                enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip  (1, Hq, N, D)
+        out = _flex_attention()(
+            query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+        )  # (1, Hq, N, D)
         return out.transpose(1, 2), None
     # (1, H, N, D) -> (N, H, D)
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
@@ -256,18 +261,20 @@ def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
     config = backbone.config
     if not is_packed(config):
         # Plain SDPA would attend across the whole packed row: every sequence would see the others.
-        raise RuntimeError(f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
-                           "call hybridrl.models.packing.enable_packing on it before packed passes")  # fmt: skip
-    kwargs = dict(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
-                  max_length_q=packed.max_len, max_length_k=packed.max_len)  # fmt: skip
+        raise RuntimeError(
+            f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
+            "call hybridrl.models.packing.enable_packing on it before packed passes"
+        )
+    kwargs = dict(
+        cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens, max_length_q=packed.max_len, max_length_k=packed.max_len
+    )
     if config._attn_implementation == attn_name("flex"):
         mask = document_block_mask(packed.cu_seqlens, packed.num_tokens)
     else:
         # A 4-D placeholder: transformers passes a ready 4-D mask through untouched, so no
         # (N, N) packed-sequence mask is built; the attention hook ignores it.
         mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.input_ids.device)
-    out = backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask,
-                   use_cache=False, **kwargs)  # fmt: skip
+    out = backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask, use_cache=False, **kwargs)
     return out.last_hidden_state[0, packed.target_index]  # (M, H)
 
 

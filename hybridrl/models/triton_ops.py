@@ -37,8 +37,9 @@ def fused_add_rms_norm(residual: torch.Tensor | None, delta: torch.Tensor, weigh
     out = torch.empty_like(delta)
     rows = delta.numel() // N
     res = residual.contiguous() if residual is not None else delta
-    _add_rms_norm_kernel[(rows,)](res, delta, weight, res_out, out, N, eps, HAS_RES=residual is not None,
-                                  BLOCK=triton.next_power_of_2(N))  # fmt: skip
+    _add_rms_norm_kernel[(rows,)](
+        res, delta, weight, res_out, out, N, eps, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(N)
+    )
     return res_out, out
 
 

@@ -24,18 +24,13 @@ def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable:
         raise ValueError("custom_reward_function.path is empty; give the path of a Python file")
     full = os.path.abspath(os.path.expanduser(str(path)))
     if not os.path.isfile(full):
-        raise FileNotFoundError(
-            f"custom reward file not found: {path!r} (resolved to {full}); "
-            "check custom_reward_function.path"
-        )
+        raise FileNotFoundError(f"custom reward file not found: {path!r} (resolved to {full}); check custom_reward_function.path")
 
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     module_name = f"hybridrl_custom_reward_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, full)
     if spec is None or spec.loader is None:
-        raise ValueError(
-            f"cannot import {full} as Python (custom_reward_function.path); expected a .py file"
-        )
+        raise ValueError(f"cannot import {full} as Python (custom_reward_function.path); expected a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -46,9 +41,7 @@ def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable:
 
     if not hasattr(module, name):
         defined = sorted(
-            attr
-            for attr, value in vars(module).items()
-            if callable(value) and getattr(value, "__module__", None) == module_name
+            attr for attr, value in vars(module).items() if callable(value) and getattr(value, "__module__", None) == module_name
         )
         raise AttributeError(
             f"{full} defines no {name!r} (custom_reward_function.name); "
@@ -57,8 +50,6 @@ def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable:
     fn = getattr(module, name)
     if not callable(fn):
         raise TypeError(
-            f"{name!r} in {full} is a {type(fn).__name__}, not a function; "
-            "custom_reward_function.name must name a callable"
+            f"{name!r} in {full} is a {type(fn).__name__}, not a function; custom_reward_function.name must name a callable"
         )
     return fn
-

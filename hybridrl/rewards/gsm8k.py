@@ -137,4 +137,3 @@ def diagnostics(solution_str: str, ground_truth: str) -> dict[str, float]:
         "strict_acc": float(strict == str(ground_truth).strip()),
         "flexible_acc": float(_last_number_is(solution_str, ground_truth)),
     }
-

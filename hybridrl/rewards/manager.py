@@ -133,14 +133,10 @@ def _score_one(outcome: Outcome) -> tuple[float, dict[str, float], str | None]:
     if isinstance(raw, dict):
         score = _as_number(raw.get("score"))
         sample_extras = {
-            str(key): number
-            for key, value in raw.items()
-            if key != "score" and (number := _as_number(value)) is not None
+            str(key): number for key, value in raw.items() if key != "score" and (number := _as_number(value)) is not None
         }
     else:
         score, sample_extras = _as_number(raw), {}
     if score is None:
-        return 0.0, {}, (
-            f"expected a finite number or a dict with a numeric 'score', got {raw!r:.200}"
-        )
+        return 0.0, {}, (f"expected a finite number or a dict with a numeric 'score', got {raw!r:.200}")
     return score, sample_extras, None

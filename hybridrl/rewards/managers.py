@@ -65,8 +65,14 @@ def score_all_at_once(
     n = len(solution_strs)
     extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
     try:
-        raw = list(compute_score(data_sources=list(data_sources), solution_strs=list(solution_strs),
-                                 ground_truths=list(ground_truths), extra_infos=extra_infos))  # fmt: skip
+        raw = list(
+            compute_score(
+                data_sources=list(data_sources),
+                solution_strs=list(solution_strs),
+                ground_truths=list(ground_truths),
+                extra_infos=extra_infos,
+            )
+        )
         if len(raw) != n:
             raise ValueError(f"the batch reward function returned {len(raw)} results for {n} responses")
     except Exception:
@@ -119,8 +125,10 @@ def score_in_processes(
     raw: list[Any] = [None] * n
     pool = cf.ProcessPoolExecutor(max_workers=max(1, min(num_processes, n)), mp_context=multiprocessing.get_context("fork"))
     try:
-        futures = [pool.submit(_call_one, compute_score, data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i])
-                   for i in range(n)]  # fmt: skip
+        futures = [
+            pool.submit(_call_one, compute_score, data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i])
+            for i in range(n)
+        ]
         done, _ = cf.wait(futures, timeout=timeout_s)
         for i, future in enumerate(futures):
             if future in done and future.exception() is None:

@@ -164,8 +164,16 @@ class _ThreadJob:
 class WorkerPool:
     """See the module docstring. Use as a context manager, or call `close()`."""
 
-    def __init__(self, target, *, kind: str = "process", num_workers: int = 2, timeout_s: float = 10.0,
-                 chunk_size: int = 64, start_timeout_s: float = 120.0):  # fmt: skip
+    def __init__(
+        self,
+        target,
+        *,
+        kind: str = "process",
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        chunk_size: int = 64,
+        start_timeout_s: float = 120.0,
+    ):
         if kind not in ("process", "thread"):
             raise ValueError(f"WorkerPool kind must be 'process' or 'thread', not {kind!r}")
         if kind == "process" and not isinstance(target, Target):

@@ -30,7 +30,9 @@ _DIAGNOSTICS: dict[str, tuple[str, Callable[[str, str], dict[str, float]]]] = {
 }
 
 
-def diagnostic_metrics(data_sources: Iterable[str], solution_strs: Iterable[str], ground_truths: Iterable[str]) -> dict[str, float]:
+def diagnostic_metrics(
+    data_sources: Iterable[str], solution_strs: Iterable[str], ground_truths: Iterable[str]
+) -> dict[str, float]:
     """Means of the built-in diagnostics over the samples whose data source has them.
 
     >>> diagnostic_metrics(["gsm8k", "gsm8k", "arith"], ["#### 72", "it is 72", "5"], ["72", "72", "5"])
@@ -90,26 +92,33 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
     ``reward/errors`` set.
 
     >>> check_reward_kwargs(None, {"format_score": 0.1}, ["gsm8k"])
-    >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])
+    >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit the built-in scorer of data_source 'gsm8k' (solution_str, ground_truth, method, format_score, score, flexible_score, format_needs_work): got an unexpected keyword argument 'format_scor'
+    ValueError: custom_reward_function.reward_kwargs {'format_scor': 0.1} do not fit ... 'format_scor'
     """
     if not kwargs and custom_fn is None:
         return
     if custom_fn is not None:
-        targets = [("the custom reward function", custom_fn, dict(data_source="", solution_str="", ground_truth="", extra_info=None))]
+        targets = [
+            ("the custom reward function", custom_fn, dict(data_source="", solution_str="", ground_truth="", extra_info=None))
+        ]
     else:
-        targets = [(f"the built-in scorer of data_source {s!r}", scorer_for(s), dict(solution_str="", ground_truth=""))
-                   for s in sorted(set(data_sources)) if s in _SCORERS]  # fmt: skip
+        targets = [
+            (f"the built-in scorer of data_source {s!r}", scorer_for(s), dict(solution_str="", ground_truth=""))
+            for s in sorted(set(data_sources))
+            if s in _SCORERS
+        ]
     for what, fn, required in targets:
         try:
             inspect.signature(fn).bind(**required, **kwargs)
         except TypeError as e:
             params = ", ".join(inspect.signature(fn).parameters)
             if not kwargs:
-                raise ValueError(f"{what} ({params}) cannot be called as fn(data_source=, solution_str=, ground_truth=, "
-                                 f"extra_info=): {e}; see custom_reward_function.path") from None
+                raise ValueError(
+                    f"{what} ({params}) cannot be called as fn(data_source=, solution_str=, ground_truth=, "
+                    f"extra_info=): {e}; see custom_reward_function.path"
+                ) from None
             raise ValueError(f"custom_reward_function.reward_kwargs {kwargs} do not fit {what} ({params}): {e}") from None
 
 

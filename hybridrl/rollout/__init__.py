@@ -6,7 +6,14 @@ from hybridrl.rollout.base import RolloutEngine, SamplingParams
 
 
 def make_rollout_engine(
-    name: str, model, tokenizer, *, max_num_seqs: int, autocast_dtype=None, rollout=None, max_model_len: int = 2048,
+    name: str,
+    model,
+    tokenizer,
+    *,
+    max_num_seqs: int,
+    autocast_dtype=None,
+    rollout=None,
+    max_model_len: int = 2048,
     named_weights=None,
 ) -> RolloutEngine:
     """The engine `actor_rollout_ref.rollout.name` asks for, over the trainer's `model`.
@@ -28,10 +35,16 @@ def make_rollout_engine(
 
             device = next(model.parameters()).device
             return NativeRolloutEngine.from_hf_model(
-                model, tokenizer, device=device, named_weights=named_weights, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                model,
+                tokenizer,
+                device=device,
+                named_weights=named_weights,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=rollout.max_num_batched_tokens,
-                gpu_memory_utilization=rollout.gpu_memory_utilization, enforce_eager=rollout.enforce_eager,
-            )  # fmt: skip
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                enforce_eager=rollout.enforce_eager,
+            )
         print(f"hybridrl: rollout.name=native does not support this model ({reason}); using rollout.name=hf", file=sys.stderr)
         name = "hf"
     if name == "hf":

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hybridrl.data import keys as K

@@ -42,10 +42,16 @@ class VLLMRolloutEngine:
         vllm = _import_vllm()
         path = getattr(model, "name_or_path", "")
         llm = vllm.LLM(
-            model=path, tokenizer=path, dtype="bfloat16", gpu_memory_utilization=rollout.gpu_memory_utilization,
-            enforce_eager=rollout.enforce_eager, max_num_seqs=rollout.max_num_seqs, max_model_len=max_model_len,
-            max_num_batched_tokens=max(rollout.max_num_batched_tokens, max_model_len), enable_sleep_mode=True,
-        )  # fmt: skip
+            model=path,
+            tokenizer=path,
+            dtype="bfloat16",
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=rollout.enforce_eager,
+            max_num_seqs=rollout.max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(rollout.max_num_batched_tokens, max_model_len),
+            enable_sleep_mode=True,
+        )
         engine = cls(llm, tokenizer, eos_token_ids(model, tokenizer))
         engine.load_weights(model.named_parameters())  # the trainer's weights, not the directory's
         return engine
@@ -54,13 +60,19 @@ class VLLMRolloutEngine:
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         vllm = _import_vllm()
         params = vllm.SamplingParams(
-            n=sampling.n, temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, max_tokens=sampling.max_new_tokens, logprobs=0,
-        )  # fmt: skip
+            n=sampling.n,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+        )
         mask = prompts[K.PROMPT_MASK].bool()
         requests = [{"prompt_token_ids": ids[m].tolist()} for ids, m in zip(prompts[K.PROMPTS], mask)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        seqs = [(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]) for o in outputs for c in o.outputs]
+        seqs = [
+            (list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]) for o in outputs for c in o.outputs
+        ]
         width = max(len(t) for t, _ in seqs)
         responses = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(len(seqs), width)
@@ -72,7 +84,9 @@ class VLLMRolloutEngine:
         batch = prompts.repeat_interleave(sampling.n) if sampling.n > 1 else prompts
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
         batch[K.RESPONSES], batch[K.RESPONSE_MASK], batch[K.ROLLOUT_LOG_PROBS] = responses, mask, log_probs * mask
-        batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode([r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True)
+        batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
+            [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True
+        )
         return batch
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

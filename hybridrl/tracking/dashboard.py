@@ -40,7 +40,9 @@ class RunsFolder:
         out, names = [], set()
         with self._lock:
             for path in find_runs(self.root):
-                stamp = tuple((p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in (path / METRICS, path / SAMPLES))
+                stamp = tuple(
+                    (p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in (path / METRICS, path / SAMPLES)
+                )
                 cached = self._cache.get(path)
                 if cached is None or cached[0] != stamp:
                     rel = path.relative_to(self.root).as_posix() if path != self.root else path.name
@@ -88,16 +90,25 @@ def prometheus_text(runs: list[RunData], now: float | None = None) -> str:
             ("actor/reward_kl_penalty", "hybridrl_reward_kl_penalty", "KL in the reward (actor/reward_kl_penalty)."),
             ("actor/entropy", "hybridrl_entropy", "Policy entropy of the last step."),
             ("response_length/mean", "hybridrl_response_length_mean", "Mean response length (tokens) of the last step."),
-            ("perf/throughput", "hybridrl_throughput_tokens_per_second", "Tokens (prompt + response) per second of the last step."),
+            (
+                "perf/throughput",
+                "hybridrl_throughput_tokens_per_second",
+                "Tokens (prompt + response) per second of the last step.",
+            ),
             ("perf/mfu/actor", "hybridrl_mfu_actor", "Model FLOPs utilization of the actor update."),
             ("perf/max_memory_allocated_gb", "hybridrl_gpu_memory_allocated_gigabytes", "Peak device memory allocated (GB)."),
             ("timing_s/step", "hybridrl_step_seconds", "Wall time of the last step."),
             ("loss", "hybridrl_loss", "DPO / KTO / SFT loss of the last step."),
-        ):  # fmt: skip
+        ):
             gauge(name, help_, L, last.get(key))
         for key, v in last.items():
             if key.startswith("timing_s/") and key != "timing_s/step":
-                gauge("hybridrl_stage_seconds", "Seconds of each stage of the last step (timing_s/<stage>).", {**L, "stage": key[9:]}, v)
+                gauge(
+                    "hybridrl_stage_seconds",
+                    "Seconds of each stage of the last step (timing_s/<stage>).",
+                    {**L, "stage": key[9:]},
+                    v,
+                )
         for key, v in s["validation"].items():
             gauge("hybridrl_validation_score", "Last validation value per metric key.", {**L, "key": key}, v["last"])
         age = now - run.mtime if run.mtime else None
@@ -105,8 +116,12 @@ def prometheus_text(runs: list[RunData], now: float | None = None) -> str:
         step_s = last.get("timing_s/step") or 0.0
         healthy = s["finished"] or (age is not None and age < max(STALE_MIN_S, STALE_FACTOR * step_s))
         gauge("hybridrl_run_finished", "1 when the run wrote its end-of-run summary.", L, float(s["finished"]))
-        gauge("hybridrl_run_healthy", "1 when the run is finished or wrote a step recently (its workers are alive).", L,
-              float(bool(healthy)))  # fmt: skip
+        gauge(
+            "hybridrl_run_healthy",
+            "1 when the run is finished or wrote a step recently (its workers are alive).",
+            L,
+            float(bool(healthy)),
+        )
         for key, v in last.items():
             if key != "step":
                 gauge("hybridrl_metric", "Every numeric metric of the last step, by its metrics.jsonl key.", {**L, "key": key}, v)
@@ -131,8 +146,11 @@ class Dashboard:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path in ("/", "/index.html"):
-                        page = render_page(None, title=f"hybridrl dashboard: {dash.folder.root}",
-                                           live={"url": "/api/data", "interval_ms": dash.interval_ms})  # fmt: skip
+                        page = render_page(
+                            None,
+                            title=f"hybridrl dashboard: {dash.folder.root}",
+                            live={"url": "/api/data", "interval_ms": dash.interval_ms},
+                        )
                         self._send(200, "text/html; charset=utf-8", page)
                     elif path == "/api/data":
                         body = json.dumps(dash.folder.data(), separators=(",", ":"))

@@ -37,8 +37,13 @@ def model_shape(model) -> dict[str, int]:
     dense = sum(p.numel() for p in base.parameters() if id(p) not in skip)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return {"dense": dense, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size,
-            "layers": cfg.num_hidden_layers, "d_attn": heads * head_dim}  # fmt: skip
+    return {
+        "dense": dense,
+        "vocab": cfg.vocab_size,
+        "hidden": cfg.hidden_size,
+        "layers": cfg.num_hidden_layers,
+        "d_attn": heads * head_dim,
+    }
 
 
 def pass_flops(shape: dict[str, int], seq_lens: torch.Tensor, targets: int, *, lm_head: bool = True) -> float:
@@ -59,8 +64,9 @@ def max_memory_allocated_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
-def update_metrics(model, seq_lens: torch.Tensor, targets: int, passes: float, seconds: float,
-                   device: torch.device, role: str) -> dict[str, float]:  # fmt: skip
+def update_metrics(
+    model, seq_lens: torch.Tensor, targets: int, passes: float, seconds: float, device: torch.device, role: str
+) -> dict[str, float]:
     """`perf/mfu/<role>` (`passes` x the forward FLOPs over `seconds`) and
     `perf/max_memory_allocated_gb`, each only where the device reports it."""
     out = {}

@@ -58,7 +58,9 @@ def summarize(run: RunData) -> dict:
     trainer, arr = cfg.get("trainer", {}), cfg.get("actor_rollout_ref", {})
     algo = cfg.get("algorithm", {})
     steps = [r for r in rows if r["step"] > 0]
-    reward_key = next((k for k in ("critic/score/mean", "rewards/accuracies", "mean_token_accuracy") if any(k in r for r in steps)), None)
+    reward_key = next(
+        (k for k in ("critic/score/mean", "rewards/accuracies", "mean_token_accuracy") if any(k in r for r in steps)), None
+    )
     rewards = [r[reward_key] for r in steps if reward_key in r] if reward_key else []
     k = max(1, len(rewards) // 10)
     val_keys = sorted({key for r in rows for key in r if key.startswith(("val-core/", "val/"))})
@@ -67,8 +69,14 @@ def summarize(run: RunData) -> dict:
         pts = [(r["step"], r[key]) for r in rows if key in r]
         lower_is_better = key.endswith(("loss", "perplexity"))
         best = min(pts, key=lambda p: p[1]) if lower_is_better else max(pts, key=lambda p: p[1])
-        val[key] = {"first": pts[0][1], "first_step": pts[0][0], "last": pts[-1][1], "last_step": pts[-1][0],
-                    "best": best[1], "best_step": best[0]}  # fmt: skip
+        val[key] = {
+            "first": pts[0][1],
+            "first_step": pts[0][0],
+            "last": pts[-1][1],
+            "last_step": pts[-1][0],
+            "best": best[1],
+            "best_step": best[0],
+        }
     stage_keys = sorted({key for r in steps for key in r if key.startswith("timing_s/") and key != "timing_s/step"})
     stage_means = {key.removeprefix("timing_s/"): _mean([r[key] for r in steps if key in r]) for key in stage_keys}
     step_times = [r["timing_s/step"] for r in steps if "timing_s/step" in r]
@@ -118,7 +126,9 @@ def thin_samples(groups: list[dict], max_groups: int) -> list[dict]:
     return sorted(out, key=lambda g: (g["step"], g["kind"] != "train"))
 
 
-def run_payload(run: RunData, config_diff: list | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS) -> dict:
+def run_payload(
+    run: RunData, config_diff: list | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS
+) -> dict:
     groups = thin_samples(run.samples, max_groups)
     return {
         "name": run.name,
@@ -134,8 +144,10 @@ def run_payload(run: RunData, config_diff: list | None = None, max_points: int =
 
 def payload(runs: list[RunData], diffs: dict | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS) -> dict:
     diffs = diffs or {}
-    return {"generated": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "runs": [run_payload(r, diffs.get(r.name), max_points, max_groups) for r in runs]}  # fmt: skip
+    return {
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runs": [run_payload(r, diffs.get(r.name), max_points, max_groups) for r in runs],
+    }
 
 
 def render_page(data: dict | None, *, title: str, live: dict | None = None) -> str:
@@ -148,12 +160,14 @@ def render_page(data: dict | None, *, title: str, live: dict | None = None) -> s
     def script_json(obj) -> str:  # JSON safe inside <script>: no "</script>" can close the tag early
         return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
-    return _asset("report", "page.html").format_map({
-        "title": html.escape(title),
-        "uplot_css": _asset("uplot", "uPlot.min.css"),
-        "page_css": _asset("report", "report.css"),
-        "uplot_js": _asset("uplot", "uPlot.iife.min.js"),
-        "page_js": _asset("report", "report.js"),
-        "data": script_json(data),
-        "live": script_json(live),
-    })  # fmt: skip
+    return _asset("report", "page.html").format_map(
+        {
+            "title": html.escape(title),
+            "uplot_css": _asset("uplot", "uPlot.min.css"),
+            "page_css": _asset("report", "report.css"),
+            "uplot_js": _asset("uplot", "uPlot.iife.min.js"),
+            "page_js": _asset("report", "report.js"),
+            "data": script_json(data),
+            "live": script_json(live),
+        }
+    )

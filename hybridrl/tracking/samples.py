@@ -24,8 +24,20 @@ import os
 from pathlib import Path
 
 
-def prompt_groups(step: int, kind: str, *, prompts, responses, scores, uids=None, ground_truths=None, data_sources=None,
-                  advantages=None, lengths=None, limit: int | None = None) -> list[dict]:  # fmt: skip
+def prompt_groups(
+    step: int,
+    kind: str,
+    *,
+    prompts,
+    responses,
+    scores,
+    uids=None,
+    ground_truths=None,
+    data_sources=None,
+    advantages=None,
+    lengths=None,
+    limit: int | None = None,
+) -> list[dict]:
     """Per-sample lists (the n samples of a prompt share its uid) -> one dict per prompt, in
     order of first appearance; the first `limit` prompts (None = all)."""
     n = len(responses)
@@ -38,12 +50,17 @@ def prompt_groups(step: int, kind: str, *, prompts, responses, scores, uids=None
             if limit is not None and len(groups) >= limit:
                 continue
             g = groups[uid] = {
-                "step": int(step), "kind": kind, "uid": uid,
+                "step": int(step),
+                "kind": kind,
+                "uid": uid,
                 "data_source": str(data_sources[i]) if data_sources is not None else "",
                 "prompt": str(prompts[i]),
                 "ground_truth": _jsonable(ground_truths[i]) if ground_truths is not None else None,
-                "responses": [], "scores": [], "advantages": [], "response_lengths": [],
-            }  # fmt: skip
+                "responses": [],
+                "scores": [],
+                "advantages": [],
+                "response_lengths": [],
+            }
         g["responses"].append(str(responses[i]))
         g["scores"].append(float(scores[i]))
         g["advantages"].append(float(advantages[i]) if advantages is not None else None)
@@ -77,10 +94,18 @@ def dump_rows(groups: list[dict]) -> list[dict]:
     rows = []
     for g in groups:
         for j, resp in enumerate(g["responses"]):
-            rows.append({
-                "input": g["prompt"], "output": resp, "gts": g["ground_truth"], "score": g["scores"][j], "step": g["step"],
-                "advantage": g["advantages"][j], "data_source": g["data_source"], "uid": g["uid"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "input": g["prompt"],
+                    "output": resp,
+                    "gts": g["ground_truth"],
+                    "score": g["scores"][j],
+                    "step": g["step"],
+                    "advantage": g["advantages"][j],
+                    "data_source": g["data_source"],
+                    "uid": g["uid"],
+                }
+            )
     return rows
 
 
@@ -92,10 +117,17 @@ def group_dump_rows(rows: list[dict], kind: str) -> list[dict]:
         g = groups.get(key)
         if g is None:
             g = groups[key] = {
-                "step": key[0], "kind": kind, "uid": key[1], "data_source": str(r.get("data_source", "")),
-                "prompt": str(r.get("input", "")), "ground_truth": r.get("gts"),
-                "responses": [], "scores": [], "advantages": [], "response_lengths": [],
-            }  # fmt: skip
+                "step": key[0],
+                "kind": kind,
+                "uid": key[1],
+                "data_source": str(r.get("data_source", "")),
+                "prompt": str(r.get("input", "")),
+                "ground_truth": r.get("gts"),
+                "responses": [],
+                "scores": [],
+                "advantages": [],
+                "response_lengths": [],
+            }
         g["responses"].append(str(r.get("output", "")))
         g["scores"].append(_float(r.get("score")))
         g["advantages"].append(_float(r.get("advantage")))
@@ -108,8 +140,13 @@ def normalize_group(row: dict) -> dict:
     if "responses" in row:
         g = dict(row)
     else:  # {"step", "prompt", "response", "score"}
-        g = {"step": row.get("step", 0), "prompt": row.get("prompt", ""), "responses": [row.get("response", "")],
-             "scores": [row.get("score")], "advantages": [row.get("advantage")]}  # fmt: skip
+        g = {
+            "step": row.get("step", 0),
+            "prompt": row.get("prompt", ""),
+            "responses": [row.get("response", "")],
+            "scores": [row.get("score")],
+            "advantages": [row.get("advantage")],
+        }
     g.setdefault("kind", "train")
     g.setdefault("uid", g.get("prompt", ""))
     g.setdefault("data_source", "")

@@ -35,11 +35,14 @@ def build_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall
     val = val[0] if isinstance(val, list) and val else val
     if checkpoint is not None:
         if val and config.get("algorithm", {}).get("name", "rl") == "rl":
-            commands["eval"] = (f"hybridrl eval --model {q(str(checkpoint))} --data {q(str(val))} "
-                                f"--max-response-length {data.get('max_response_length', 512)}")  # fmt: skip
+            commands["eval"] = (
+                f"hybridrl eval --model {q(str(checkpoint))} --data {q(str(val))} "
+                f"--max-response-length {data.get('max_response_length', 512)}"
+            )
         commands["export"] = f"hybridrl export {q(str(checkpoint))} {q(str(run_dir / 'hf_model'))}"
     return {
-        "finished": step >= total_steps or (trainer.get("max_wall_time_s") is not None and wall_time_s >= trainer["max_wall_time_s"]),
+        "finished": step >= total_steps
+        or (trainer.get("max_wall_time_s") is not None and wall_time_s >= trainer["max_wall_time_s"]),
         "step": step,
         "total_steps": total_steps,
         "wall_time_s": wall_time_s,
@@ -59,11 +62,15 @@ def format_summary(d: dict) -> str:
     head = "run finished" if d["finished"] else "run stopped"
     lines = [f"[hybridrl] {head}: step {d['step']}/{d['total_steps']} in {_dur(d['wall_time_s'])} wall time"]
     if d["reward_key"]:
-        lines.append(f"  {d['reward_key']:<34} first {_fmt(d['reward_first'])} -> last {_fmt(d['reward_last'])}"
-                     f"  (mean of the first / last {d['reward_window']} step(s))")  # fmt: skip
+        lines.append(
+            f"  {d['reward_key']:<34} first {_fmt(d['reward_first'])} -> last {_fmt(d['reward_last'])}"
+            f"  (mean of the first / last {d['reward_window']} step(s))"
+        )
     for key, v in d["validation"].items():
-        lines.append(f"  {key:<34} before {_fmt(v['first'])} (step {v['first_step']}) -> after {_fmt(v['last'])} "
-                     f"(step {v['last_step']}); best {_fmt(v['best'])} at step {v['best_step']}")  # fmt: skip
+        lines.append(
+            f"  {key:<34} before {_fmt(v['first'])} (step {v['first_step']}) -> after {_fmt(v['last'])} "
+            f"(step {v['last_step']}); best {_fmt(v['best'])} at step {v['best_step']}"
+        )
     stages = {k: v for k, v in d["stage_mean_s"].items() if v}
     if d["mean_step_s"]:
         total = sum(stages.values()) or 1.0
@@ -75,8 +82,9 @@ def format_summary(d: dict) -> str:
     return "\n".join(lines)
 
 
-def end_of_run_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float,
-                       checkpoint: Path | None) -> dict:  # fmt: skip
+def end_of_run_summary(
+    run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float, checkpoint: Path | None
+) -> dict:
     """Print the summary and write run_summary.json (atomically); returns it."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():

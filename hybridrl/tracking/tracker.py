@@ -116,7 +116,9 @@ def truncate_jsonl(path: Path, step: int) -> None:
         return
     rows, bad = read_jsonl(path)
     if bad:
-        print(f"[hybridrl] note: {path}: skipped {bad} unreadable line(s) (a partial last line of an interrupted run)", flush=True)
+        print(
+            f"[hybridrl] note: {path}: skipped {bad} unreadable line(s) (a partial last line of an interrupted run)", flush=True
+        )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= step))
     os.replace(tmp, path)
@@ -204,7 +206,9 @@ class SwanlabLogger:
 
 
 class Tracker:
-    def __init__(self, loggers, run_dir: Path, *, project: str, name: str, config: dict, total_steps: int, resume_step: int | None):
+    def __init__(
+        self, loggers, run_dir: Path, *, project: str, name: str, config: dict, total_steps: int, resume_step: int | None
+    ):
         unknown = [x for x in loggers if x not in LOGGERS]
         if unknown:
             raise ValueError(f"unknown trainer.logger entries {unknown}; choose from {LOGGERS}")

@@ -80,9 +80,7 @@ def _prune(root: Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints. Each is first renamed to `.trash_step_N`
     (atomic), so a kill mid-delete never leaves a half-deleted directory under a step name;
     leftovers of such a kill are removed the next time."""
-    steps = sorted(
-        (int(m.group(1)), p) for p in root.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
-    )
+    steps = sorted((int(m.group(1)), p) for p in root.glob("step_*") if (m := re.fullmatch(r"step_(\d+)", p.name)))
     for trash in root.glob(".trash_step_*"):
         shutil.rmtree(trash, ignore_errors=True)
     for _, p in steps[:-keep]:
@@ -109,7 +107,13 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "numpy": [
+            np_state[0],
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

@@ -72,8 +72,12 @@ class RolloutSampler:
                 )
             prompts = self.next_prompts()
         batch = concat_padded(kept).index(slice(0, want * n))
-        metrics = {**rollout_metrics, "train/num_gen_batches": rounds, "train/num_groups_generated": generated,
-                   "train/num_groups_kept": groups_kept}  # fmt: skip
+        metrics = {
+            **rollout_metrics,
+            "train/num_gen_batches": rounds,
+            "train/num_groups_generated": generated,
+            "train/num_groups_kept": groups_kept,
+        }
         return batch, prompts_of(batch, n), metrics, reward_metrics
 
     @property

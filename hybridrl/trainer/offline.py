@@ -22,10 +22,16 @@ def record_data(cfg: Config):
     def load(tokenizer):
         d = cfg.data
         records = load_preference_records(
-            d.train_files, tokenizer, cfg.algorithm.name, prompt_key=d.prompt_key, response_key=d.response_key,
-            max_prompt_length=d.max_prompt_length, max_response_length=d.max_response_length,
-            truncation=d.truncation, seed=cfg.trainer.seed,
-        )  # fmt: skip
+            d.train_files,
+            tokenizer,
+            cfg.algorithm.name,
+            prompt_key=d.prompt_key,
+            response_key=d.response_key,
+            max_prompt_length=d.max_prompt_length,
+            max_response_length=d.max_response_length,
+            truncation=d.truncation,
+            seed=cfg.trainer.seed,
+        )
         seed = d.seed if d.seed is not None else cfg.trainer.seed  # data.seed, verl's name for the shuffle seed
         loader = RecordLoader(records, d.train_batch_size, tokenizer.pad_token_id, shuffle=d.shuffle, seed=seed)
         return loader, []

@@ -47,10 +47,15 @@ class OfflineValidator:
         m = cfg.actor_rollout_ref.model
         tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
         records = load_preference_records(
-            d.val_files, tokenizer, cfg.algorithm.name, prompt_key=d.prompt_key,
-            max_prompt_length=d.max_prompt_length, max_response_length=d.max_response_length,
-            truncation=d.truncation, seed=cfg.trainer.seed,
-        )  # fmt: skip
+            d.val_files,
+            tokenizer,
+            cfg.algorithm.name,
+            prompt_key=d.prompt_key,
+            max_prompt_length=d.max_prompt_length,
+            max_response_length=d.max_response_length,
+            truncation=d.truncation,
+            seed=cfg.trainer.seed,
+        )
         return cls(cfg, run, records[: d.val_max_samples] if d.val_max_samples else records)
 
     def _chunks(self):
@@ -81,8 +86,15 @@ class OfflineValidator:
 
     def _dpo(self, c) -> dict[str, float]:
         p = self.cfg.preference
-        out = dpo_loss(c[POLICY_OF[K.CHOSEN]], c[POLICY_OF[K.REJECTED]], c[K.REF_CHOSEN_LOGPS], c[K.REF_REJECTED_LOGPS],
-                       p.beta, p.loss_type, p.label_smoothing)  # fmt: skip
+        out = dpo_loss(
+            c[POLICY_OF[K.CHOSEN]],
+            c[POLICY_OF[K.REJECTED]],
+            c[K.REF_CHOSEN_LOGPS],
+            c[K.REF_REJECTED_LOGPS],
+            p.beta,
+            p.loss_type,
+            p.label_smoothing,
+        )
         chosen, rejected = out["chosen_rewards"], out["rejected_rewards"]
         return {
             "val/loss": float(out["losses"].mean()),

@@ -39,8 +39,12 @@ class PPOTrainer(Trainer):
         algo = cfg.algorithm
         self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
         if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:
-            raise ConfigError([f"algorithm.adv_estimator={algo.adv_estimator} needs {unmet}, which the RL loop does not "
-                               f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"algorithm.adv_estimator={algo.adv_estimator} needs {unmet}, which the RL loop does not "
+                    f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"
+                ]
+            )
         super().__init__(cfg, build_run(cfg))
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         if self.run.trainer_state.get("kl_ctrl"):

@@ -58,5 +58,4 @@ class PreferenceTrainer(OfflineTrainer):
                 r.ref_logps = {key: float(out[key][i]) for key in self.ref_outputs.values()}
         if not run.save_ref:
             run.actor.release_reference()
-        print(f"[hybridrl] reference log-probs of {len(records)} rows precomputed in {time.perf_counter() - t0:.1f}s",
-              flush=True)  # fmt: skip
+        print(f"[hybridrl] reference log-probs of {len(records)} rows precomputed in {time.perf_counter() - t0:.1f}s", flush=True)

@@ -25,11 +25,18 @@ def log_train_samples(run_dir: Path, trainer_cfg, step: int, batch: Batch, score
     mask = batch[K.RESPONSE_MASK]
     adv = masked_mean(batch[K.ADVANTAGES], mask, dim=-1) if K.ADVANTAGES in batch else None  # (B,) per-sequence mean
     groups = prompt_groups(
-        step, "train", prompts=batch[K.RAW_PROMPT], responses=batch[K.RESPONSE_TEXT], scores=scores.tolist(),
-        uids=batch[K.UID], ground_truths=batch[K.GROUND_TRUTH], data_sources=batch[K.DATA_SOURCE],
-        advantages=adv.tolist() if adv is not None else None, lengths=mask.sum(-1).long().tolist(),
+        step,
+        "train",
+        prompts=batch[K.RAW_PROMPT],
+        responses=batch[K.RESPONSE_TEXT],
+        scores=scores.tolist(),
+        uids=batch[K.UID],
+        ground_truths=batch[K.GROUND_TRUTH],
+        data_sources=batch[K.DATA_SOURCE],
+        advantages=adv.tolist() if adv is not None else None,
+        lengths=mask.sum(-1).long().tolist(),
         limit=None if dump_dir else keep,
-    )  # fmt: skip
+    )
     append_jsonl(run_dir / "samples.jsonl", groups[:keep])
     if dump_dir:
         write_dump(Path(dump_dir) / f"{step}.jsonl", dump_rows(groups))
@@ -41,11 +48,17 @@ def log_val_samples(run_dir: Path, trainer_cfg, step: int, rows: list[dict]) -> 
     if (keep <= 0 and not dump_dir) or not rows:
         return
     groups = prompt_groups(
-        step, "val", prompts=[r["prompt"] for r in rows], responses=[r["response"] for r in rows],
-        scores=[r["score"] for r in rows], uids=[r["index"] for r in rows], ground_truths=[r["ground_truth"] for r in rows],
-        data_sources=[r["data_source"] for r in rows], lengths=[r["response_length"] for r in rows],
+        step,
+        "val",
+        prompts=[r["prompt"] for r in rows],
+        responses=[r["response"] for r in rows],
+        scores=[r["score"] for r in rows],
+        uids=[r["index"] for r in rows],
+        ground_truths=[r["ground_truth"] for r in rows],
+        data_sources=[r["data_source"] for r in rows],
+        lengths=[r["response_length"] for r in rows],
         limit=None if dump_dir else keep,
-    )  # fmt: skip
+    )
     append_jsonl(run_dir / "samples.jsonl", groups[:keep])
     if dump_dir:
         write_dump(Path(dump_dir) / f"{step}.jsonl", dump_rows(groups))

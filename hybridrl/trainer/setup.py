@@ -99,8 +99,14 @@ class RunContext:
         if not self.closed:
             self.tracker.close()
             self.closed = True
-            end_of_run_summary(self.dir, to_dict(self.cfg), self.global_step, self.total_steps,
-                               time.perf_counter() - self.started, ckpt.latest_checkpoint(self.ckpt_root))  # fmt: skip
+            end_of_run_summary(
+                self.dir,
+                to_dict(self.cfg),
+                self.global_step,
+                self.total_steps,
+                time.perf_counter() - self.started,
+                ckpt.latest_checkpoint(self.ckpt_root),
+            )
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -129,8 +135,11 @@ def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
     if saved == sizes:
         workers.backend.run_on_hosts(_load_worker_rng, str(path))
     else:
-        print(f"[hybridrl] note: {path} was saved by other worker pools ({saved} vs {sizes} ranks); "
-              "worker RNG streams restart from the seed", flush=True)
+        print(
+            f"[hybridrl] note: {path} was saved by other worker pools ({saved} vs {sizes} ranks); "
+            "worker RNG streams restart from the seed",
+            flush=True,
+        )
 
 
 def _reward_fn(cfg):
@@ -153,8 +162,9 @@ def reward_pool(cfg, compute_score) -> WorkerPool:
     `custom_reward_function.timeout_s`."""
     c = cfg.custom_reward_function
     if c.path:
-        return WorkerPool(Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers,
-                          timeout_s=c.timeout_s)  # fmt: skip
+        return WorkerPool(
+            Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers, timeout_s=c.timeout_s
+        )
     return WorkerPool(compute_score, kind="thread", timeout_s=c.timeout_s)
 
 
@@ -188,8 +198,10 @@ def build_run(
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
     compute_score, need_gt, custom = _reward_fn(cfg)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
-    notice(f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
-           f"({'Ray' if uses_ray(cfg) else 'in-process'})")
+    notice(
+        f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
+        f"({'Ray' if uses_ray(cfg) else 'in-process'})"
+    )
     a, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if need_ref is None:
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
@@ -220,9 +232,11 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     critic_steps = total_steps * plan.critic.optimizer_steps_per_step if critic else 0
 
     state: dict = {}
-    notice(f"loading the policy {m.path}{' (random weights)' if m.random_init and resume_from is None else ''}"
-           f"{' + the frozen reference' if need_ref else ''}{' and the critic' if critic else ''}"
-           f"{f' from {resume_from}' if resume_from else ''}; rollout engine {cfg.actor_rollout_ref.rollout.name}")
+    notice(
+        f"loading the policy {m.path}{' (random weights)' if m.random_init and resume_from is None else ''}"
+        f"{' + the frozen reference' if need_ref else ''}{' and the critic' if critic else ''}"
+        f"{f' from {resume_from}' if resume_from else ''}; rollout engine {cfg.actor_rollout_ref.rollout.name}"
+    )
     if resume_from is None:
         actor.init_model(m.path, m.random_init, actor_steps, need_ref, ref_path=None)
         if critic:
@@ -243,10 +257,14 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
 
     global_step = state.get("global_step", 0)
     tracker = Tracker(
-        cfg.trainer.logger, out,
-        project=cfg.trainer.project_name, name=cfg.trainer.experiment_name, config=to_dict(cfg),
-        total_steps=total_steps, resume_step=global_step if resume_from else None,
-    )  # fmt: skip
+        cfg.trainer.logger,
+        out,
+        project=cfg.trainer.project_name,
+        name=cfg.trainer.experiment_name,
+        config=to_dict(cfg),
+        total_steps=total_steps,
+        resume_step=global_step if resume_from else None,
+    )
     if resume_from is None:
         if cfg.warmup.steps > 0:
             notice(f"supervised warm-up: {cfg.warmup.steps} steps on {cfg.warmup.files}")
@@ -254,7 +272,11 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
         actor.freeze_reference()
         print(f"[hybridrl] run dir {out} | {total_steps} steps | {_where(cfg, workers)}", flush=True)
         r, dev = cfg.actor_rollout_ref.rollout, cfg.trainer.device
-        if r.name in ("native", "auto") and not r.enforce_eager and (dev == "cuda" or dev == "auto" and torch.cuda.is_available()):
+        if (
+            r.name in ("native", "auto")
+            and not r.enforce_eager
+            and (dev == "cuda" or dev == "auto" and torch.cuda.is_available())
+        ):
             notice("the first generation captures the native engine's CUDA graphs (once per batch-size band)")
     else:
         _truncate_jsonl(out / "samples.jsonl", global_step)
@@ -262,12 +284,23 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
     save_config(cfg, out / "config.yaml")
 
     return RunContext(
-        cfg=cfg, dir=out, loader=loader, val_records=val_records, actor=actor, critic=critic,
-        compute_score=compute_score, need_ref=need_ref, save_ref=save_ref, tracker=tracker,
-        total_steps=total_steps, pad_token_id=tokenizer.pad_token_id,
+        cfg=cfg,
+        dir=out,
+        loader=loader,
+        val_records=val_records,
+        actor=actor,
+        critic=critic,
+        compute_score=compute_score,
+        need_ref=need_ref,
+        save_ref=save_ref,
+        tracker=tracker,
+        total_steps=total_steps,
+        pad_token_id=tokenizer.pad_token_id,
         val_batch_size=cfg.data.val_batch_size or max(1, len(val_records)),
-        workers=workers, global_step=global_step, trainer_state=state,
-    )  # fmt: skip
+        workers=workers,
+        global_step=global_step,
+        trainer_state=state,
+    )
 
 
 def _where(cfg, workers: WorkerGroups) -> str:
@@ -280,23 +313,35 @@ def _where(cfg, workers: WorkerGroups) -> str:
 def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows."""
     records = load_prompt_records(
-        cfg.data.train_files, tokenizer,
-        prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-        max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
-        filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt,
-    )  # fmt: skip
+        cfg.data.train_files,
+        tokenizer,
+        prompt_key=cfg.data.prompt_key,
+        reward_fn_key=cfg.data.reward_fn_key,
+        max_prompt_length=cfg.data.max_prompt_length,
+        truncation=cfg.data.truncation,
+        filter_overlong=cfg.data.filter_overlong_prompts,
+        require_ground_truth=need_gt,
+    )
     _check_reward_kwargs(cfg, custom_reward, records)
     val_records = []
     if cfg.data.val_files:
         val_records = load_prompt_records(
-            cfg.data.val_files, tokenizer,
-            prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
-            max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation,
-            filter_overlong=cfg.data.filter_overlong_prompts, require_ground_truth=need_gt, max_rows=cfg.data.val_max_samples,
-        )  # fmt: skip
+            cfg.data.val_files,
+            tokenizer,
+            prompt_key=cfg.data.prompt_key,
+            reward_fn_key=cfg.data.reward_fn_key,
+            max_prompt_length=cfg.data.max_prompt_length,
+            truncation=cfg.data.truncation,
+            filter_overlong=cfg.data.filter_overlong_prompts,
+            require_ground_truth=need_gt,
+            max_rows=cfg.data.val_max_samples,
+        )
     # DAPO dynamic sampling draws data.gen_batch_size prompts per generation round
-    prompts_per_batch = (cfg.data.gen_batch_size or cfg.data.train_batch_size) if cfg.algorithm.filter_groups.enable \
+    prompts_per_batch = (
+        (cfg.data.gen_batch_size or cfg.data.train_batch_size)
+        if cfg.algorithm.filter_groups.enable
         else cfg.data.train_batch_size
+    )
     loader = PromptLoader(records, prompts_per_batch, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=_shuffle_seed(cfg))
     return loader, val_records
 
@@ -321,8 +366,13 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 def run_warmup(cfg, actor, tokenizer) -> dict:
     """A short supervised stage on (prompt, response) rows before RL (the quickstart uses it)."""
     w = cfg.warmup
-    pairs = load_warmup_pairs(w.files, tokenizer, prompt_key=cfg.data.prompt_key,
-                              max_prompt_length=cfg.data.max_prompt_length, truncation=cfg.data.truncation)  # fmt: skip
+    pairs = load_warmup_pairs(
+        w.files,
+        tokenizer,
+        prompt_key=cfg.data.prompt_key,
+        max_prompt_length=cfg.data.max_prompt_length,
+        truncation=cfg.data.truncation,
+    )
     rng = np.random.default_rng(cfg.trainer.seed)
     pad = tokenizer.pad_token_id
     for step in range(1, w.steps + 1):
@@ -331,7 +381,10 @@ def run_warmup(cfg, actor, tokenizer) -> dict:
         idx = rng.choice(len(pairs), size=size, replace=False)
         m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
         if step == w.steps or step % max(1, w.steps // 5) == 0:
-            print(f"warm-up {step}/{w.steps} | warmup/loss {m['warmup/loss']:.3f} | warmup/token_acc {m['warmup/token_acc']:.3f}", flush=True)
+            print(
+                f"warm-up {step}/{w.steps} | warmup/loss {m['warmup/loss']:.3f} | warmup/token_acc {m['warmup/token_acc']:.3f}",
+                flush=True,
+            )
     return m
 
 

@@ -30,10 +30,14 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
             where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
             if attempt == limit:
                 raise WorkerDiedError(
-                    f"{e}; {where}. Resume with trainer.resume_mode=auto, or set trainer.max_restarts=N to "
-                    "restart automatically", e.role, e.rank, e.node) from None  # fmt: skip
-            print(f"[hybridrl] {e}; {where}: restarting the worker groups "
-                  f"({attempt + 1}/{limit}, trainer.max_restarts)", flush=True)  # fmt: skip
+                    f"{e}; {where}. Resume with trainer.resume_mode=auto, or set trainer.max_restarts=N to restart automatically",
+                    e.role,
+                    e.rank,
+                    e.node,
+                ) from None
+            print(
+                f"[hybridrl] {e}; {where}: restarting the worker groups ({attempt + 1}/{limit}, trainer.max_restarts)", flush=True
+            )
             cfg = resume_config(cfg, last)
         finally:
             if trainer is not None:

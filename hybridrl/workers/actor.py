@@ -36,8 +36,12 @@ from hybridrl.workers.weight_sync import WeightSync
 
 def log_prob_split(part, micro_size: int, name: str) -> Split:
     """The micro-batches of a log-prob pass, by `actor_rollout_ref.<name>` (rollout or ref)."""
-    return Split(micro_size, part.log_prob_use_dynamic_bsz, part.log_prob_max_token_len_per_gpu,
-                 f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu")  # fmt: skip
+    return Split(
+        micro_size,
+        part.log_prob_use_dynamic_bsz,
+        part.log_prob_max_token_len_per_gpu,
+        f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu",
+    )
 
 
 def offline_step(engine: TrainEngine, batch: Batch, objective, micro_size: int, optimizer: str | None = None) -> dict:
@@ -47,8 +51,11 @@ def offline_step(engine: TrainEngine, batch: Batch, objective, micro_size: int, 
     out = {k: v[0] for k, v in m.items() if not k.startswith("actor/")}
     if optimizer is not None:  # the warm-up reports its loss only
         return out
-    step = {"actor/grad_norm": m["actor/grad_norm"][0], "actor/lr": engine.scheduler.get_last_lr()[0],
-            "actor/nonfinite_skipped": m["actor/nonfinite_skipped"][0]}  # fmt: skip
+    step = {
+        "actor/grad_norm": m["actor/grad_norm"][0],
+        "actor/lr": engine.scheduler.get_last_lr()[0],
+        "actor/nonfinite_skipped": m["actor/nonfinite_skipped"][0],
+    }
     return {**out, **step, "actor/nonfinite_in_a_row": engine.nonfinite_in_a_row}
 
 
@@ -70,19 +77,29 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
         self.policy = PolicyWeights(m)
         self.engine = TrainEngine(self.device, "actor", forward.log_probs)
-        self.model = self.engine.place(self.policy.load(model_path, random_init), remove_padding=m.use_remove_padding,
-                                       attn_backend=m.packed_attn_backend, checkpointing=m.enable_gradient_checkpointing,
-                                       compile_layers=a.use_torch_compile, param_offload=a.fsdp_config.param_offload)  # fmt: skip
+        self.model = self.engine.place(
+            self.policy.load(model_path, random_init),
+            remove_padding=m.use_remove_padding,
+            attn_backend=m.packed_attn_backend,
+            checkpointing=m.enable_gradient_checkpointing,
+            compile_layers=a.use_torch_compile,
+            param_offload=a.fsdp_config.param_offload,
+        )
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
         r, data = self.arr.rollout, self.cfg.data
         self.rollout = make_rollout_engine(
-            r.name, self.model, self.tokenizer, max_num_seqs=r.max_num_seqs, autocast_dtype=self.engine.amp, rollout=r,
+            r.name,
+            self.model,
+            self.tokenizer,
+            max_num_seqs=r.max_num_seqs,
+            autocast_dtype=self.engine.amp,
+            rollout=r,
             max_model_len=data.max_prompt_length + data.max_response_length,
             # LoRA: an engine with its own weights starts from the merged policy and never aliases the base;
             # FSDP: from the gathered full tensors (it cannot alias shards)
             named_weights=self.policy.named_weights(self.model) if self.policy.lora or is_sharded(self.model) else None,
-        )  # fmt: skip
+        )
         self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
         self.need_ref = need_ref
         self.reference = Reference(self.arr, self.device, self.policy)
@@ -165,10 +182,20 @@ class ActorRolloutRefWorker(ProfiledWorker):
         extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
         batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *extra])
         start = self.engine.perf_start()
-        split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # fmt: skip
-        metrics = self.engine.update(batch, PPOPolicyLoss(a, self.temperature), split, epochs=a.ppo_epochs, shuffle=a.shuffle,
-                                     mini_size=self.plan.actor.per_device_mini_batch)  # fmt: skip
+        split = Split(
+            self.plan.actor.micro_batch,
+            a.use_dynamic_bsz,
+            a.ppo_max_token_len_per_gpu,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        )
+        metrics = self.engine.update(
+            batch,
+            PPOPolicyLoss(a, self.temperature),
+            split,
+            epochs=a.ppo_epochs,
+            shuffle=a.shuffle,
+            mini_size=self.plan.actor.per_device_mini_batch,
+        )
         out = self.engine.summarize(metrics)
         out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
         return out

@@ -39,10 +39,15 @@ class CriticWorker(ProfiledWorker):
         self.engine = TrainEngine(self.device, "critic", forward.values)
         # Not compiled: unlike the actor's, the critic's layers were not measured compiled. The critic
         # is run through its response-value methods, not forward (FSDP gathers around those too).
-        self.model = self.engine.place(ValueModel(backbone), hooks_on=backbone, remove_padding=c.model.use_remove_padding,
-                                       attn_backend=m.packed_attn_backend, checkpointing=c.model.enable_gradient_checkpointing,
-                                       param_offload=c.model.fsdp_config.param_offload,
-                                       forward_methods=("response_values", "packed_response_values"))  # fmt: skip
+        self.model = self.engine.place(
+            ValueModel(backbone),
+            hooks_on=backbone,
+            remove_padding=c.model.use_remove_padding,
+            attn_backend=m.packed_attn_backend,
+            checkpointing=c.model.enable_gradient_checkpointing,
+            param_offload=c.model.fsdp_config.param_offload,
+            forward_methods=("response_values", "packed_response_values"),
+        )
         self.engine.build_optimizer(c.optim, total_optimizer_steps, c.grad_clip, c.model.fsdp_config.optimizer_offload)
 
     def _split(self, budget: int, what: str) -> Split:
@@ -63,8 +68,13 @@ class CriticWorker(ProfiledWorker):
         """Clipped value regression onto RETURNS; reads SEQ_KEYS, VALUES, RETURNS."""
         batch = batch.select([*SEQ_KEYS, K.VALUES, K.RETURNS])  # only these are copied to the device
         split = self._split(self.cfg.critic.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
-        metrics = self.engine.update(batch, ValueLoss(self.cfg.critic), split, epochs=self.plan.critic.epochs,
-                                     mini_size=self.plan.critic.per_device_mini_batch)  # fmt: skip
+        metrics = self.engine.update(
+            batch,
+            ValueLoss(self.cfg.critic),
+            split,
+            epochs=self.plan.critic.epochs,
+            mini_size=self.plan.critic.per_device_mini_batch,
+        )
         return self.engine.summarize(metrics)
 
     @register(Dispatch.RANK0)

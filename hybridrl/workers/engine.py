@@ -130,15 +130,32 @@ class TrainEngine:
         self.slots = 0  # token slots computed (padding included) since the last reset: pad_fraction
 
     # -- setup -----------------------------------------------------------------------------------
-    def place(self, model, *, remove_padding: bool, attn_backend: str = "auto", checkpointing: bool = False,
-              compile_layers: bool = False, param_offload: bool = False, forward_methods: tuple[str, ...] = (),
-              hooks_on=None, train: bool = True):  # fmt: skip
+    def place(
+        self,
+        model,
+        *,
+        remove_padding: bool,
+        attn_backend: str = "auto",
+        checkpointing: bool = False,
+        compile_layers: bool = False,
+        param_offload: bool = False,
+        forward_methods: tuple[str, ...] = (),
+        hooks_on=None,
+        train: bool = True,
+    ):
         """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
         in train mode, or frozen (eval mode, no gradients) with `train=False`."""
-        self.model, self.packing = parallelize(model, self.device, remove_padding=remove_padding, attn_backend=attn_backend,
-                                               checkpointing=checkpointing, compile_layers=compile_layers,
-                                               param_offload=param_offload, forward_methods=forward_methods,
-                                               hooks_on=hooks_on)  # fmt: skip
+        self.model, self.packing = parallelize(
+            model,
+            self.device,
+            remove_padding=remove_padding,
+            attn_backend=attn_backend,
+            checkpointing=checkpointing,
+            compile_layers=compile_layers,
+            param_offload=param_offload,
+            forward_methods=forward_methods,
+            hooks_on=hooks_on,
+        )
         if train:
             self.model.train()
         else:
@@ -180,8 +197,17 @@ class TrainEngine:
         return restore_order(torch.cat(outs), order)
 
     # -- update ----------------------------------------------------------------------------------
-    def update(self, batch: Batch, objective: Objective, split: Split, *, epochs: int = 1, shuffle: bool = False,
-               mini_size: int | None = None, optimizer: str | None = None) -> dict[str, list[float]]:  # fmt: skip
+    def update(
+        self,
+        batch: Batch,
+        objective: Objective,
+        split: Split,
+        *,
+        epochs: int = 1,
+        shuffle: bool = False,
+        mini_size: int | None = None,
+        optimizer: str | None = None,
+    ) -> dict[str, list[float]]:
         """`epochs` passes over `batch` (reshuffled each epoch with `shuffle`), one optimizer step
         per mini-batch of `mini_size` rows (default: the whole batch); the metrics of every step,
         with `<role>/grad_norm` and `<role>/nonfinite_skipped` (1.0 for a skipped step)."""
@@ -259,7 +285,8 @@ class TrainEngine:
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
-        out = perf.update_metrics(self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes * epochs,
-                                  seconds, self.device, role=self.role)  # fmt: skip
+        out = perf.update_metrics(
+            self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes * epochs, seconds, self.device, role=self.role
+        )
         out[f"{self.role}/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self.slots, 1)
         return out

@@ -25,8 +25,16 @@ def _autocast(engine):
     return torch.autocast(engine.device.type, dtype=engine.amp, enabled=engine.amp is not None)
 
 
-def log_probs(engine, model, micro: Batch, key: str = K.RESPONSES, *, temperature: float = 1.0, with_entropy: bool = False,
-              entropy_grad: bool = False):  # fmt: skip
+def log_probs(
+    engine,
+    model,
+    micro: Batch,
+    key: str = K.RESPONSES,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+):
     """Log-probs (b, R) of completion field `key` after the prompt, entropy (b, R) or None, and
     argmax hits (b, R); packed (padding-free, fused LM head) when the engine packs. `temperature`
     scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""

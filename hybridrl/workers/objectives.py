@@ -15,8 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrl.algorithms import agg_loss, compute_entropy_loss, compute_value_loss, dpo_loss, get_policy_loss, kl_penalty
-from hybridrl.algorithms import kto_loss, sft_loss
+from hybridrl.algorithms import (
+    agg_loss,
+    compute_entropy_loss,
+    compute_value_loss,
+    dpo_loss,
+    get_policy_loss,
+    kl_penalty,
+    kto_loss,
+    sft_loss,
+)
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.fsdp import dp_normalizer, dp_size
@@ -162,12 +170,18 @@ class DPOLoss:
     def __call__(self, forward, micro: Batch, norms: dict[str, float]):
         p, b = self.pref, len(micro)
         # chosen and rejected in one forward pass: (2b, R)
-        pair = Batch({K.PROMPTS: micro[K.PROMPTS].repeat(2, 1), K.PROMPT_MASK: micro[K.PROMPT_MASK].repeat(2, 1),
-                      K.RESPONSES: torch.cat([micro[K.CHOSEN], micro[K.REJECTED]]),
-                      K.RESPONSE_MASK: torch.cat([micro[K.CHOSEN_MASK], micro[K.REJECTED_MASK]])})  # fmt: skip
+        pair = Batch(
+            {
+                K.PROMPTS: micro[K.PROMPTS].repeat(2, 1),
+                K.PROMPT_MASK: micro[K.PROMPT_MASK].repeat(2, 1),
+                K.RESPONSES: torch.cat([micro[K.CHOSEN], micro[K.REJECTED]]),
+                K.RESPONSE_MASK: torch.cat([micro[K.CHOSEN_MASK], micro[K.REJECTED_MASK]]),
+            }
+        )
         logps = completion_log_probs(forward, pair, K.RESPONSES)[0].sum(-1)  # (2b,)
-        out = dpo_loss(logps[:b], logps[b:], micro[K.REF_CHOSEN_LOGPS], micro[K.REF_REJECTED_LOGPS],
-                       p.beta, p.loss_type, p.label_smoothing)  # fmt: skip
+        out = dpo_loss(
+            logps[:b], logps[b:], micro[K.REF_CHOSEN_LOGPS], micro[K.REF_REJECTED_LOGPS], p.beta, p.loss_type, p.label_smoothing
+        )
         out.update(chosen_logps=logps[:b], rejected_logps=logps[b:])
         return out["losses"].sum() / norms["global_seqs"], {k: v.detach() for k, v in out.items()}
 
@@ -196,8 +210,9 @@ class KTOLoss:
     def __call__(self, forward, micro: Batch, norms: dict[str, float]):
         p = self.pref
         logps = completion_log_probs(forward, micro, K.RESPONSES)[0].sum(-1)  # (b,)
-        out = kto_loss(logps, micro[K.REF_LOGPS], micro[K.LABEL], self.kl_ref_point, p.beta,
-                       p.desirable_weight, p.undesirable_weight)  # fmt: skip
+        out = kto_loss(
+            logps, micro[K.REF_LOGPS], micro[K.LABEL], self.kl_ref_point, p.beta, p.desirable_weight, p.undesirable_weight
+        )
         out.update(logps=logps, labels=micro[K.LABEL])
         return out["losses"].sum() / norms["global_seqs"], {k: v.detach() for k, v in out.items()}
 
@@ -206,8 +221,11 @@ class KTOLoss:
         good, z0 = s["labels"], max(float(self.kl_ref_point), 0.0) * self.pref.beta
         # KTO's "accuracy": the share of examples on the right side of the reference point.
         right = torch.where(good, s["rewards"] > z0, s["rewards"] < z0)
-        metrics = {"loss": float(s["losses"].mean()), "kl": max(float(self.kl_ref_point), 0.0),
-                   "rewards/accuracies": float(right.float().mean())}  # fmt: skip
+        metrics = {
+            "loss": float(s["losses"].mean()),
+            "kl": max(float(self.kl_ref_point), 0.0),
+            "rewards/accuracies": float(right.float().mean()),
+        }
         for name, sel in (("chosen", good), ("rejected", ~good)):
             if sel.any():  # a batch may hold only one kind
                 metrics[f"rewards/{name}"] = float(s["rewards"][sel].mean())

@@ -29,8 +29,9 @@ class PolicyWeights:
         if self.lora and adapter.is_dir():
             saved_base = Path(model_path).parent / lora.BASE_DIR
             base_path, random_init = (str(saved_base), False) if saved_base.is_dir() else (m.path, m.random_init)
-        model = load_causal_lm(base_path, random_init=random_init, override_config=m.override_config,
-                               trust_remote_code=m.trust_remote_code)  # fmt: skip
+        model = load_causal_lm(
+            base_path, random_init=random_init, override_config=m.override_config, trust_remote_code=m.trust_remote_code
+        )
         if not self.lora:
             return model
         if adapter.is_dir():

@@ -29,9 +29,14 @@ class Reference:
         """A freshly built reference: the same (packed, compiled) passes as the policy, placed
         (sharded) like it, frozen."""
         m = self.arr.model
-        return self.engine.place(model, remove_padding=m.use_remove_padding, attn_backend=m.packed_attn_backend,
-                                 compile_layers=self.arr.actor.use_torch_compile,
-                                 param_offload=self.arr.ref.fsdp_config.param_offload, train=False)  # fmt: skip
+        return self.engine.place(
+            model,
+            remove_padding=m.use_remove_padding,
+            attn_backend=m.packed_attn_backend,
+            compile_layers=self.arr.actor.use_torch_compile,
+            param_offload=self.arr.ref.fsdp_config.param_offload,
+            train=False,
+        )
 
     def load(self, path: str, random_init: bool = False) -> None:
         self._place(load_causal_lm(path, random_init=random_init, trust_remote_code=self.arr.model.trust_remote_code))
@@ -43,8 +48,9 @@ class Reference:
             # An FSDP module cannot be deep-copied: build the same sharded model, copy the shards.
             from transformers import AutoModelForCausalLM
 
-            ref = AutoModelForCausalLM.from_config(policy_model.config, dtype=torch.float32,
-                                                   trust_remote_code=self.arr.model.trust_remote_code)  # fmt: skip
+            ref = AutoModelForCausalLM.from_config(
+                policy_model.config, dtype=torch.float32, trust_remote_code=self.arr.model.trust_remote_code
+            )
             copy_weights(policy_model, self._place(ref))
             return
         ref = copy.deepcopy(policy_model)

@@ -76,9 +76,7 @@ def test_rloo_hand_numbers():
     # Group 1 = score 7 alone: no baseline -> A = 7.
     rewards = torch.tensor([[0.0, 1.0], [0.0, 7.0], [2.0, 0.0], [0.0, 6.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
-    adv, ret = get_adv_estimator("rloo")(
-        token_level_rewards=rewards, response_mask=mask, index=["g", "h", "g", "g"]
-    )
+    adv, ret = get_adv_estimator("rloo")(token_level_rewards=rewards, response_mask=mask, index=["g", "h", "g", "g"])
     expected = torch.tensor([[-3.0, -3.0], [7.0, 7.0], [-1.5, 0.0], [4.5, 4.5]])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, adv)
@@ -88,9 +86,7 @@ def test_rloo_hand_numbers():
 
 
 def _gae(rewards, values, mask, gamma, lam):
-    return get_adv_estimator("gae")(
-        token_level_rewards=rewards, response_mask=mask, values=values, gamma=gamma, lam=lam
-    )
+    return get_adv_estimator("gae")(token_level_rewards=rewards, response_mask=mask, values=values, gamma=gamma, lam=lam)
 
 
 def test_gae_hand_numbers():
@@ -173,9 +169,7 @@ def test_remax_hand_numbers():
     # baseline 0.5 -> A = [.5, .5, 0].
     r = torch.tensor([[0.0, 1.0, 2.0]])
     m = torch.tensor([[1.0, 1.0, 0.0]])
-    adv, ret = get_adv_estimator("remax")(
-        token_level_rewards=r, response_mask=m, reward_baselines=torch.tensor([0.5])
-    )
+    adv, ret = get_adv_estimator("remax")(token_level_rewards=r, response_mask=m, reward_baselines=torch.tensor([0.5]))
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0]]))
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.0]]))
 

@@ -27,8 +27,13 @@ def actor(**policy_loss) -> ActorConfig:
 def call(mode, old, new, adv, mask, agg="token-mean", cfg=None, **kw):
     log_prob = t(new).requires_grad_(True)
     out = get_policy_loss(mode)(
-        old_log_prob=t(old), log_prob=log_prob, advantages=t(adv), response_mask=t(mask),
-        loss_agg_mode=agg, config=cfg or actor(), **kw,
+        old_log_prob=t(old),
+        log_prob=log_prob,
+        advantages=t(adv),
+        response_mask=t(mask),
+        loss_agg_mode=agg,
+        config=cfg or actor(),
+        **kw,
     )
     out["pg_loss"].backward()
     return out, log_prob.grad
@@ -47,8 +52,14 @@ def test_every_loss_returns_the_same_keys_as_0_dim_tensors():
     old, new = torch.randn(3, 4, generator=g, dtype=D), torch.randn(3, 4, generator=g, dtype=D)
     adv, mask = torch.randn(3, 4, generator=g, dtype=D), (torch.rand(3, 4, generator=g) > 0.3).to(D)
     for name, fn in POLICY_LOSSES.items():
-        out = fn(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, loss_agg_mode="token-mean",
-                 config=actor(clip_cov_ratio=0.5, kl_cov_ratio=0.5))
+        out = fn(
+            old_log_prob=old,
+            log_prob=new,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=actor(clip_cov_ratio=0.5, kl_cov_ratio=0.5),
+        )
         for key in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
             assert out[key].dim() == 0 and torch.isfinite(out[key]), (name, key)
 
@@ -59,10 +70,28 @@ def test_vanilla_is_compute_policy_loss_exactly():
     adv, mask = torch.randn(4, 5, generator=g, dtype=D), (torch.rand(4, 5, generator=g) > 0.3).to(D)
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=2.5)
     for agg in ("token-mean", "seq-mean-token-mean"):
-        ref = compute_policy_loss(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, clip_ratio_low=0.2,
-                                  clip_ratio_high=0.28, clip_ratio_c=2.5, loss_agg_mode=agg, global_tokens=17, global_seqs=6)
-        out = get_policy_loss("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
-                                         loss_agg_mode=agg, config=cfg, global_tokens=17, global_seqs=6)
+        ref = compute_policy_loss(
+            old_log_prob=old,
+            log_prob=new,
+            advantages=adv,
+            response_mask=mask,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=2.5,
+            loss_agg_mode=agg,
+            global_tokens=17,
+            global_seqs=6,
+        )
+        out = get_policy_loss("vanilla")(
+            old_log_prob=old,
+            log_prob=new,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode=agg,
+            config=cfg,
+            global_tokens=17,
+            global_seqs=6,
+        )
         assert out.keys() == ref.keys()
         for k in ref:
             assert torch.equal(out[k], ref[k]), k
@@ -70,8 +99,14 @@ def test_vanilla_is_compute_policy_loss_exactly():
 
 def test_vanilla_multiplies_token_losses_by_rollout_is_weights():
     # ratio 1 everywhere: loss_t = -A_t * w_t = [-0.5, -2, -6] over 3 tokens
-    out, _ = call("vanilla", [[0, 0], [0, 0]], [[0, 0], [0, 0]], [[1, 2], [3, 5]], [[1, 1], [1, 0]],
-                  rollout_is_weights=t([[0.5, 1], [2, 1]]))
+    out, _ = call(
+        "vanilla",
+        [[0, 0], [0, 0]],
+        [[0, 0], [0, 0]],
+        [[1, 2], [3, 5]],
+        [[1, 1], [1, 0]],
+        rollout_is_weights=t([[0.5, 1], [2, 1]]),
+    )
     assert out["pg_loss"].item() == pytest.approx(-8.5 / 3)
 
 
@@ -180,8 +215,19 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss_for_every_mode():
     for name in ("vanilla", "gspo", "cispo", "gpg", "geo_mean"):  # the cov modes select tokens per micro-batch
         fn = get_policy_loss(name)
         counts = dict(global_tokens=mask.sum(), global_seqs=4)
-        whole = fn(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, loss_agg_mode="token-mean",
-                   config=cfg, **counts)["pg_loss"]
-        parts = sum(fn(old_log_prob=old[s], log_prob=new[s], advantages=adv[s], response_mask=mask[s],
-                       loss_agg_mode="token-mean", config=cfg, **counts)["pg_loss"] for s in (slice(0, 1), slice(1, 4)))
+        whole = fn(
+            old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, loss_agg_mode="token-mean", config=cfg, **counts
+        )["pg_loss"]
+        parts = sum(
+            fn(
+                old_log_prob=old[s],
+                log_prob=new[s],
+                advantages=adv[s],
+                response_mask=mask[s],
+                loss_agg_mode="token-mean",
+                config=cfg,
+                **counts,
+            )["pg_loss"]
+            for s in (slice(0, 1), slice(1, 4))
+        )
         assert parts.item() == pytest.approx(whole.item()), name

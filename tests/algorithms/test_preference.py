@@ -54,8 +54,9 @@ def test_dpo_rejects_unknown_loss_type():
 
 def test_kto_losses_hand_numbers():
     # r = policy - ref: desirable 2, undesirable -1; z0 = 1; beta = 0.5
-    out = kto_loss(t(-1.0, -4.0), t(-3.0, -3.0), torch.tensor([True, False]), 1.0, beta=0.5,
-                   desirable_weight=2.0, undesirable_weight=1.5)  # fmt: skip
+    out = kto_loss(
+        t(-1.0, -4.0), t(-3.0, -3.0), torch.tensor([True, False]), 1.0, beta=0.5, desirable_weight=2.0, undesirable_weight=1.5
+    )
     desirable = 2.0 * (1 - 1 / (1 + math.exp(-0.5)))  # 1 - sigmoid(0.5 * (2 - 1)) = 0.377541
     undesirable = 1.5 * (1 - 1 / (1 + math.exp(-1.0)))  # 1 - sigmoid(0.5 * (1 - -1)) = 0.268941
     assert out["losses"].tolist() == pytest.approx([desirable, undesirable], abs=1e-6)

@@ -66,7 +66,8 @@ def test_rejection_drops_tokens_or_whole_sequences(rs, threshold, keep):
     dropped = 5 - sum(map(sum, keep))
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(dropped / 5)
     assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(
-        sum(any(k == 0 and v == 1 for k, v in zip(kr, mr)) for kr, mr in zip(keep, mask)) / 2)
+        sum(any(k == 0 and v == 1 for k, v in zip(kr, mr)) for kr, mr in zip(keep, mask)) / 2
+    )
 
 
 def test_mismatch_metrics_are_always_reported():

@@ -28,6 +28,7 @@ from hybridrl.cli.main import main
 sys.path.insert(0, str(Path(__file__).parent))
 from badinput_common import BASE_YAML, GOOD, assert_one_line_error, good_then, jsonl, run_in_process  # noqa: E402
 
+
 def row(**changes) -> dict:
     r = json.loads(json.dumps(GOOD))
     for k, v in changes.items():
@@ -46,6 +47,8 @@ _DROP = object()
 PAIR = {"prompt": "1+2=", "chosen": "3", "rejected": "4"}
 KTO = {"prompt": "1+2=", "completion": "3", "label": True}
 SFT = {"prompt": "1+2=", "response": "3"}
+
+
 @dataclass
 class Case:
     id: str
@@ -68,11 +71,19 @@ def cut_parquet(p):
 
 
 NONFINITE_KEYS = (
-    "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.kl_loss_coef",
-    "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.rollout.temperature",
-    "actor_rollout_ref.rollout.top_p", "algorithm.gamma", "algorithm.lam", "algorithm.kl_ctrl.kl_coef", "critic.optim.lr",
+    "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.clip_ratio",
+    "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.entropy_coeff",
+    "actor_rollout_ref.actor.grad_clip",
+    "actor_rollout_ref.rollout.temperature",
+    "actor_rollout_ref.rollout.top_p",
+    "algorithm.gamma",
+    "algorithm.lam",
+    "algorithm.kl_ctrl.kl_coef",
+    "critic.optim.lr",
     "warmup.lr",
-)  # fmt: skip
+)
 
 # fmt: off
 CASES = [

@@ -48,8 +48,16 @@ def test_disk_full_while_checkpointing_names_the_intact_checkpoint(base, tmp_pat
     monkeypatch.setattr(torch, "save", save)
     rc, _, err = run_in_process(["train", str(base), "trainer.save_freq=1", "trainer.test_freq=-1"], capfd)
     ckpts = tmp_path / "run" / "checkpoints"
-    assert_one_line_error(rc, err, ["the disk is full while writing", ".tmp_step_2",
-                                           f"the last checkpoint {ckpts / 'step_1'} is intact", "trainer.resume_mode=auto"])
+    assert_one_line_error(
+        rc,
+        err,
+        [
+            "the disk is full while writing",
+            ".tmp_step_2",
+            f"the last checkpoint {ckpts / 'step_1'} is intact",
+            "trainer.resume_mode=auto",
+        ],
+    )
     assert (ckpts / "latest").read_text() == "step_1"
     assert json.loads((ckpts / "step_1" / "trainer_state.json").read_text())["global_step"] == 1
     assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1] == 2
@@ -85,8 +93,10 @@ def test_real_full_tmpfs(tmp_path):
     if not _mount_tmpfs(mnt, "size=64k"):
         pytest.skip("cannot mount a tmpfs here")
     try:
-        for write in (lambda: torch.save(torch.zeros(100_000), mnt / "a.pt"),
-                      lambda: dcp.save({"w": torch.zeros(100_000)}, checkpoint_id=str(mnt / "ck"), no_dist=True)):
+        for write in (
+            lambda: torch.save(torch.zeros(100_000), mnt / "a.pt"),
+            lambda: dcp.save({"w": torch.zeros(100_000)}, checkpoint_id=str(mnt / "ck"), no_dist=True),
+        ):
             with pytest.raises(BaseException) as e:  # CheckpointException is a BaseException
                 write()
             assert user_error_message(e.value).startswith("the disk is full"), repr(e.value)
@@ -114,10 +124,12 @@ def test_permission_denied_while_running_is_one_line(base, tmp_path, capfd, monk
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "run" / "checkpoints" / ".tmp_step_1"))
 
     monkeypatch.setattr(ckpt, "begin_save", denied)
-    rc, _, err = run_in_process(["train", str(base), "trainer.save_freq=1", "trainer.test_freq=-1",
-                                 "trainer.total_training_steps=1"], capfd)  # fmt: skip
-    assert_one_line_error(rc, err, ["permission denied while writing", ".tmp_step_1", "no checkpoint was written yet",
-                                    "trainer.default_local_dir"])
+    rc, _, err = run_in_process(
+        ["train", str(base), "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.total_training_steps=1"], capfd
+    )
+    assert_one_line_error(
+        rc, err, ["permission denied while writing", ".tmp_step_1", "no checkpoint was written yet", "trainer.default_local_dir"]
+    )
 
 
 # ----------------------------------------------------------------------------- the real entry point
@@ -126,8 +138,9 @@ def test_permission_denied_while_running_is_one_line(base, tmp_path, capfd, monk
 def _cli(*args, env=None):
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     env.pop("HYBRIDRL_DEBUG", None) if "HYBRIDRL_DEBUG" not in (env or {}) else None
-    return subprocess.run([sys.executable, "-m", "hybridrl", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hybridrl", *map(str, args)], capture_output=True, text=True, env=env, timeout=300, cwd=REPO
+    )
 
 
 @pytest.mark.slow  # four `python -m hybridrl` processes, like tests/e2e
@@ -170,19 +183,37 @@ def test_byte_order_marks_are_accepted(tmp_path, tiny_model_dir):
 def test_notices_for_settings_that_do_nothing(base, capfd):
     rc, out, err = run_in_process(["explain", str(base)], capfd)
     assert rc == 0 and err == "" and "Batch plan" in out
-    rc, out, err = run_in_process(["explain", str(base), "algorithm.use_kl_in_reward=true",
-                                   "actor_rollout_ref.actor.use_kl_loss=true", "critic.optim.lr=0.5",
-                                   "critic.ppo_epochs=3"], capfd)  # fmt: skip
+    rc, out, err = run_in_process(
+        [
+            "explain",
+            str(base),
+            "algorithm.use_kl_in_reward=true",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "critic.optim.lr=0.5",
+            "critic.ppo_epochs=3",
+        ],
+        capfd,
+    )
     lines = err.splitlines()
     assert rc == 0 and len(lines) == 2, err
     assert lines[0].startswith("hybridrl: notice: both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward")
-    assert lines[1] == ("hybridrl: notice: critic.optim.lr, critic.ppo_epochs ignored: no critic runs with "
-                        "algorithm.adv_estimator=grpo (only gae learns a value function)")
+    assert lines[1] == (
+        "hybridrl: notice: critic.optim.lr, critic.ppo_epochs ignored: no critic runs with "
+        "algorithm.adv_estimator=grpo (only gae learns a value function)"
+    )
 
 
 def test_explain_no_path_check_warns_and_plans(base, capfd):
-    rc, out, err = run_in_process(["explain", "--no-path-check", str(base), "actor_rollout_ref.model.path=/elsewhere/m",
-                                   "data.train_files=/elsewhere/train.parquet"], capfd)  # fmt: skip
+    rc, out, err = run_in_process(
+        [
+            "explain",
+            "--no-path-check",
+            str(base),
+            "actor_rollout_ref.model.path=/elsewhere/m",
+            "data.train_files=/elsewhere/train.parquet",
+        ],
+        capfd,
+    )
     lines = err.splitlines()
     assert rc == 0 and "Batch plan" in out and len(lines) == 2
     assert all(ln.startswith("hybridrl: warning: ") and ln.endswith("(not checked further: --no-path-check)") for ln in lines)
@@ -196,10 +227,12 @@ def test_rows_accepted_as_they_mean(tmp_path, tiny_model_dir):
 
     tok = load_tokenizer(tiny_model_dir)
     data = tmp_path / "d.jsonl"
-    data.write_text(jsonl({**GOOD, "data_source": 7, "extra_info": None},
-                          {**GOOD, "prompt": [{"role": "user", "content": "12345+678="}]}))  # fmt: skip
-    first, long = load_prompt_records(str(data), tok, max_prompt_length=6, truncation="left",
-                                      require_ground_truth=lambda s: False)  # fmt: skip
+    data.write_text(
+        jsonl({**GOOD, "data_source": 7, "extra_info": None}, {**GOOD, "prompt": [{"role": "user", "content": "12345+678="}]})
+    )
+    first, long = load_prompt_records(
+        str(data), tok, max_prompt_length=6, truncation="left", require_ground_truth=lambda s: False
+    )
     assert (first.data_source, first.extra_info) == ("7", {})
     assert long.prompt_ids == tok("12345+678=", add_special_tokens=False)["input_ids"][-6:]
     assert long.raw_prompt == "5+678="  # samples.jsonl shows the 6 tokens the model got, not the 10 of the file
@@ -229,8 +262,10 @@ def test_dpo_ties_are_reported(tmp_path, tiny_model_dir, capsys):
     data.write_text(jsonl(*pairs))
     records = load_preference_records(str(data), tok, "dpo", max_prompt_length=8, max_response_length=4)
     assert len(records) == 6
-    assert capsys.readouterr().err == (f"hybridrl: warning: {data}: 2 of 6 pairs have chosen == rejected (rows 1, 4); "
-                                       "they teach nothing, drop them from the data\n")
+    assert capsys.readouterr().err == (
+        f"hybridrl: warning: {data}: 2 of 6 pairs have chosen == rejected (rows 1, 4); "
+        "they teach nothing, drop them from the data\n"
+    )
 
 
 def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(base, tmp_path, capfd, monkeypatch):
@@ -246,5 +281,7 @@ def test_ctrl_c_is_one_line_with_the_checkpoint_to_resume(base, tmp_path, capfd,
     monkeypatch.delenv("HYBRIDRL_DEBUG", raising=False)
     rc, _, err = run_in_process(["train", str(base)], capfd)
     assert rc == 130 and "Traceback" not in err
-    assert err == (f"hybridrl: interrupted; the last checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_3'} is intact "
-                   "(trainer.resume_mode=auto continues from it)\n")
+    assert err == (
+        f"hybridrl: interrupted; the last checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_3'} is intact "
+        "(trainer.resume_mode=auto continues from it)\n"
+    )

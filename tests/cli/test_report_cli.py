@@ -5,8 +5,11 @@ from hybridrl.config import load_config, resolve, to_dict
 
 
 def test_config_diff_lists_changed_keys_and_leaves_out_derived_ones():
-    cfg = load_config(None, ["actor_rollout_ref.model.path=/m", "data.train_batch_size=64",
-                             "actor_rollout_ref.actor.clip_ratio_high=0.28"], check=False)  # fmt: skip
+    cfg = load_config(
+        None,
+        ["actor_rollout_ref.model.path=/m", "data.train_batch_size=64", "actor_rollout_ref.actor.clip_ratio_high=0.28"],
+        check=False,
+    )
     saved = to_dict(resolve(cfg))  # what config.yaml holds: tokenizer_path, critic path, clip_ratio_low filled in
     assert saved["actor_rollout_ref"]["model"]["tokenizer_path"] == "/m"
     assert sorted(config_diff(saved)) == [

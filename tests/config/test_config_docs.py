@@ -22,8 +22,10 @@ def test_every_key_is_documented_once_and_listed():
         assert entry.doc, f"{entry.path} has no doc"
         assert f"| `{entry.path}` |" in text
     assert "`critic.optim.lr` | `float` | `1e-05`" in text  # the critic's own default, not OptimConfig's
-    assert "One of: `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `remax`, `reinforce_plus_plus_baseline`, `opo`, " \
-        "`gpg`, `grpo_passk`." in text  # from the registry
+    assert (
+        "One of: `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `remax`, `reinforce_plus_plus_baseline`, `opo`, "
+        "`gpg`, `grpo_passk`." in text
+    )  # from the registry
     assert "One of: `vanilla`, `gspo`, `cispo`, `gpg`, `clip_cov`, `kl_cov`, `geo_mean`." in text
 
 
@@ -34,9 +36,17 @@ def test_every_component_is_a_dataclass_with_a_docstring():
 
 
 def test_explain_shows_the_batch_plan():
-    text = explain(None, [*REQUIRED, "algorithm.adv_estimator=grpo", "data.train_batch_size=128",
-                          "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"])
+    text = explain(
+        None,
+        [
+            *REQUIRED,
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=128",
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        ],
+    )
     lines = text.splitlines()
     assert lines[0] == "Batch plan (data-parallel size 1 = 1 node(s) x 1 device(s))"
     row = next(line for line in lines if "mini-batches" in line)
@@ -57,8 +67,9 @@ def test_explain_accepts_a_config_object_and_shows_the_critic():
 
 
 def test_explain_lists_every_error_instead_of_a_plan():
-    text = explain(None, ["actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=48",
-                          "data.train_batch_size=128"])
+    text = explain(
+        None, ["actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=48", "data.train_batch_size=128"]
+    )
     assert text.startswith("4 problem(s) in the config:")
     assert "did you mean 'actor_rollout_ref.actor.optim.lr'" in text
     assert "use a divisor such as 32 or 64" in text

@@ -39,8 +39,12 @@ def test_defaults_and_resolved_values():
 
 
 def test_explicit_values_are_not_overwritten_by_resolution():
-    cfg = load("actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_high=0.28",
-               "critic.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs=4")
+    cfg = load(
+        "actor_rollout_ref.actor.clip_ratio=0.3",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "critic.ppo_epochs=2",
+        "actor_rollout_ref.actor.ppo_epochs=4",
+    )
     actor = cfg.actor_rollout_ref.actor
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.3, 0.28)
     assert (cfg.critic.ppo_epochs, actor.ppo_epochs) == (2, 4)
@@ -155,9 +159,14 @@ def test_all_errors_are_collected_into_one_exception():
     assert "not of the form key=value" in errors[0]
     assert "data.train_batch_size holds a value, not a section of keys" in errors[1]
     with pytest.raises(ValueError, match=r"6 problem\(s\) in the config"):
-        load("not-an-override", "actor_rollout_ref.actor.lr=1e-6", "data.train_batch_size=x",
-             "algorithm.adv_estimator=gpro", "actor_rollout_ref.actor.clip_ratio_c=0.5",
-             "data.train_batch_size.deeper=1")
+        load(
+            "not-an-override",
+            "actor_rollout_ref.actor.lr=1e-6",
+            "data.train_batch_size=x",
+            "algorithm.adv_estimator=gpro",
+            "actor_rollout_ref.actor.clip_ratio_c=0.5",
+            "data.train_batch_size.deeper=1",
+        )
 
 
 def test_a_rejected_value_does_not_also_produce_misleading_validation_errors():
@@ -187,9 +196,14 @@ def test_check_false_skips_validation_but_not_typing():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    cfg = load("actor_rollout_ref.actor.optim.lr=1e-7", "trainer.logger=[console]", "algorithm.adv_estimator=grpo",
-               "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.model.override_config={rope_theta: 10000.0}",
-               "data.train_files=[a.parquet, b.parquet]")
+    cfg = load(
+        "actor_rollout_ref.actor.optim.lr=1e-7",
+        "trainer.logger=[console]",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.model.override_config={rope_theta: 10000.0}",
+        "data.train_files=[a.parquet, b.parquet]",
+    )
     path = tmp_path / "out" / "config.yaml"
     save_config(cfg, path)
     again = load_config(path)

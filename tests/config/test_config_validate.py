@@ -26,8 +26,13 @@ def load(*overrides, check=True):
 
 
 def test_plan_single_device_grpo():
-    cfg = load("algorithm.adv_estimator=grpo", "data.train_batch_size=128", f"{R}.n=8",
-               f"{A}.ppo_mini_batch_size=32", f"{A}.ppo_micro_batch_size_per_gpu=16")
+    cfg = load(
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=128",
+        f"{R}.n=8",
+        f"{A}.ppo_mini_batch_size=32",
+        f"{A}.ppo_micro_batch_size_per_gpu=16",
+    )
     p = plan_batches(cfg)
     assert (p.dp, p.prompts_per_step, p.sequences_per_step, p.sequences_per_device) == (1, 128, 1024, 1024)
     assert p.generation_rounds == 4  # 1024 sequences, 256 at a time
@@ -42,11 +47,20 @@ def test_plan_single_device_grpo():
 
 
 def test_plan_two_nodes_with_critic_inheriting_the_actor():
-    cfg = load("trainer.nnodes=2", "trainer.n_gpus_per_node=2", "data.train_batch_size=64", f"{R}.n=4",
-               f"{A}.ppo_mini_batch_size=16", f"{A}.ppo_epochs=2", "critic.ppo_micro_batch_size_per_gpu=4",
-               f"{R}.log_prob_micro_batch_size_per_gpu=24",
-               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=100",
-               f"{A}.use_kl_loss=true", "data.max_prompt_length=100", "data.max_response_length=28")
+    cfg = load(
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=2",
+        "data.train_batch_size=64",
+        f"{R}.n=4",
+        f"{A}.ppo_mini_batch_size=16",
+        f"{A}.ppo_epochs=2",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        f"{R}.log_prob_micro_batch_size_per_gpu=24",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=100",
+        f"{A}.use_kl_loss=true",
+        "data.max_prompt_length=100",
+        "data.max_response_length=28",
+    )
     p = plan_batches(cfg)
     assert (p.dp, p.sequences_per_step, p.sequences_per_device) == (4, 256, 64)
     a = p.actor
@@ -119,19 +133,32 @@ BROKEN = [
     # batch sizes
     ([f"{A}.ppo_mini_batch_size=48", "data.train_batch_size=128"], "use a divisor such as 32 or 64"),
     ([f"{A}.ppo_mini_batch_size=512"], "is larger than data.train_batch_size=256"),
-    (["trainer.n_gpus_per_node=3", "data.train_batch_size=96", f"{A}.ppo_mini_batch_size=32"],
-     "cannot be split evenly over data-parallel size 3"),
-    (["trainer.n_gpus_per_node=3", "data.train_batch_size=128", f"{R}.n=8", f"{A}.ppo_mini_batch_size=32",
-      f"{A}.ppo_micro_batch_size_per_gpu=24"],
-     f"use data.train_batch_size=132 and {A}.ppo_mini_batch_size=33 and {A}.ppo_micro_batch_size_per_gpu=22, "
-     f"or {R}.n=9, or a data-parallel size that divides 256"),
-    (["data.train_batch_size=128", f"{R}.n=8", f"{A}.ppo_mini_batch_size=32", f"{A}.ppo_micro_batch_size_per_gpu=48"],
-     "does not divide the per-device mini-batch of 256 sequences"),
+    (
+        ["trainer.n_gpus_per_node=3", "data.train_batch_size=96", f"{A}.ppo_mini_batch_size=32"],
+        "cannot be split evenly over data-parallel size 3",
+    ),
+    (
+        [
+            "trainer.n_gpus_per_node=3",
+            "data.train_batch_size=128",
+            f"{R}.n=8",
+            f"{A}.ppo_mini_batch_size=32",
+            f"{A}.ppo_micro_batch_size_per_gpu=24",
+        ],
+        f"use data.train_batch_size=132 and {A}.ppo_mini_batch_size=33 and {A}.ppo_micro_batch_size_per_gpu=22, "
+        f"or {R}.n=9, or a data-parallel size that divides 256",
+    ),
+    (
+        ["data.train_batch_size=128", f"{R}.n=8", f"{A}.ppo_mini_batch_size=32", f"{A}.ppo_micro_batch_size_per_gpu=48"],
+        "does not divide the per-device mini-batch of 256 sequences",
+    ),
     ([f"{A}.ppo_micro_batch_size_per_gpu=512"], "is larger than the per-device mini-batch of 64 sequences"),
     (["critic.ppo_micro_batch_size_per_gpu=24"], "critic.ppo_micro_batch_size_per_gpu=24 does not divide"),
     (["critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size=48 does not divide data.train_batch_size=256"),
-    (["trainer.nnodes=2", "trainer.n_gpus_per_node=4", "data.train_batch_size=12", f"{A}.ppo_mini_batch_size=12"],
-     "(trainer.nnodes=2 x trainer.n_gpus_per_node=4)"),
+    (
+        ["trainer.nnodes=2", "trainer.n_gpus_per_node=4", "data.train_batch_size=12", f"{A}.ppo_mini_batch_size=12"],
+        "(trainer.nnodes=2 x trainer.n_gpus_per_node=4)",
+    ),
     (["algorithm.adv_estimator=rloo"], f"needs {R}.n > 1 (got 1); use {R}.n=5"),
     (["algorithm.adv_estimator=rloo", f"{R}.n=1"], f"use {R}.n=5"),
     # ranges
@@ -176,8 +203,7 @@ BROKEN = [
     (["warmup.steps=10"], "warmup.steps=10 needs warmup.files"),
     ([f"{R}.temperature=0"], f"{R}.temperature=0 with {R}.do_sample=true cannot sample"),
     ([f"{R}.val_kwargs.do_sample=true"], f"{R}.val_kwargs.temperature=0 with {R}.val_kwargs.do_sample=true"),
-    (["custom_reward_function.path=my_reward.py", "custom_reward_function.name="],
-     "must name a function in my_reward.py"),
+    (["custom_reward_function.path=my_reward.py", "custom_reward_function.name="], "must name a function in my_reward.py"),
 ]
 
 
@@ -204,8 +230,13 @@ def test_validate_lists_everything_at_once():
 
 
 def test_critic_keys_are_ignored_without_a_critic():
-    cfg = load("algorithm.adv_estimator=grpo", f"{R}.n=4", "critic.ppo_mini_batch_size=7", "critic.optim.lr=-1",
-               "critic.loss_agg_mode=bogus")
+    cfg = load(
+        "algorithm.adv_estimator=grpo",
+        f"{R}.n=4",
+        "critic.ppo_mini_batch_size=7",
+        "critic.optim.lr=-1",
+        "critic.loss_agg_mode=bogus",
+    )
     assert plan_batches(cfg).critic is None
 
 
@@ -213,26 +244,51 @@ def test_critic_keys_are_ignored_without_a_critic():
 
 
 def test_split_placement_plans_each_role_on_its_own_devices():
-    cfg = load("trainer.n_gpus_per_node=8", "trainer.nnodes=2", "resource_pool.actor_rollout_ref=6", "resource_pool.critic=2",
-               "data.train_batch_size=96", f"{R}.n=4", f"{A}.ppo_mini_batch_size=24")  # fmt: skip
+    cfg = load(
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=2",
+        "resource_pool.actor_rollout_ref=6",
+        "resource_pool.critic=2",
+        "data.train_batch_size=96",
+        f"{R}.n=4",
+        f"{A}.ppo_mini_batch_size=24",
+    )
     p = plan_batches(cfg)
     assert (p.dp, p.sequences_per_device) == (12, 32)  # 2 nodes x 6 actor devices
     assert p.actor.per_device_mini_batch == 96 // 12 and p.critic.per_device_mini_batch == 96 // 4
 
 
-@pytest.mark.parametrize("overrides, message, fix", [
-    (["resource_pool.actor_rollout_ref=3"], "resource_pool.actor_rollout_ref=3 is more than trainer.n_gpus_per_node=2", None),
-    (["resource_pool.critic=1"], "resource_pool.actor_rollout_ref must say how many of the 2 per node the actor gets",
-     {"resource_pool.actor_rollout_ref": 1}),
-    (["resource_pool.actor_rollout_ref=2", "resource_pool.critic=1"], "more than trainer.n_gpus_per_node=2",
-     {"trainer.n_gpus_per_node": 3}),
-    (["resource_pool.actor_rollout_ref=1", "resource_pool.critic=1", "algorithm.adv_estimator=grpo", f"{R}.n=2"],
-     "no critic is trained", {"resource_pool.critic": None}),
-    (["warmup.steps=5", "warmup.files=x.jsonl", "warmup.batch_size=5"], "must divide by the actor's data-parallel size 2",
-     {"warmup.batch_size": 4}),
-    (["actor_rollout_ref.model.lora_rank=8"], "(LoRA) runs on one device only, not yet under FSDP with the actor's "
-     "data-parallel size 2", {"actor_rollout_ref.model.lora_rank": 0}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, message, fix",
+    [
+        (["resource_pool.actor_rollout_ref=3"], "resource_pool.actor_rollout_ref=3 is more than trainer.n_gpus_per_node=2", None),
+        (
+            ["resource_pool.critic=1"],
+            "resource_pool.actor_rollout_ref must say how many of the 2 per node the actor gets",
+            {"resource_pool.actor_rollout_ref": 1},
+        ),
+        (
+            ["resource_pool.actor_rollout_ref=2", "resource_pool.critic=1"],
+            "more than trainer.n_gpus_per_node=2",
+            {"trainer.n_gpus_per_node": 3},
+        ),
+        (
+            ["resource_pool.actor_rollout_ref=1", "resource_pool.critic=1", "algorithm.adv_estimator=grpo", f"{R}.n=2"],
+            "no critic is trained",
+            {"resource_pool.critic": None},
+        ),
+        (
+            ["warmup.steps=5", "warmup.files=x.jsonl", "warmup.batch_size=5"],
+            "must divide by the actor's data-parallel size 2",
+            {"warmup.batch_size": 4},
+        ),
+        (
+            ["actor_rollout_ref.model.lora_rank=8"],
+            "(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size 2",
+            {"actor_rollout_ref.model.lora_rank": 0},
+        ),
+    ],
+)
 def test_placement_problems_name_the_keys_and_a_fix(overrides, message, fix):
     cfg = load("trainer.n_gpus_per_node=2", "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", *overrides, check=False)
     problems = [p for p in find_problems(cfg) if message in p.message]
@@ -242,8 +298,14 @@ def test_placement_problems_name_the_keys_and_a_fix(overrides, message, fix):
 
 
 def test_split_critic_batch_must_divide_over_its_own_devices():
-    cfg = load("trainer.n_gpus_per_node=4", "resource_pool.actor_rollout_ref=1", "resource_pool.critic=3",
-               "data.train_batch_size=8", f"{A}.ppo_mini_batch_size=4", check=False)  # fmt: skip
+    cfg = load(
+        "trainer.n_gpus_per_node=4",
+        "resource_pool.actor_rollout_ref=1",
+        "resource_pool.critic=3",
+        "data.train_batch_size=8",
+        f"{A}.ppo_mini_batch_size=4",
+        check=False,
+    )
     msgs = [p.message for p in find_problems(cfg)]
     assert any("critic" in m and "data-parallel size 3" in m and "resource_pool.critic=3" in m for m in msgs), msgs
 
@@ -253,9 +315,11 @@ def test_split_critic_batch_must_divide_over_its_own_devices():
 
 def test_token_budget_below_the_longest_sequence_names_the_key_it_comes_from():
     msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=600", check=False))
-    assert msgs == [f"{A}.ppo_max_token_len_per_gpu=600 is below the longest possible sequence, data.max_prompt_length "
-                    f"+ data.max_response_length = 1024 tokens, which must fit one micro-batch; use e.g. "
-                    f"{A}.ppo_max_token_len_per_gpu=1024"]  # fmt: skip
+    assert msgs == [
+        f"{A}.ppo_max_token_len_per_gpu=600 is below the longest possible sequence, data.max_prompt_length "
+        f"+ data.max_response_length = 1024 tokens, which must fit one micro-batch; use e.g. "
+        f"{A}.ppo_max_token_len_per_gpu=1024"
+    ]
     # Log-prob passes inherit the actor's switch and budget; their own values are reported as their own.
     msgs = validate(load(f"{A}.use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=512", check=False))
     assert len(msgs) == 1 and msgs[0].startswith(f"{R}.log_prob_max_token_len_per_gpu=512 is below")
@@ -265,7 +329,9 @@ def test_token_budget_below_the_longest_sequence_names_the_key_it_comes_from():
 def test_dynamic_bsz_inheritance_is_resolved():
     from hybridrl.config.schema import resolve
 
-    cfg = resolve(load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=4096", "critic.ppo_max_token_len_per_gpu=8192"))
+    cfg = resolve(
+        load(f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=4096", "critic.ppo_max_token_len_per_gpu=8192")
+    )
     a = cfg.actor_rollout_ref
     assert (a.rollout.log_prob_use_dynamic_bsz, a.rollout.log_prob_max_token_len_per_gpu) == (True, 4096)
     assert (a.ref.log_prob_use_dynamic_bsz, a.ref.log_prob_max_token_len_per_gpu) == (True, 4096)
@@ -273,8 +339,10 @@ def test_dynamic_bsz_inheritance_is_resolved():
 
 
 def test_lora_and_packing_keys_are_checked():
-    msgs = validate(load("actor_rollout_ref.model.lora_rank=-1", "actor_rollout_ref.model.packed_attn_backend=flash",
-                         check=False))  # fmt: skip
+    msgs = validate(
+        load("actor_rollout_ref.model.lora_rank=-1", "actor_rollout_ref.model.packed_attn_backend=flash", check=False)
+    )
     assert any(m.startswith("actor_rollout_ref.model.lora_rank=-1 must be >= 0") for m in msgs)
-    assert any(m.startswith("actor_rollout_ref.model.packed_attn_backend=flash is not one of auto, varlen, flex, sdpa")
-               for m in msgs)  # fmt: skip
+    assert any(
+        m.startswith("actor_rollout_ref.model.packed_attn_backend=flash is not one of auto, varlen, flex, sdpa") for m in msgs
+    )

@@ -10,8 +10,7 @@ from hybridrl.algorithms import ADV_ESTIMATORS, POLICY_LOSSES, get_adv_estimator
 from hybridrl.config import ConfigError, load_config
 from hybridrl.config.docs import render_reference
 
-REQUIRED = ["actor_rollout_ref.model.path=models/tiny", "data.train_files=data/train.parquet",
-            "actor_rollout_ref.rollout.n=2"]
+REQUIRED = ["actor_rollout_ref.model.path=models/tiny", "data.train_files=data/train.parquet", "actor_rollout_ref.rollout.n=2"]
 LOSS_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
 USER_FILE = '''

@@ -14,14 +14,17 @@ def load(*overrides, check=True):
     return load_config(None, [*REQUIRED, "data.train_batch_size=16", f"{A}.ppo_mini_batch_size=8", *overrides], check=check)
 
 
-@pytest.mark.parametrize("world, fsdp_size, sp, replicate, shard, dp", [
-    (1, -1, 1, 1, 1, 1),
-    (4, -1, 1, 1, 4, 4),  # FSDP over all ranks
-    (4, 8, 1, 1, 4, 4),  # larger than the world: all ranks (verl)
-    (4, 2, 1, 2, 2, 4),  # HSDP 2 x 2
-    (4, 1, 1, 4, 1, 4),  # 4 unsharded replicas
-    (8, 4, 2, 2, 2, 4),  # shard groups of 4 ranks = 2 dp x 2 sp; dp = world / sp
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "world, fsdp_size, sp, replicate, shard, dp",
+    [
+        (1, -1, 1, 1, 1, 1),
+        (4, -1, 1, 1, 4, 4),  # FSDP over all ranks
+        (4, 8, 1, 1, 4, 4),  # larger than the world: all ranks (verl)
+        (4, 2, 1, 2, 2, 4),  # HSDP 2 x 2
+        (4, 1, 1, 4, 1, 4),  # 4 unsharded replicas
+        (8, 4, 2, 2, 2, 4),  # shard groups of 4 ranks = 2 dp x 2 sp; dp = world / sp
+    ],
+)
 def test_build_layout_by_hand(world, fsdp_size, sp, replicate, shard, dp):
     layout = build_layout(world, fsdp_size, sp=sp)
     assert (layout.dp_replicate, layout.dp_shard, layout.sp, layout.dp) == (replicate, shard, sp, dp)
@@ -35,14 +38,17 @@ def test_tp_is_recorded_and_the_rollout_runs_as_dp_replicas_until_tp_exists():
     assert "tensor_model_parallel_size=2 recorded" in layout.describe()
 
 
-@pytest.mark.parametrize("world, fsdp_size, sp, tp, which, fix", [
-    (4, 3, 1, 1, "fsdp_size", 4),
-    (6, 4, 1, 1, "fsdp_size", 3),
-    (4, 0, 1, 1, "fsdp_size", 1),
-    (8, 2, 4, 1, "fsdp_size", 4),  # a shard group must hold whole sp groups
-    (4, -1, 3, 1, "sp", 4),
-    (6, -1, 1, 4, "tp", 3),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "world, fsdp_size, sp, tp, which, fix",
+    [
+        (4, 3, 1, 1, "fsdp_size", 4),
+        (6, 4, 1, 1, "fsdp_size", 3),
+        (4, 0, 1, 1, "fsdp_size", 1),
+        (8, 2, 4, 1, "fsdp_size", 4),  # a shard group must hold whole sp groups
+        (4, -1, 3, 1, "sp", 4),
+        (6, -1, 1, 4, "tp", 3),
+    ],
+)
 def test_impossible_layouts_name_a_value_that_works(world, fsdp_size, sp, tp, which, fix):
     name, _, value = layout_problem(world, fsdp_size, sp, tp)
     assert (name, value) == (which, fix)
@@ -68,24 +74,35 @@ def test_fsdp_size_that_does_not_divide_the_ranks_is_a_config_error():
     problems = [p for p in find_problems(cfg) if p.keys[0] == FSDP_SIZE]
     assert [p.message for p in problems] == [
         f"{FSDP_SIZE}=3 must be -1 (shard over all ranks) or divide the role's 4 rank(s) (shard within groups of that "
-        f"size, replicate across them); use e.g. {FSDP_SIZE}=4"]
+        f"size, replicate across them); use e.g. {FSDP_SIZE}=4"
+    ]
     assert problems[0].fix == {FSDP_SIZE: 4}
 
 
 def test_a_split_critic_is_laid_out_on_its_own_ranks():
-    cfg = load("algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=8", "resource_pool.actor_rollout_ref=4",
-               "resource_pool.critic=4", f"{FSDP_SIZE}=2", "critic.model.fsdp_config.fsdp_size=3", check=False)  # fmt: skip
+    cfg = load(
+        "algorithm.adv_estimator=gae",
+        "trainer.n_gpus_per_node=8",
+        "resource_pool.actor_rollout_ref=4",
+        "resource_pool.critic=4",
+        f"{FSDP_SIZE}=2",
+        "critic.model.fsdp_config.fsdp_size=3",
+        check=False,
+    )
     msgs = [p.message for p in find_problems(cfg) if "fsdp_size" in p.message]
-    assert msgs == ["critic.model.fsdp_config.fsdp_size=3 must be -1 (shard over all ranks) or divide the role's 4 "
-                    "rank(s) (shard within groups of that size, replicate across them); use e.g. "
-                    "critic.model.fsdp_config.fsdp_size=4"]  # fmt: skip
+    assert msgs == [
+        "critic.model.fsdp_config.fsdp_size=3 must be -1 (shard over all ranks) or divide the role's 4 "
+        "rank(s) (shard within groups of that size, replicate across them); use e.g. "
+        "critic.model.fsdp_config.fsdp_size=4"
+    ]
     cfg.critic.model.fsdp_config.fsdp_size = 1
     p = plan_batches(cfg)
     assert (p.actor.layout.dp_replicate, p.actor.layout.dp_shard) == (2, 2)
     assert (p.critic.layout.world, p.critic.layout.dp_replicate, p.critic.layout.dp_shard) == (4, 4, 1)
     # colocated, the critic shares the actor's layout (its own fsdp_size does not apply)
-    cfg = load("algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=4", f"{FSDP_SIZE}=2",
-               "critic.model.fsdp_config.fsdp_size=3")  # fmt: skip
+    cfg = load(
+        "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=4", f"{FSDP_SIZE}=2", "critic.model.fsdp_config.fsdp_size=3"
+    )
     assert plan_batches(cfg).critic.layout == plan_batches(cfg).actor.layout
 
 

@@ -51,8 +51,13 @@ def test_instruction_text():
 
 @pytest.mark.parametrize(
     "name, split, expected",
-    [("test.jsonl", None, "test"), ("gsm8k_test.jsonl", None, "test"),
-     ("train.jsonl", None, "train"), ("raw.jsonl", None, "train"), ("test.jsonl", "dev", "dev")],
+    [
+        ("test.jsonl", None, "test"),
+        ("gsm8k_test.jsonl", None, "test"),
+        ("train.jsonl", None, "train"),
+        ("raw.jsonl", None, "train"),
+        ("test.jsonl", "dev", "dev"),
+    ],
 )
 def test_split_guess(tmp_path, name, split, expected):
     src = _write_jsonl(tmp_path / name, GSM8K_LINES[:1])

@@ -27,9 +27,11 @@ def load(path, tok, kind, **kw):
 
 
 def test_pairs_tokenize_as_text_or_messages_with_eos(tmp_path, tok):
-    rows = [{"prompt": MSG, "chosen": "3", "rejected": "4"},
-            {"prompt": MSG, "chosen": [{"role": "assistant", "content": "3"}], "rejected": "45"},
-            {"prompt": "7+1=", "chosen": "8", "rejected": "9"}]  # fmt: skip
+    rows = [
+        {"prompt": MSG, "chosen": "3", "rejected": "4"},
+        {"prompt": MSG, "chosen": [{"role": "assistant", "content": "3"}], "rejected": "45"},
+        {"prompt": "7+1=", "chosen": "8", "rejected": "9"},
+    ]
     recs = load(write(tmp_path, rows), tok, "dpo")
     assert tok.decode(recs[0].prompt_ids) == "1+2=" and recs[0].completions[K.CHOSEN] == tok("3")["input_ids"] + [1]
     assert recs[1].completions[K.CHOSEN] == recs[0].completions[K.CHOSEN]  # message rendered by the template
@@ -56,9 +58,11 @@ def test_pairs_tokenize_as_text_or_messages_with_eos(tmp_path, tok):
     ],
 )
 def test_malformed_row_names_file_index_and_what_is_wrong(tmp_path, tok, kind, bad, msg):
-    good = {"dpo": {"prompt": MSG, "chosen": "3", "rejected": "4"},
-            "kto": {"prompt": MSG, "completion": "3", "label": True},
-            "sft": {"messages": [*MSG, {"role": "assistant", "content": "3"}]}}[kind]  # fmt: skip
+    good = {
+        "dpo": {"prompt": MSG, "chosen": "3", "rejected": "4"},
+        "kto": {"prompt": MSG, "completion": "3", "label": True},
+        "sft": {"messages": [*MSG, {"role": "assistant", "content": "3"}]},
+    }[kind]
     path = write(tmp_path, [good, good, bad])
     with pytest.raises(DataError) as e:
         load(path, tok, kind)

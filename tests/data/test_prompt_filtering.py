@@ -16,8 +16,10 @@ def tok(tiny_model_dir):
 
 def write(tmp_path, prompts):
     p = tmp_path / "d.jsonl"
-    rows = [{"prompt": [{"role": "user", "content": c}], "data_source": "arith", "reward_model": {"ground_truth": "0"}}
-            for c in prompts]
+    rows = [
+        {"prompt": [{"role": "user", "content": c}], "data_source": "arith", "reward_model": {"ground_truth": "0"}}
+        for c in prompts
+    ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(p)
 

@@ -3,8 +3,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.data.token_batching import (balance_across_ranks, micro_batches, partition_by_tokens, restore_order,
-                                          sequence_lengths)  # fmt: skip
+from hybridrl.data.token_batching import balance_across_ranks, micro_batches, partition_by_tokens, restore_order, sequence_lengths
 
 
 def test_partition_fits_budget_uses_fewest_parts_and_balances():
@@ -40,9 +39,14 @@ def test_micro_batches_restore_the_original_order():
     g = torch.Generator().manual_seed(0)
     n, P, R = 9, 4, 6
     resp_len = torch.randint(1, R + 1, (n,), generator=g)
-    batch = Batch({K.PROMPTS: torch.zeros(n, P, dtype=torch.long), K.PROMPT_MASK: torch.ones(n, P, dtype=torch.long),
-                   K.RESPONSES: torch.arange(n)[:, None].repeat(1, R),
-                   K.RESPONSE_MASK: (torch.arange(R)[None] < resp_len[:, None]).float()})  # fmt: skip
+    batch = Batch(
+        {
+            K.PROMPTS: torch.zeros(n, P, dtype=torch.long),
+            K.PROMPT_MASK: torch.ones(n, P, dtype=torch.long),
+            K.RESPONSES: torch.arange(n)[:, None].repeat(1, R),
+            K.RESPONSE_MASK: (torch.arange(R)[None] < resp_len[:, None]).float(),
+        }
+    )
     assert sequence_lengths(batch).tolist() == (P + resp_len).tolist()
     micros, order = micro_batches(batch, micro_size=2, dynamic=True, max_tokens=20, what="x")
     assert all(int(sequence_lengths(m).sum()) <= 20 for m in micros)

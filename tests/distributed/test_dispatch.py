@@ -38,8 +38,10 @@ def test_all_and_rank0():
 
 
 def _cfg(gpus=4, nnodes=1, actor=None, critic=None):
-    return SimpleNamespace(trainer=SimpleNamespace(n_gpus_per_node=gpus, nnodes=nnodes),
-                           resource_pool=SimpleNamespace(actor_rollout_ref=actor, critic=critic))  # fmt: skip
+    return SimpleNamespace(
+        trainer=SimpleNamespace(n_gpus_per_node=gpus, nnodes=nnodes),
+        resource_pool=SimpleNamespace(actor_rollout_ref=actor, critic=critic),
+    )
 
 
 def test_pools_colocated_and_split():

@@ -94,12 +94,16 @@ def test_hsdp_2x2_step_equals_fsdp_4_and_one_device(ray_session, tiny_model_dir,
     from hybridrl.distributed.ray_backend import RayBackend
 
     cloudpickle.register_pickle_by_value(__import__(__name__))  # the functions travel by value
-    cfg = config_from_dict({
-        "data": {"train_files": arith_data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-        "actor_rollout_ref": {"model": {"path": tiny_model_dir}, "actor": {"ppo_mini_batch_size": 4,
-                              "fsdp_config": {"fsdp_size": 2}}},
-        "trainer": {"device": "cpu", "n_gpus_per_node": 4, "logger": ["jsonl"]},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "data": {"train_files": arith_data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_dir},
+                "actor": {"ppo_mini_batch_size": 4, "fsdp_config": {"fsdp_size": 2}},
+            },
+            "trainer": {"device": "cpu", "n_gpus_per_node": 4, "logger": ["jsonl"]},
+        }
+    )
     plan = plan_batches(cfg)
     assert (plan.actor.layout.dp_replicate, plan.actor.layout.dp_shard, plan.dp) == (2, 2, 4)
     ref_loss, ref_norm, ref_weights = _one_device()

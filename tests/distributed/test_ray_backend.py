@@ -41,8 +41,7 @@ class RankEcho:
     def tag(self, batch: Batch) -> Batch:
         total = torch.tensor([float(batch["x"].sum())])
         dist.all_reduce(total)  # the group's sum of the (padded) shards
-        return Batch({"y": batch["x"] * 2, "rank": torch.full((len(batch),), dist.get_rank()),
-                      "total": total.expand(len(batch))})  # fmt: skip
+        return Batch({"y": batch["x"] * 2, "rank": torch.full((len(batch),), dist.get_rank()), "total": total.expand(len(batch))})
 
     @register(Dispatch.ALL)
     def pid(self) -> int:
@@ -55,15 +54,18 @@ class RankEcho:
 
 
 def _cfg(model_dir, data, gpus, actor=None, rollout=None, **trainer):
-    return config_from_dict({
-        "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-        "actor_rollout_ref": {"model": {"path": model_dir},
-                              "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1,
-                                        **(actor or {})},
-                              "rollout": {"n": 2, **(rollout or {})}},
-        "algorithm": {"adv_estimator": "grpo"},
-        "trainer": {"device": "cpu", "n_gpus_per_node": gpus, "logger": ["jsonl"], "val_before_train": False, **trainer},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "data": {"train_files": data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
+            "actor_rollout_ref": {
+                "model": {"path": model_dir},
+                "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.1, **(actor or {})},
+                "rollout": {"n": 2, **(rollout or {})},
+            },
+            "algorithm": {"adv_estimator": "grpo"},
+            "trainer": {"device": "cpu", "n_gpus_per_node": gpus, "logger": ["jsonl"], "val_before_train": False, **trainer},
+        }
+    )
 
 
 def test_dp_dispatch_keeps_input_order(ray_session, tiny_model_dir, arith_data):
@@ -111,13 +113,15 @@ def _rollouts(seed: int, vocab: int, rows: int = 8, P: int = 4, R: int = 5) -> B
     resp_len = torch.tensor([5, 5, 4, 5, 1, 2, 1, 3])[:rows]
     prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()
     resp_mask = (torch.arange(R) < resp_len[:, None]).float()
-    return Batch({
-        K.PROMPTS: torch.randint(2, vocab, (rows, P), generator=g) * prompt_mask,
-        K.PROMPT_MASK: prompt_mask,
-        K.RESPONSES: torch.randint(2, vocab, (rows, R), generator=g),
-        K.RESPONSE_MASK: resp_mask,
-        K.ADVANTAGES: torch.randn(rows, R, generator=g) * resp_mask,
-    })  # fmt: skip
+    return Batch(
+        {
+            K.PROMPTS: torch.randint(2, vocab, (rows, P), generator=g) * prompt_mask,
+            K.PROMPT_MASK: prompt_mask,
+            K.RESPONSES: torch.randint(2, vocab, (rows, R), generator=g),
+            K.RESPONSE_MASK: resp_mask,
+            K.ADVANTAGES: torch.randn(rows, R, generator=g) * resp_mask,
+        }
+    )
 
 
 def _with_old_log_probs(group, batch: Batch, seed: int) -> Batch:
@@ -231,7 +235,8 @@ class TunableActor(ActorRolloutRefWorker):
 
 
 def test_fsdp2_token_budgets_every_loss_agg_mode_and_native_rollout_match_one_device(
-        ray_session, tiny_model_with_weights, arith_data, tmp_path):  # fmt: skip
+    ray_session, tiny_model_with_weights, arith_data, tmp_path
+):
     """Packed passes (the default) with token-budget micro-batches on 2 ranks: rank 0's shard of
     `_rollouts` needs 4 micro-batches of 12 tokens and rank 1's only 2, so the ranks must agree
     on a count (FSDP runs collectives in every pass). Every loss_agg_mode gives the one-device
@@ -246,8 +251,12 @@ def test_fsdp2_token_budgets_every_loss_agg_mode_and_native_rollout_match_one_de
     one = LocalWorkerGroup(TunableActor(cfgs[0], plan_batches(cfgs[0]), torch.device("cpu")))
     backend = RayBackend(cfgs[1], plan_batches(cfgs[1]), {ACTOR: TunableActor})
     two = backend.groups[ACTOR]
-    prompts = Batch({K.PROMPTS: torch.randint(2, 40, (4, 5), generator=torch.Generator().manual_seed(3)),
-                     K.PROMPT_MASK: torch.ones(4, 5, dtype=torch.long)})  # fmt: skip
+    prompts = Batch(
+        {
+            K.PROMPTS: torch.randint(2, 40, (4, 5), generator=torch.Generator().manual_seed(3)),
+            K.PROMPT_MASK: torch.ones(4, 5, dtype=torch.long),
+        }
+    )
     greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=4)
 
     def same_generations():
@@ -285,13 +294,22 @@ def _metrics(run_dir) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_killed_worker_is_reported_then_recovered_with_max_restarts(ray_session, tiny_model_dir, arith_data, tmp_path, monkeypatch):
+def test_killed_worker_is_reported_then_recovered_with_max_restarts(
+    ray_session, tiny_model_dir, arith_data, tmp_path, monkeypatch
+):
     from hybridrl.trainer.ppo import PPOTrainer
     from hybridrl.trainer.supervise import fit_with_restarts
 
     def run(name, max_restarts, kill):
-        cfg = _cfg(tiny_model_dir, arith_data, 2, total_training_steps=3, save_freq=2, max_restarts=max_restarts,
-                   default_local_dir=str(tmp_path / name))  # fmt: skip
+        cfg = _cfg(
+            tiny_model_dir,
+            arith_data,
+            2,
+            total_training_steps=3,
+            save_freq=2,
+            max_restarts=max_restarts,
+            default_local_dir=str(tmp_path / name),
+        )
         cfg.actor_rollout_ref.model.random_init = True
         if kill:  # rank 1 dies in its third update (step 3), after the step-2 checkpoint
             monkeypatch.setenv("HYBRIDRL_KILL_WORKER", f"update_actor:1:3:{tmp_path / (name + '.killed')}")

@@ -53,8 +53,12 @@ def test_local_ray_cluster_is_removed_with_its_driver(how):
     pytest.importorskip("ray")
     if os.environ.get("RAY_ADDRESS"):
         pytest.skip("joins an existing cluster: nothing local to clean up")
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "wait" if how == "sigterm" else "exit"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, "wait" if how == "sigterm" else "exit"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("TEMP "), line

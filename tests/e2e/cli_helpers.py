@@ -13,15 +13,24 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-VOLATILE = ("timing_s/", "perf/throughput", "perf/samples_per_s", "perf/rollout_tokens_per_s",
-            "rollout/decode_ms_per_step")  # wall-clock numbers differ between runs
+VOLATILE = (
+    "timing_s/",
+    "perf/throughput",
+    "perf/samples_per_s",
+    "perf/rollout_tokens_per_s",
+    "rollout/decode_ms_per_step",
+)  # wall-clock numbers differ between runs
 
 
 def cli(*args, env=None, check=True, cwd=None):
     proc = subprocess.run(
         [sys.executable, "-m", "hybridrl", *map(str, args)],
-        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+        cwd=cwd,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc

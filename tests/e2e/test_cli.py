@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-
 from cli_helpers import assert_all_finite, cli, metrics, weights, without_volatile
+from torch.distributed.checkpoint import FileSystemReader
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +45,27 @@ def test_train_changes_parameters_and_logs_finite_metrics(estimator, tiny_model_
         extra.update({"actor_rollout_ref.actor.use_kl_loss": "true"})
     else:
         extra.update({"algorithm.use_kl_in_reward": "true", "algorithm.kl_ctrl.type": "adaptive"})
-    proc = cli("train", "-", *base_overrides(tiny_model_with_weights, arith_data, out, **extra)) if False else cli(
-        "train", _write_empty_yaml(tmp_path), *base_overrides(tiny_model_with_weights, arith_data, out, **extra)
+    proc = (
+        cli("train", "-", *base_overrides(tiny_model_with_weights, arith_data, out, **extra))
+        if False
+        else cli("train", _write_empty_yaml(tmp_path), *base_overrides(tiny_model_with_weights, arith_data, out, **extra))
     )
     assert "step 3/3" in proc.stdout
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert_all_finite(rows)
     train = rows[1:]
-    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/lr", "response_length/mean",
-                "timing_s/gen", "timing_s/update_actor", "perf/throughput", "actor/entropy"):  # fmt: skip
+    for key in (
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/lr",
+        "response_length/mean",
+        "timing_s/gen",
+        "timing_s/update_actor",
+        "perf/throughput",
+        "actor/entropy",
+    ):
         assert all(key in r for r in train), key
     assert "val-core/arith/reward/mean@1" in rows[0] and "val-core/arith/reward/mean@1" in rows[2]
     before, after = weights(tiny_model_with_weights), weights(out / "checkpoints" / "step_3" / "actor")
@@ -76,14 +86,34 @@ def test_train_changes_parameters_and_logs_finite_metrics(estimator, tiny_model_
     assert {s["step"] for s in samples if s["kind"] == "val"} == {0, 2, 3}
     assert list((out / "tensorboard").iterdir()), "no TensorBoard events written"
     # `hybridrl eval` takes a checkpoint's actor directory as it takes an HF model directory
-    ev = cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],
-             "--max-response-length", 4, "--output", tmp_path / "eval.jsonl")  # fmt: skip
+    ev = cli(
+        "eval",
+        "--model",
+        out / "checkpoints" / "step_3" / "actor",
+        "--data",
+        arith_data["test"],
+        "--max-response-length",
+        4,
+        "--output",
+        tmp_path / "eval.jsonl",
+    )
     assert "arith: accuracy" in ev.stdout
     rows = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 16
     if estimator == "grpo":  # the native engine decodes greedily to the same answers as HF generate
-        cli("eval", "--model", out / "checkpoints" / "step_3" / "actor", "--data", arith_data["test"],
-            "--max-response-length", 4, "--output", tmp_path / "eval_native.jsonl", "--rollout", "native")  # fmt: skip
+        cli(
+            "eval",
+            "--model",
+            out / "checkpoints" / "step_3" / "actor",
+            "--data",
+            arith_data["test"],
+            "--max-response-length",
+            4,
+            "--output",
+            tmp_path / "eval_native.jsonl",
+            "--rollout",
+            "native",
+        )
         native = [json.loads(x) for x in (tmp_path / "eval_native.jsonl").read_text().splitlines()]
         assert [r["response"] for r in native] == [r["response"] for r in rows]
 
@@ -100,8 +130,11 @@ RESUME_VARIANTS = {
     # PPO with a critic (its weights, Adam moments and schedule), the adaptive KL controller's
     # coefficient, and the native engine (its weights reloaded from the resumed policy)
     "ppo_critic_adaptive_kl_native": {
-        "algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": "true", "algorithm.kl_ctrl.type": "adaptive",
-        "algorithm.kl_ctrl.target_kl": 0.001, "actor_rollout_ref.rollout.name": "native",
+        "algorithm.adv_estimator": "gae",
+        "algorithm.use_kl_in_reward": "true",
+        "algorithm.kl_ctrl.type": "adaptive",
+        "algorithm.kl_ctrl.target_kl": 0.001,
+        "actor_rollout_ref.rollout.name": "native",
     },
 }
 
@@ -122,8 +155,13 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(variant, tiny_model_di
     }
     a, b = tmp_path / "a", tmp_path / "b"
     cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, a, **common))
-    killed = cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, b, **common),
-                 env={"HYBRIDRL_KILL_AFTER_SAVE_STEP": "2"}, check=False)  # fmt: skip
+    killed = cli(
+        "train",
+        cfg,
+        *base_overrides(tiny_model_dir, arith_data, b, **common),
+        env={"HYBRIDRL_KILL_AFTER_SAVE_STEP": "2"},
+        check=False,
+    )
     assert killed.returncode == -9, killed.stderr
     assert (b / "checkpoints" / "latest").read_text() == "step_2"
     resumed = cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, b, **common))
@@ -146,8 +184,15 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(variant, tiny_model_di
 def test_explain_and_config_errors(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data:\n  train_files: x.jsonl\n  train_batch_size: 128\nactor_rollout_ref:\n  model:\n    path: m\n")
-    out = cli("explain", "--no-path-check", cfg, "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo").stdout  # fmt: skip
+    out = cli(
+        "explain",
+        "--no-path-check",
+        cfg,
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "algorithm.adv_estimator=grpo",
+    ).stdout
     assert "1024" in out and "16" in out  # sequences per step; gradient accumulation
     bad = cli("train", cfg, "actor_rollout_ref.actor.lr=1e-6", check=False)
     assert bad.returncode == 2 and "actor_rollout_ref.actor.optim.lr" in bad.stderr
@@ -171,16 +216,28 @@ def test_bad_data_and_raising_reward_function(tiny_model_with_weights, arith_dat
     cfg = _write_empty_yaml(tmp_path)
     broken = tmp_path / "broken.jsonl"
     broken.write_text(Path(arith_data["train"]).read_text() + json.dumps({"data_source": "arith"}) + "\n")
-    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
-               f"data.train_files={broken}", check=False)  # fmt: skip
+    proc = cli(
+        "train",
+        cfg,
+        *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
+        f"data.train_files={broken}",
+        check=False,
+    )
     assert proc.returncode == 2 and f"{broken}, row 64" in proc.stderr and "prompt" in proc.stderr
     reward = tmp_path / "reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                      "    if solution_str.startswith('1'):\n        raise RuntimeError('boom')\n"
-                      "    return float(solution_str.strip() == ground_truth)\n")  # fmt: skip
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if solution_str.startswith('1'):\n        raise RuntimeError('boom')\n"
+        "    return float(solution_str.strip() == ground_truth)\n"
+    )
     out = tmp_path / "r2"
-    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out),
-               f"custom_reward_function.path={reward}", "actor_rollout_ref.rollout.n=8")  # fmt: skip
+    proc = cli(
+        "train",
+        cfg,
+        *base_overrides(tiny_model_with_weights, arith_data, out),
+        f"custom_reward_function.path={reward}",
+        "actor_rollout_ref.rollout.n=8",
+    )
     rows = metrics(out)[1:]
     assert sum(r["reward/errors"] for r in rows) > 0
     assert "boom" in proc.stderr and proc.stderr.count("boom") <= 2  # the first traceback, once
@@ -189,23 +246,36 @@ def test_bad_data_and_raising_reward_function(tiny_model_with_weights, arith_dat
 def test_reward_kwargs_reach_the_scorer_and_mismatches_fail_early(tiny_model_with_weights, arith_data, tmp_path):
     cfg = _write_empty_yaml(tmp_path)
     # The built-in arith scorer takes no options: a typo'd or foreign kwarg stops the run up front.
-    proc = cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
-               "custom_reward_function.reward_kwargs={format_score: 0.1}", check=False)  # fmt: skip
+    proc = cli(
+        "train",
+        cfg,
+        *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "r1"),
+        "custom_reward_function.reward_kwargs={format_score: 0.1}",
+        check=False,
+    )
     assert proc.returncode == 2 and "reward_kwargs" in proc.stderr and "'arith'" in proc.stderr
     reward = tmp_path / "reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus=0.0):\n"
-                      "    return bonus\n")  # fmt: skip
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus=0.0):\n    return bonus\n")
     out = tmp_path / "r2"
-    cli("train", cfg, *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1}),
-        f"custom_reward_function.path={reward}", "custom_reward_function.reward_kwargs={bonus: 0.375}")  # fmt: skip
+    cli(
+        "train",
+        cfg,
+        *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1}),
+        f"custom_reward_function.path={reward}",
+        "custom_reward_function.reward_kwargs={bonus: 0.375}",
+    )
     assert metrics(out)[1]["critic/score/mean"] == 0.375
 
 
 def test_wall_time_budget_ends_the_run_like_its_last_step(tiny_model_with_weights, arith_data, tmp_path):
     out = tmp_path / "run"
-    proc = cli("train", _write_empty_yaml(tmp_path),
-               *base_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1000,
-                                                                           "trainer.max_wall_time_s": 0.001}))  # fmt: skip
+    proc = cli(
+        "train",
+        _write_empty_yaml(tmp_path),
+        *base_overrides(
+            tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 1000, "trainer.max_wall_time_s": 0.001}
+        ),
+    )
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1]  # one step, then stop
     assert "val-core/arith/reward/mean@1" in rows[1]  # validated as a last step is
@@ -216,10 +286,16 @@ def test_profile_steps_write_a_trace_and_an_op_table(tiny_model_with_weights, ar
     """trainer.profile_steps=[2]: step 2 only, one trace + table per process (the critic shares the
     actor's process here, so its ops are in the same trace); a bad step number is a config error."""
     out = tmp_path / "run"
-    proc = cli("train", _write_empty_yaml(tmp_path),
-               *base_overrides(tiny_model_with_weights, arith_data, out, **{"algorithm.adv_estimator": "gae",
-                                                                           "trainer.total_training_steps": 2,
-                                                                           "trainer.profile_steps": "[2]"}))  # fmt: skip
+    proc = cli(
+        "train",
+        _write_empty_yaml(tmp_path),
+        *base_overrides(
+            tiny_model_with_weights,
+            arith_data,
+            out,
+            **{"algorithm.adv_estimator": "gae", "trainer.total_training_steps": 2, "trainer.profile_steps": "[2]"},
+        ),
+    )
     prof = out / "profile"
     assert sorted(p.name for p in prof.iterdir()) == ["step_2"]
     assert sorted(p.name for p in (prof / "step_2").iterdir()) == ["actor_rank0.json", "actor_rank0.txt"]
@@ -228,7 +304,10 @@ def test_profile_steps_write_a_trace_and_an_op_table(tiny_model_with_weights, ar
     assert "aten::mm" in names or "aten::addmm" in names  # the model's matmuls were recorded
     assert "Self CPU" in (prof / "step_2" / "actor_rank0.txt").read_text()
     assert f"step 2 profiled: 1 trace(s) and op table(s) in {prof / 'step_2'}" in proc.stdout
-    bad = cli("train", _write_empty_yaml(tmp_path),
-              *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "bad", **{"trainer.profile_steps": "[0]"}),
-              check=False)  # fmt: skip
+    bad = cli(
+        "train",
+        _write_empty_yaml(tmp_path),
+        *base_overrides(tiny_model_with_weights, arith_data, tmp_path / "bad", **{"trainer.profile_steps": "[0]"}),
+        check=False,
+    )
     assert bad.returncode == 2 and "trainer.profile_steps=[0] has [0], not a step number" in bad.stderr

@@ -7,7 +7,6 @@ import pickle
 import shutil
 
 import pytest
-
 from cli_helpers import cli
 
 pytestmark = pytest.mark.slow
@@ -25,12 +24,19 @@ def _overrides(model_dir, data, out, **extra):
     empty = out.parent / "empty.yaml"
     empty.write_text("{}\n")
     o = {
-        "data.train_files": data["train"], "data.train_batch_size": 4, "data.max_prompt_length": 8,
-        "data.max_response_length": 4, "actor_rollout_ref.model.path": model_dir,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.rollout.n": 2,
-        "trainer.device": "cpu", "trainer.total_training_steps": 1, "trainer.default_local_dir": out,
-        "trainer.logger": "[jsonl]", "trainer.resume_mode": "auto",
-    }  # fmt: skip
+        "data.train_files": data["train"],
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.model.path": model_dir,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.rollout.n": 2,
+        "trainer.device": "cpu",
+        "trainer.total_training_steps": 1,
+        "trainer.default_local_dir": out,
+        "trainer.logger": "[jsonl]",
+        "trainer.resume_mode": "auto",
+    }
     o.update(extra)
     return [empty, *(f"{k}={v}" for k, v in o.items())]
 
@@ -51,11 +57,22 @@ def test_crafted_checkpoint_is_refused_everywhere(tiny_model_with_weights, arith
     mtime = (out / "metrics.jsonl").stat().st_mtime_ns
 
     # auto-resume (the run asks for 2 steps, so it resumes from step_1)
-    _assert_refused(cli("train", *_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 2}), check=False), marker)
+    _assert_refused(
+        cli("train", *_overrides(tiny_model_with_weights, arith_data, out, **{"trainer.total_training_steps": 2}), check=False),
+        marker,
+    )
     # an explicit resume path, into a fresh directory
     other = tmp_path / "other"
-    proc = cli("train", *_overrides(tiny_model_with_weights, arith_data, other, **{
-        "trainer.resume_mode": "resume_path", "trainer.resume_from_path": step, "trainer.total_training_steps": 2}), check=False)  # fmt: skip
+    proc = cli(
+        "train",
+        *_overrides(
+            tiny_model_with_weights,
+            arith_data,
+            other,
+            **{"trainer.resume_mode": "resume_path", "trainer.resume_from_path": step, "trainer.total_training_steps": 2},
+        ),
+        check=False,
+    )
     _assert_refused(proc, marker)
     _assert_refused(cli("export", step, tmp_path / "hf", check=False), marker)
     _assert_refused(cli("eval", "--model", out, "--data", arith_data["test"], "--max-response-length", 4, check=False), marker)

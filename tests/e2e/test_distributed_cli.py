@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_helpers import assert_all_finite, cli, metrics, weights
 
 pytestmark = pytest.mark.slow
@@ -17,25 +16,46 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _quickstart(out, data, *overrides, check=True):
     return cli(
-        "train", ROOT / "configs/quickstart.yaml", "trainer.device=cpu", f"trainer.default_local_dir={out}",
-        f"data.train_files={data['train']}", f"data.val_files={data['test']}", f"warmup.files={data['sft']}",
-        "warmup.steps=4", "trainer.test_freq=-1", "trainer.logger=[console,jsonl]", *overrides, check=check,
-    )  # fmt: skip
+        "train",
+        ROOT / "configs/quickstart.yaml",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={out}",
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['test']}",
+        f"warmup.files={data['sft']}",
+        "warmup.steps=4",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,jsonl]",
+        *overrides,
+        check=check,
+    )
 
 
 def test_two_workers_train_resume_on_one_and_export(arith_data, tmp_path):
     out = tmp_path / "run"
-    first = _quickstart(out, arith_data, "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.profile_steps=[2]")  # fmt: skip
+    first = _quickstart(
+        out,
+        arith_data,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+        "trainer.profile_steps=[2]",
+    )
     assert "Ray, device cpu (colocated: 2 ranks)" in first.stdout
     # each worker process profiled step 2 on its own (trainer.profile_steps)
     assert sorted(p.name for p in (out / "profile" / "step_2").iterdir()) == [
-        "actor_rank0.json", "actor_rank0.txt", "actor_rank1.json", "actor_rank1.txt"]
+        "actor_rank0.json",
+        "actor_rank0.txt",
+        "actor_rank1.json",
+        "actor_rank1.txt",
+    ]
     ckpt = out / "checkpoints"
     assert sorted(p.name for p in (ckpt / "step_2").glob("rng_*.pt")) == ["rng_colocated_0.pt", "rng_colocated_1.pt"]
     # the same run continues on one device from the 2-rank checkpoint
-    second = _quickstart(out, arith_data, "trainer.n_gpus_per_node=1", "trainer.total_training_steps=3",
-                         "trainer.resume_mode=auto")  # fmt: skip
+    second = _quickstart(
+        out, arith_data, "trainer.n_gpus_per_node=1", "trainer.total_training_steps=3", "trainer.resume_mode=auto"
+    )
     assert f"resumed from {ckpt / 'step_2'} at step 2/3" in second.stdout
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -58,7 +78,9 @@ def test_two_workers_train_resume_on_one_and_export(arith_data, tmp_path):
     cli("export", ckpt / "step_2", tmp_path / "hf16", "--dtype", "bfloat16")  # a given step, in bf16 (for vLLM)
     half = AutoModelForCausalLM.from_pretrained(tmp_path / "hf16", dtype="auto")
     assert half.dtype == torch.bfloat16
-    torch.testing.assert_close(half.state_dict()["model.embed_tokens.weight"], step2["model.embed_tokens.weight"].bfloat16(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        half.state_dict()["model.embed_tokens.weight"], step2["model.embed_tokens.weight"].bfloat16(), rtol=0, atol=0
+    )
     bad = cli("export", tmp_path / "nowhere", tmp_path / "x", check=False)
     assert bad.returncode == 2 and "is not a hybridrl checkpoint" in bad.stderr
 
@@ -69,7 +91,7 @@ def test_one_device_never_imports_ray(tiny_model_dir, arith_data, tmp_path):
 import sys
 from hybridrl.config import config_from_dict
 from hybridrl.trainer.ppo import PPOTrainer
-cfg = config_from_dict({{"data": {{"train_files": {arith_data['train']!r}, "train_batch_size": 2, "max_prompt_length": 8,
+cfg = config_from_dict({{"data": {{"train_files": {arith_data["train"]!r}, "train_batch_size": 2, "max_prompt_length": 8,
                                    "max_response_length": 2}},
     "actor_rollout_ref": {{"model": {{"path": {tiny_model_dir!r}, "random_init": True}}, "actor": {{"ppo_mini_batch_size": 2}},
                           "rollout": {{"n": 2}}}},
@@ -81,4 +103,3 @@ print("ray imported:", "ray" in sys.modules)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray imported: False" in proc.stdout
-

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from cli_helpers import assert_all_finite, cli, metrics
+from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.slow
 
@@ -16,14 +15,24 @@ def test_lora_dynamic_bsz_run_logs_perf_metrics_and_saves_a_loadable_policy(tiny
     cfg = tmp_path / "c.yaml"
     cfg.write_text("algorithm:\n  adv_estimator: grpo\n")
     overrides = {
-        "data.train_files": arith_data["train"], "data.train_batch_size": 4, "data.max_prompt_length": 8,
-        "data.max_response_length": 4, "actor_rollout_ref.model.path": tiny_model_dir,
-        "actor_rollout_ref.model.random_init": "true", "actor_rollout_ref.model.lora_rank": 4,
-        "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.use_dynamic_bsz": "true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 24,
-        "actor_rollout_ref.actor.optim.lr": 1e-2, "actor_rollout_ref.rollout.n": 2, "trainer.device": "cpu",
-        "trainer.total_training_steps": 2, "trainer.default_local_dir": out, "trainer.logger": "[console,jsonl]",
-    }  # fmt: skip
+        "data.train_files": arith_data["train"],
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.model.path": tiny_model_dir,
+        "actor_rollout_ref.model.random_init": "true",
+        "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.actor.use_kl_loss": "true",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 24,
+        "actor_rollout_ref.actor.optim.lr": 1e-2,
+        "actor_rollout_ref.rollout.n": 2,
+        "trainer.device": "cpu",
+        "trainer.total_training_steps": 2,
+        "trainer.default_local_dir": out,
+        "trainer.logger": "[console,jsonl]",
+    }
     cli("train", cfg, *[f"{k}={v}" for k, v in overrides.items()])
     rows = [r for r in metrics(out) if r["step"] > 0]
     assert len(rows) == 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli, metrics
 from golden_metrics import GOLDEN_ENV, assert_matches_golden
 
@@ -35,4 +34,3 @@ def test_short_run_matches_golden_metrics(name, tmp_path):
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows][-1] == 3
     assert_matches_golden(name, rows)
-

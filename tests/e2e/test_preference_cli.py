@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import assert_all_finite, cli, metrics, weights, without_volatile
 
 from hybridrl.data.converters import make_arith_preferences
-
-from cli_helpers import assert_all_finite, cli, metrics, weights, without_volatile
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +79,9 @@ def implicit_rewards(step_dir: Path, files, kind: str, model_dir) -> dict[str, t
     from hybridrl.models.logprobs import log_probs_from_logits, response_logits
 
     tok = load_tokenizer(str(model_dir))
-    batch = collate_records(load_preference_records(str(files), tok, kind, max_prompt_length=8, max_response_length=4),
-                            tok.pad_token_id)  # fmt: skip
+    batch = collate_records(
+        load_preference_records(str(files), tok, kind, max_prompt_length=8, max_response_length=4), tok.pad_token_id
+    )
     keys = (K.CHOSEN, K.REJECTED) if kind == "dpo" else (K.RESPONSES,)
     masks = {K.CHOSEN: K.CHOSEN_MASK, K.REJECTED: K.REJECTED_MASK, K.RESPONSES: K.RESPONSE_MASK}
     out = {key: torch.zeros(len(batch), dtype=torch.float64) for key in keys}
@@ -103,8 +103,18 @@ def test_dpo_learns_the_preferences_and_resumes_exactly(tiny_model_dir, pref_dat
     rows = metrics(a)
     assert [r["step"] for r in rows] == list(range(1, 31))
     assert_all_finite(rows)
-    for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                "logps/chosen", "logps/rejected", "actor/grad_norm", "timing_s/ref", "perf/throughput"):  # fmt: skip
+    for key in (
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "actor/grad_norm",
+        "timing_s/ref",
+        "perf/throughput",
+    ):
         assert all(key in r for r in rows), key
     assert mean(rows[-5:], "rewards/accuracies") > 0.9
     assert mean(rows[-5:], "loss") < mean(rows[:5], "loss") - 0.2
@@ -112,8 +122,9 @@ def test_dpo_learns_the_preferences_and_resumes_exactly(tiny_model_dir, pref_dat
     assert (a / "checkpoints" / "step_30" / "ref").is_dir()  # random init: the reference travels along
 
     # Kill right after the step-15 checkpoint, resume: steps 16-30 match the uninterrupted run.
-    killed = train(tmp_path, tiny_model_dir, pref_data["pairs"], b, env={"HYBRIDRL_KILL_AFTER_SAVE_STEP": "15"},
-                   check=False, **common)  # fmt: skip
+    killed = train(
+        tmp_path, tiny_model_dir, pref_data["pairs"], b, env={"HYBRIDRL_KILL_AFTER_SAVE_STEP": "15"}, check=False, **common
+    )
     assert killed.returncode == -9, killed.stderr
     resumed = train(tmp_path, tiny_model_dir, pref_data["pairs"], b, **common, **{"trainer.resume_mode": "auto"})
     assert "at step 15/30" in resumed.stdout
@@ -160,10 +171,21 @@ def test_shipped_preference_config_learns(config, tmp_path):
     """configs/{dpo,kto}.yaml as shipped: accuracy over the last 20 steps > 0.9, the loss falls."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "hybridrl", "train", f"configs/{config}.yaml", f"trainer.default_local_dir={tmp_path}",
-         "trainer.logger=[jsonl]", "trainer.save_freq=-1"],
-        cwd=root, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hybridrl",
+            "train",
+            f"configs/{config}.yaml",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.save_freq=-1",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in metrics(tmp_path) if "rewards/accuracies" in r]
     acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
@@ -180,7 +202,9 @@ def test_shipped_preference_config_learns(config, tmp_path):
     else:  # KTO's accuracy: desirable completions above the median implicit reward, undesirable below
         median = r[K.RESPONSES].median()
         held_out_acc = float(torch.where(r["label"], r[K.RESPONSES] > median, r[K.RESPONSES] <= median).double().mean())
-    print(f"{config} held-out preference accuracy {held_out_acc:.3f} on {len(r[K.RESPONSES if config == 'kto' else K.CHOSEN])} rows")
+    print(
+        f"{config} held-out preference accuracy {held_out_acc:.3f} on {len(r[K.RESPONSES if config == 'kto' else K.CHOSEN])} rows"
+    )
     assert held_out_acc > {"dpo": HELD_OUT_DPO_ACC, "kto": HELD_OUT_KTO_ACC}[config], held_out_acc
 
 
@@ -188,8 +212,15 @@ def test_dpo_and_sft_validate_on_held_out_rows(tiny_model_dir, pref_data, tmp_pa
     # DPO: before training the policy is the reference, so every margin is exactly 0, no pair is
     # ranked right, and the sigmoid loss is log 2; training on the pairs moves all three.
     dpo = tmp_path / "dpo"
-    train(tmp_path, tiny_model_dir, pref_data["pairs"], dpo, "dpo", 10,
-          **{"data.val_files": pref_data["pairs"], "trainer.test_freq": 5})  # fmt: skip
+    train(
+        tmp_path,
+        tiny_model_dir,
+        pref_data["pairs"],
+        dpo,
+        "dpo",
+        10,
+        **{"data.val_files": pref_data["pairs"], "trainer.test_freq": 5},
+    )
     rows = metrics(dpo)
     val = {r["step"]: r for r in rows if "val/rewards/accuracies" in r}
     assert sorted(val) == [0, 5, 10] and val[0]["val/rows"] == 32
@@ -199,8 +230,15 @@ def test_dpo_and_sft_validate_on_held_out_rows(tiny_model_dir, pref_data, tmp_pa
 
     # SFT: the held-out loss before training equals the first step's training loss on the same rows.
     sft = tmp_path / "sft"
-    train(tmp_path, tiny_model_dir, pref_data["sft"], sft, "sft", 4,
-          **{"data.val_files": pref_data["sft"], "data.val_max_samples": 16, "data.shuffle": "false", "trainer.test_freq": 2})  # fmt: skip
+    train(
+        tmp_path,
+        tiny_model_dir,
+        pref_data["sft"],
+        sft,
+        "sft",
+        4,
+        **{"data.val_files": pref_data["sft"], "data.val_max_samples": 16, "data.shuffle": "false", "trainer.test_freq": 2},
+    )
     rows = metrics(sft)
     assert rows[0]["step"] == 0 and rows[0]["val/loss"] == pytest.approx(rows[1]["loss"], rel=1e-4)
     assert rows[0]["val/perplexity"] == pytest.approx(math.exp(rows[0]["val/loss"]))

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from golden_metrics import GOLDEN_ENV, assert_matches_golden
 
 pytestmark = pytest.mark.slow
@@ -17,10 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quickstart_reward_rises_and_matches_golden_metrics(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "hybridrl", "train", "configs/quickstart.yaml",
-         f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console,jsonl]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **GOLDEN_ENV},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hybridrl",
+            "train",
+            "configs/quickstart.yaml",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[console,jsonl]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **GOLDEN_ENV},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     scores = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]

@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli, metrics
 
 pytestmark = pytest.mark.slow
@@ -27,9 +26,22 @@ def chromium(url: str, tmp_path: Path, *extra: str, budget_ms: int = 4000) -> st
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
     profile = tmp_path / "chromium-profile"
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-            f"--virtual-time-budget={budget_ms}", "--window-size=1400,3000", "--dump-dom", *extra, url]  # fmt: skip
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        "--window-size=1400,3000",
+        "--dump-dom",
+        *extra,
+        url,
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -47,10 +59,23 @@ def chart_attrs(dom: str, chart_id: str) -> dict:
 def run_dir(tmp_path_factory):
     """A few GRPO steps of the quickstart task after a short warm-up (some responses are right)."""
     out = tmp_path_factory.mktemp("runs") / "quick" / "arith"
-    cli("train", ROOT / "configs/quickstart.yaml", f"trainer.default_local_dir={out}", "trainer.logger=[console,jsonl]",
-        "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.save_freq=-1", "warmup.steps=40",
-        "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "data.val_max_samples=16", "trainer.log_val_samples=16", cwd=ROOT)  # fmt: skip
+    cli(
+        "train",
+        ROOT / "configs/quickstart.yaml",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[console,jsonl]",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=2",
+        "trainer.save_freq=-1",
+        "warmup.steps=40",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "data.val_max_samples=16",
+        "trainer.log_val_samples=16",
+        cwd=ROOT,
+    )
     return out
 
 
@@ -109,7 +134,10 @@ def test_dashboard_serves_the_live_page_and_prometheus_and_picks_up_a_new_step(r
     def write_a_step(n_served: int) -> None:  # the run trains on while the page is open
         if n_served == 1:
             with (runs / "exp1" / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps({"step": new_step, "critic/score/mean": 0.987654, "timing_s/step": 0.5, "timing_s/gen": 0.25}) + "\n")
+                f.write(
+                    json.dumps({"step": new_step, "critic/score/mean": 0.987654, "timing_s/step": 0.5, "timing_s/gen": 0.25})
+                    + "\n"
+                )
 
     dash.after_data = write_a_step
     try:

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.slow
 
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(out), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_hybridrl_half_then_trl_half_merge(tmp_path):

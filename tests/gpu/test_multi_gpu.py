@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_helpers import assert_all_finite, cli, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,11 +21,19 @@ pytestmark = [
 
 def _train(out, data, *overrides):
     return cli(
-        "train", ROOT / "configs/quickstart.yaml", "trainer.device=cuda", f"trainer.default_local_dir={out}",
-        f"data.train_files={data['train']}", f"data.val_files={data['test']}", f"warmup.files={data['sft']}",
-        "warmup.steps=4", "trainer.test_freq=-1", "trainer.logger=[console,jsonl]",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", *overrides,
-    )  # fmt: skip
+        "train",
+        ROOT / "configs/quickstart.yaml",
+        "trainer.device=cuda",
+        f"trainer.default_local_dir={out}",
+        f"data.train_files={data['train']}",
+        f"data.val_files={data['test']}",
+        f"warmup.files={data['sft']}",
+        "warmup.steps=4",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,jsonl]",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        *overrides,
+    )
 
 
 def test_two_gpus_colocated_then_one_gpu_resume_and_export(arith_data, tmp_path):
@@ -48,8 +55,15 @@ def test_two_gpus_colocated_then_one_gpu_resume_and_export(arith_data, tmp_path)
 def test_two_gpus_split_placement_ppo(arith_data, tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "run"
-    _train(out, arith_data, "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "algorithm.adv_estimator=gae",
-           "resource_pool.actor_rollout_ref=1", "resource_pool.critic=1")  # fmt: skip
+    _train(
+        out,
+        arith_data,
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=2",
+        "algorithm.adv_estimator=gae",
+        "resource_pool.actor_rollout_ref=1",
+        "resource_pool.critic=1",
+    )
     rows = metrics(out)
     assert_all_finite(rows)
     assert all("critic/vf_loss" in r for r in rows[1:])
@@ -59,8 +73,9 @@ def test_two_gpus_native_engine_follows_the_sharded_policy(arith_data, tmp_path)
     """The native engine on every rank, fed full weights gathered from the FSDP2 shards."""
     pytest.importorskip("ray")
     out = tmp_path / "run"
-    first = _train(out, arith_data, "trainer.n_gpus_per_node=2", "trainer.total_training_steps=3",
-                   "actor_rollout_ref.rollout.name=native")  # fmt: skip
+    first = _train(
+        out, arith_data, "trainer.n_gpus_per_node=2", "trainer.total_training_steps=3", "actor_rollout_ref.rollout.name=native"
+    )
     assert "Ray, device cuda (colocated: 2 ranks)" in first.stdout
     rows = metrics(out)
     assert_all_finite(rows)

@@ -6,24 +6,45 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from hybridrl.models.llama import DecoderLM, build_from_hf_config, unsupported_reason
 
-COMMON = dict(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)  # fmt: skip
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+)
 
 
 def family_configs():
     return {
         "llama": LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=False, attention_bias=True),
-        "llama3-scaled": LlamaConfig(**COMMON, tie_word_embeddings=True, rope_parameters=dict(
-            rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-            original_max_position_embeddings=16)),
+        "llama3-scaled": LlamaConfig(
+            **COMMON,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
         "qwen2": Qwen2Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True),
         # positions 0..39 run past original_max_position_embeddings=16, where the scalings differ
-        "qwen2-linear": Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters=dict(
-            rope_type="linear", rope_theta=1000000.0, factor=4.0)),
-        "qwen2-yarn": Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters=dict(
-            rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=16)),
+        "qwen2-linear": Qwen2Config(
+            **COMMON, tie_word_embeddings=True, rope_parameters=dict(rope_type="linear", rope_theta=1000000.0, factor=4.0)
+        ),
+        "qwen2-yarn": Qwen2Config(
+            **COMMON,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=16),
+        ),
         "qwen3": Qwen3Config(**COMMON, head_dim=16, rope_theta=1000000.0, tie_word_embeddings=False),
-    }  # fmt: skip
+    }
 
 
 def hf_model(config, seed=0):

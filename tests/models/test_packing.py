@@ -9,8 +9,16 @@ from hybridrl.models.logprobs import response_logits
 from hybridrl.models.packing import enable_packing, pack, packed_log_probs
 from hybridrl.models.value_model import ValueModel
 
-SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+SMALL = dict(
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
 
 
 def tiny(arch: str, backbone: bool = False):

@@ -4,7 +4,7 @@ import pytest
 
 from hybridrl.rewards import load_custom_reward_fn, score_batch
 
-SOURCE = '''
+SOURCE = """
 from dataclasses import dataclass
 
 THRESHOLD = 3
@@ -18,7 +18,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": len(solution_str) / 10, "len": len(solution_str)}
-'''
+"""
 
 
 @pytest.fixture

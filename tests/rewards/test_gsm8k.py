@@ -99,14 +99,22 @@ def test_training_scores_log_the_format_rate_and_both_accuracies():
     truths = [str(rng.randint(1, 999)) for _ in kinds]
     text = {"strict_right": "so #### {t}", "strict_wrong": "#### {w}", "last_right": "it is {t}.", "nothing": "no idea"}
     responses = [text[k].format(t=t, w=int(t) + 1) for k, t in zip(kinds, truths)]
-    batch = Batch({K.RESPONSES: torch.zeros(41, 1)},
-                  {K.DATA_SOURCE: ["openai/gsm8k"] * 40 + ["arith"], K.RESPONSE_TEXT: responses + ["5"],
-                   K.GROUND_TRUTH: truths + ["5"], K.EXTRA_INFO: [None] * 41})  # fmt: skip
+    batch = Batch(
+        {K.RESPONSES: torch.zeros(41, 1)},
+        {
+            K.DATA_SOURCE: ["openai/gsm8k"] * 40 + ["arith"],
+            K.RESPONSE_TEXT: responses + ["5"],
+            K.GROUND_TRUTH: truths + ["5"],
+            K.EXTRA_INFO: [None] * 41,
+        },
+    )
     scores, metrics = score(batch, default_compute_score)
     n = len(kinds)
     assert metrics["reward/gsm8k_format/mean"] == pytest.approx(sum(k.startswith("strict") for k in kinds) / n)
     assert metrics["reward/gsm8k_strict_acc/mean"] == pytest.approx(kinds.count("strict_right") / n)
-    assert metrics["reward/gsm8k_flexible_acc/mean"] == pytest.approx((kinds.count("strict_right") + kinds.count("last_right")) / n)
+    assert metrics["reward/gsm8k_flexible_acc/mean"] == pytest.approx(
+        (kinds.count("strict_right") + kinds.count("last_right")) / n
+    )
     assert scores.tolist() == [1.0 if k == "strict_right" else 0.0 for k in kinds] + [1.0]
 
 
@@ -120,7 +128,9 @@ def test_format_needs_work_pays_only_for_a_restated_answer():
         truth, wrong, other = rng.sample(range(1, 5000), 3)
         kw = dict(format_score=0.1, format_needs_work=True)
         assert compute_score(f"#### {wrong}", str(truth), **kw) == 0.0
-        assert compute_score(f"{other} plus two is {other + 2}. #### {wrong}", str(truth), **kw) == (0.1 if wrong == other + 2 else 0.0)
+        assert compute_score(f"{other} plus two is {other + 2}. #### {wrong}", str(truth), **kw) == (
+            0.1 if wrong == other + 2 else 0.0
+        )
         assert compute_score(f"so {wrong:,} in all.\n#### {wrong:,}", str(truth), **kw) == 0.1  # commas compared removed
         assert compute_score(f"#### {truth}", str(truth), **kw) == 1.0
         assert compute_score(f"#### {wrong}", str(truth), format_score=0.1) == 0.1  # off: verl's behaviour

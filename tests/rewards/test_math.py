@@ -49,9 +49,7 @@ def test_works_off_the_main_thread():
     # signal-based timeouts cannot be set here; the scorer must still answer.
     results = []
     thread = threading.Thread(
-        target=lambda: results.extend(
-            [compute_score("\\boxed{\\frac{1}{2}}", "0.5"), compute_score("\\boxed{3}", "4")]
-        )
+        target=lambda: results.extend([compute_score("\\boxed{\\frac{1}{2}}", "0.5"), compute_score("\\boxed{3}", "4")])
     )
     thread.start()
     thread.join()

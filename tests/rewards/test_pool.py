@@ -12,7 +12,7 @@ import pytest
 from hybridrl.rewards import score_batch
 from hybridrl.rewards.pool import Target, WorkerPool
 
-REWARD = '''
+REWARD = """
 import os, sys, time, ctypes
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
@@ -31,7 +31,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, scal
     if solution_str == "pid":
         return float(os.getpid())
     return scale * float(solution_str == ground_truth)
-'''
+"""
 
 
 @pytest.fixture

@@ -26,7 +26,9 @@ def test_samples_grouped_and_log_probs_match_trainer(tiny_model_dir, top_k, top_
     tok = load_tokenizer(tiny_model_dir)
     model = load_causal_lm(tiny_model_dir, random_init=True)
     engine = HFRolloutEngine(model, tok, max_num_seqs=3)  # forces several chunks
-    out = engine.generate(prompts(tok, ["1+2=", "13+4="]), SamplingParams(n=4, temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=5))
+    out = engine.generate(
+        prompts(tok, ["1+2=", "13+4="]), SamplingParams(n=4, temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=5)
+    )
     assert len(out) == 8 and list(out[K.UID]) == ["u0"] * 4 + ["u1"] * 4
     assert out[K.RESPONSES].shape[1] <= 5
     # the engine's log-probs are the trainer's log-probs of the same tokens at the same temperature

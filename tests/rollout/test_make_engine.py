@@ -16,8 +16,15 @@ TOK = build_tokenizer()
 
 
 def qwen2():
-    config = Qwen2Config(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(TOK),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     config.architectures = ["Qwen2ForCausalLM"]
     return Qwen2ForCausalLM(config)
 

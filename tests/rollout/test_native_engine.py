@@ -14,8 +14,18 @@ from hybridrl.rollout.native.cache import CacheFullError
 from hybridrl.rollout.native.engine import NativeRolloutEngine
 
 TOK = build_tokenizer()
-SHAPE = dict(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1, pad_token_id=0, bos_token_id=1)  # fmt: skip
+SHAPE = dict(
+    vocab_size=len(TOK),
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    eos_token_id=1,
+    pad_token_id=0,
+    bos_token_id=1,
+)
 CONFIGS = {
     "llama": lambda: LlamaConfig(**SHAPE, rope_theta=500000.0, tie_word_embeddings=False),
     "qwen2": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False),
@@ -79,6 +89,7 @@ def test_continuous_batching_with_a_small_cache_matches_one_at_a_time():
     model = hf_model("qwen2", seed=3)
     texts = ["1+2=", "13+41+7=", "7=", "(2+3)*4-11=", "9-1=", "123456789+1="]
     free_run = engine_for(model, ignore_eos=True).generate(prompts(texts), GREEDY)[K.RESPONSES]
+
     # Random weights rarely emit the real EOS: stop on the token whose first occurrence varies
     # most across the sequences, so that they end at different steps.
     def spread(v):
@@ -112,7 +123,9 @@ def test_samples_share_the_prompt_blocks():
     p = prompts(["13+41+7+8=", "2="])  # 10 tokens = 2 full blocks + a partial one; 2 tokens = partial only
     out = eng.generate(p, s, seeds=[11, 12, 13, 21, 22, 23])
     for row, seed in enumerate([11, 12, 13, 21, 22, 23]):
-        one = eng.generate(prompts([["13+41+7+8=", "2="][row // 3]]), SamplingParams(n=1, temperature=1.0, max_new_tokens=10), seeds=[seed])
+        one = eng.generate(
+            prompts([["13+41+7+8=", "2="][row // 3]]), SamplingParams(n=1, temperature=1.0, max_new_tokens=10), seeds=[seed]
+        )
         n = int(one[K.RESPONSE_MASK].sum())
         assert out[K.RESPONSES][row, :n].tolist() == one[K.RESPONSES][0, :n].tolist()
     assert list(out[K.UID]) == ["u0"] * 3 + ["u1"] * 3

@@ -110,8 +110,11 @@ def test_kernels_under_the_triton_interpreter():
     _require_triton()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and proc.stdout.count("PASSED") == 13, proc.stdout[-3000:]
 
 

@@ -67,17 +67,31 @@ def test_summarize_reward_validation_and_stage_times(tmp_path):
 
 def test_prompt_groups_keep_all_n_responses_and_the_verl_dump_round_trips():
     groups = prompt_groups(
-        3, "train", prompts=["a", "a", "b", "b", "c", "c"], responses=["1", "2", "3", "4", "5", "6"],
-        scores=[1, 0, 0, 0, 1, 1], uids=["u1", "u1", "u2", "u2", "u3", "u3"], ground_truths=["1", "1", "9", "9", "5", "5"],
-        data_sources=["x", "x", "y", "y", "x", "x"], advantages=[0.7, -0.7, 0, 0, 0, 0], lengths=[2, 2, 1, 1, 3, 3], limit=2,
-    )  # fmt: skip
+        3,
+        "train",
+        prompts=["a", "a", "b", "b", "c", "c"],
+        responses=["1", "2", "3", "4", "5", "6"],
+        scores=[1, 0, 0, 0, 1, 1],
+        uids=["u1", "u1", "u2", "u2", "u3", "u3"],
+        ground_truths=["1", "1", "9", "9", "5", "5"],
+        data_sources=["x", "x", "y", "y", "x", "x"],
+        advantages=[0.7, -0.7, 0, 0, 0, 0],
+        lengths=[2, 2, 1, 1, 3, 3],
+        limit=2,
+    )
     assert [g["uid"] for g in groups] == ["u1", "u2"]
     assert groups[0]["responses"] == ["1", "2"] and groups[0]["scores"] == [1.0, 0.0] and groups[0]["advantages"] == [0.7, -0.7]
     assert groups[1]["data_source"] == "y" and groups[1]["ground_truth"] == "9" and groups[1]["response_lengths"] == [1, 1]
     back = group_dump_rows(dump_rows(groups), "train")
     for g, h in zip(groups, back):
         assert (h["step"], h["uid"], h["prompt"], h["responses"], h["scores"], h["advantages"]) == (
-            g["step"], g["uid"], g["prompt"], g["responses"], g["scores"], g["advantages"])  # fmt: skip
+            g["step"],
+            g["uid"],
+            g["prompt"],
+            g["responses"],
+            g["scores"],
+            g["advantages"],
+        )
     old = normalize_group({"step": 2, "prompt": "p", "response": "r", "score": 0.5})  # the older one-response lines
     assert old["responses"] == ["r"] and old["scores"] == [0.5] and old["kind"] == "train"
 
@@ -91,7 +105,9 @@ def test_run_reads_samples_and_the_rollout_dump_of_steps_samples_lack(tmp_path):
     append_jsonl(run / "samples.jsonl", g1)
     (run / "dumps").mkdir()
     _write(run / "dumps" / "1.jsonl", dump_rows(g1))  # already in samples.jsonl: not twice
-    _write(run / "dumps" / "2.jsonl", dump_rows(prompt_groups(2, "train", prompts=["q", "q"], responses=["a", "b"], scores=[0, 1])))
+    _write(
+        run / "dumps" / "2.jsonl", dump_rows(prompt_groups(2, "train", prompts=["q", "q"], responses=["a", "b"], scores=[0, 1]))
+    )
     data = load_run(run)
     assert [(g["step"], g["prompt"], g["responses"]) for g in data.samples] == [(1, "p", ["r"]), (2, "q", ["a", "b"])]
     assert find_runs(tmp_path) == [run]
@@ -100,19 +116,43 @@ def test_run_reads_samples_and_the_rollout_dump_of_steps_samples_lack(tmp_path):
 def test_prometheus_text_has_the_last_step_per_run(tmp_path):
     run = tmp_path / "a"
     run.mkdir()
-    _write(run / "metrics.jsonl", [
-        {"step": 1, "critic/score/mean": 0.25, "actor/kl_loss": 0.01, "perf/throughput": 100.0, "timing_s/gen": 0.5, "timing_s/step": 1.0},
-        {"step": 2, "critic/score/mean": 0.5, "actor/kl_loss": 0.02, "perf/throughput": 200.0, "timing_s/gen": 0.75,
-         "timing_s/step": 1.5, "perf/max_memory_allocated_gb": 3.5, "val-core/arith/reward/mean@1": 0.625},
-    ])  # fmt: skip
+    _write(
+        run / "metrics.jsonl",
+        [
+            {
+                "step": 1,
+                "critic/score/mean": 0.25,
+                "actor/kl_loss": 0.01,
+                "perf/throughput": 100.0,
+                "timing_s/gen": 0.5,
+                "timing_s/step": 1.0,
+            },
+            {
+                "step": 2,
+                "critic/score/mean": 0.5,
+                "actor/kl_loss": 0.02,
+                "perf/throughput": 200.0,
+                "timing_s/gen": 0.75,
+                "timing_s/step": 1.5,
+                "perf/max_memory_allocated_gb": 3.5,
+                "val-core/arith/reward/mean@1": 0.625,
+            },
+        ],
+    )
     text = prometheus_text([load_run(run)], now=(run / "metrics.jsonl").stat().st_mtime + 30)
     lines = set(text.splitlines())
-    for line in ('hybridrl_step{run="a"} 2.0', 'hybridrl_reward{run="a"} 0.5', 'hybridrl_kl{run="a"} 0.02',
-                 'hybridrl_throughput_tokens_per_second{run="a"} 200.0', 'hybridrl_stage_seconds{run="a",stage="gen"} 0.75',
-                 'hybridrl_gpu_memory_allocated_gigabytes{run="a"} 3.5',
-                 'hybridrl_validation_score{run="a",key="val-core/arith/reward/mean@1"} 0.625',
-                 'hybridrl_last_update_age_seconds{run="a"} 30.0', 'hybridrl_run_healthy{run="a"} 1.0',
-                 "# TYPE hybridrl_reward gauge"):  # fmt: skip
+    for line in (
+        'hybridrl_step{run="a"} 2.0',
+        'hybridrl_reward{run="a"} 0.5',
+        'hybridrl_kl{run="a"} 0.02',
+        'hybridrl_throughput_tokens_per_second{run="a"} 200.0',
+        'hybridrl_stage_seconds{run="a",stage="gen"} 0.75',
+        'hybridrl_gpu_memory_allocated_gigabytes{run="a"} 3.5',
+        'hybridrl_validation_score{run="a",key="val-core/arith/reward/mean@1"} 0.625',
+        'hybridrl_last_update_age_seconds{run="a"} 30.0',
+        'hybridrl_run_healthy{run="a"} 1.0',
+        "# TYPE hybridrl_reward gauge",
+    ):
         assert line in lines, line
     stale = prometheus_text([load_run(run)], now=(run / "metrics.jsonl").stat().st_mtime + 500)
     assert 'hybridrl_run_healthy{run="a"} 0.0' in stale.splitlines()
@@ -148,8 +188,11 @@ def test_critic_backbone_load_hides_only_the_lm_head_report(tmp_path, caplog):
     assert not [r for r in caplog.records if "LOAD REPORT" in r.getMessage()]
     # a report about other keys still shows: drop a backbone weight from the checkpoint
     weights = load_file(str(tmp_path / "m" / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if k != "model.norm.weight"}, str(tmp_path / "m" / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v for k, v in weights.items() if k != "model.norm.weight"},
+        str(tmp_path / "m" / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with caplog.at_level("WARNING", logger="transformers.modeling_utils"):
         load_causal_lm(str(tmp_path / "m"), backbone_only=True)
     reports = [r.getMessage() for r in caplog.records if "LOAD REPORT" in r.getMessage()]

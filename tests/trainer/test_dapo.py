@@ -26,25 +26,43 @@ def dapo_config(model, data, tmp_path, reward, **algorithm):
     path.write_text(textwrap.dedent(reward))
     return config_from_dict(
         {
-            "data": {"train_files": data["train"], "train_batch_size": 4, "gen_batch_size": 3, "max_prompt_length": 8,
-                     "max_response_length": 4},
-            "actor_rollout_ref": {"model": {"path": model},
-                                  "actor": {"ppo_mini_batch_size": 2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                                            "optim": {"lr": 1e-3}},
-                                  "rollout": {"n": 4}},
+            "data": {
+                "train_files": data["train"],
+                "train_batch_size": 4,
+                "gen_batch_size": 3,
+                "max_prompt_length": 8,
+                "max_response_length": 4,
+            },
+            "actor_rollout_ref": {
+                "model": {"path": model},
+                "actor": {"ppo_mini_batch_size": 2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "optim": {"lr": 1e-3}},
+                "rollout": {"n": 4},
+            },
             "algorithm": {"adv_estimator": "grpo", **algorithm},
             "custom_reward_function": {"path": str(path)},
-            "reward_model": {"reward_manager": "dapo", "overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 0.5,
-                                                                           "log": True}},
-            "trainer": {"device": "cpu", "total_training_steps": 2, "default_local_dir": str(tmp_path / "run"),
-                        "logger": ["jsonl"], "val_before_train": False},
-        }  # fmt: skip
+            "reward_model": {
+                "reward_manager": "dapo",
+                "overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 0.5, "log": True},
+            },
+            "trainer": {
+                "device": "cpu",
+                "total_training_steps": 2,
+                "default_local_dir": str(tmp_path / "run"),
+                "logger": ["jsonl"],
+                "val_before_train": False,
+            },
+        }
     )
 
 
 def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights, arith_data, tmp_path):
-    cfg = dapo_config(tiny_model_with_weights, arith_data, tmp_path, REWARD,
-                      filter_groups={"enable": True, "metric": "parity", "max_num_gen_batches": 20})
+    cfg = dapo_config(
+        tiny_model_with_weights,
+        arith_data,
+        tmp_path,
+        REWARD,
+        filter_groups={"enable": True, "metric": "parity", "max_num_gen_batches": 20},
+    )
     trainer = PPOTrainer(cfg)
     seen = []
     real = trainer.compute_advantages
@@ -73,16 +91,28 @@ def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights,
 
 
 def test_dapo_gives_up_with_a_clear_error_when_no_group_varies(tiny_model_with_weights, arith_data, tmp_path):
-    cfg = dapo_config(tiny_model_with_weights, arith_data, tmp_path, CONSTANT,
-                      filter_groups={"enable": True, "metric": "acc", "max_num_gen_batches": 2})
-    with pytest.raises(DynamicSamplingError, match="after 2 generation rounds \\(6 prompts\\) only 0 prompts had responses "
-                                                   "whose acc differed"):
+    cfg = dapo_config(
+        tiny_model_with_weights,
+        arith_data,
+        tmp_path,
+        CONSTANT,
+        filter_groups={"enable": True, "metric": "acc", "max_num_gen_batches": 2},
+    )
+    with pytest.raises(
+        DynamicSamplingError, match="after 2 generation rounds \\(6 prompts\\) only 0 prompts had responses whose acc differed"
+    ):
         PPOTrainer(cfg).fit()
 
 
 def test_critic_warmup_and_rollout_correction_run_through_the_loop(tiny_model_with_weights, arith_data, tmp_path):
-    cfg = dapo_config(tiny_model_with_weights, arith_data, tmp_path, REWARD, adv_estimator="gae",
-                      rollout_correction={"rollout_is": "token", "rollout_rs": "token_k1", "rollout_rs_threshold": 10.0})
+    cfg = dapo_config(
+        tiny_model_with_weights,
+        arith_data,
+        tmp_path,
+        REWARD,
+        adv_estimator="gae",
+        rollout_correction={"rollout_is": "token", "rollout_rs": "token_k1", "rollout_rs_threshold": 10.0},
+    )
     cfg.trainer.critic_warmup = 2
     trainer = PPOTrainer(cfg)
     before = {n: p.detach().clone() for n, p in trainer.run.actor.worker.model.named_parameters()}

@@ -11,14 +11,23 @@ from hybridrl.trainer.dynamic_sampling import concat_padded, prompts_of, varied_
 def round_batch(prompt_width, response_width, uids, pad=9):
     b = len(uids)
     return Batch(
-        {K.PROMPTS: torch.arange(b * prompt_width).view(b, prompt_width),
-         K.PROMPT_MASK: torch.ones(b, prompt_width, dtype=torch.long),
-         K.RESPONSES: torch.ones(b, response_width, dtype=torch.long), K.RESPONSE_MASK: torch.ones(b, response_width),
-         K.TOKEN_LEVEL_SCORES: torch.ones(b, response_width)},
-        {K.UID: uids, K.DATA_SOURCE: ["arith"] * b, K.GROUND_TRUTH: ["1"] * b, K.EXTRA_INFO: [{}] * b,
-         K.RAW_PROMPT: [f"p{u}" for u in uids], K.RESPONSE_TEXT: ["x"] * b},
+        {
+            K.PROMPTS: torch.arange(b * prompt_width).view(b, prompt_width),
+            K.PROMPT_MASK: torch.ones(b, prompt_width, dtype=torch.long),
+            K.RESPONSES: torch.ones(b, response_width, dtype=torch.long),
+            K.RESPONSE_MASK: torch.ones(b, response_width),
+            K.TOKEN_LEVEL_SCORES: torch.ones(b, response_width),
+        },
+        {
+            K.UID: uids,
+            K.DATA_SOURCE: ["arith"] * b,
+            K.GROUND_TRUTH: ["1"] * b,
+            K.EXTRA_INFO: [{}] * b,
+            K.RAW_PROMPT: [f"p{u}" for u in uids],
+            K.RESPONSE_TEXT: ["x"] * b,
+        },
         {K.PAD_TOKEN_ID: pad},
-    )  # fmt: skip
+    )
 
 
 def test_groups_whose_metric_varies_are_kept_and_singletons_too():

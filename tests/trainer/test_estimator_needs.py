@@ -48,12 +48,20 @@ def test_greedy_baselines_only_for_an_estimator_that_needs_them(
     cfg = config_from_dict(
         {
             "data": {"train_files": arith_data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-            "actor_rollout_ref": {"model": {"path": tiny_model_with_weights}, "actor": {"ppo_mini_batch_size": 2},
-                                  "rollout": {"n": 3}},
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_with_weights},
+                "actor": {"ppo_mini_batch_size": 2},
+                "rollout": {"n": 3},
+            },
             "algorithm": {"adv_estimator": name},
-            "trainer": {"device": "cpu", "total_training_steps": 1, "default_local_dir": str(tmp_path),
-                        "logger": ["jsonl"], "val_before_train": False},
-        }  # fmt: skip
+            "trainer": {
+                "device": "cpu",
+                "total_training_steps": 1,
+                "default_local_dir": str(tmp_path),
+                "logger": ["jsonl"],
+                "val_before_train": False,
+            },
+        }
     )
     trainer = PPOTrainer(cfg)
     made = []

@@ -15,12 +15,20 @@ def test_estimator_runs_and_updates(estimator, tiny_model_with_weights, arith_da
     cfg = config_from_dict(
         {
             "data": {"train_files": arith_data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-            "actor_rollout_ref": {"model": {"path": tiny_model_with_weights},
-                                  "actor": {"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}}, "rollout": {"n": 3}},
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_with_weights},
+                "actor": {"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}},
+                "rollout": {"n": 3},
+            },
             "algorithm": {"adv_estimator": estimator},
-            "trainer": {"device": "cpu", "total_training_steps": 2, "default_local_dir": str(tmp_path),
-                        "logger": ["jsonl"], "val_before_train": False},
-        }  # fmt: skip
+            "trainer": {
+                "device": "cpu",
+                "total_training_steps": 2,
+                "default_local_dir": str(tmp_path),
+                "logger": ["jsonl"],
+                "val_before_train": False,
+            },
+        }
     )
     trainer = PPOTrainer(cfg)
     before = {n: p.detach().clone() for n, p in trainer.run.actor.worker.model.named_parameters()}

@@ -12,12 +12,22 @@ def test_stops_after_max_nonfinite_steps_and_keeps_last_checkpoint(tiny_model_wi
     cfg = config_from_dict(
         {
             "data": {"train_files": arith_data["train"], "train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 4},
-            "actor_rollout_ref": {"model": {"path": tiny_model_with_weights}, "actor": {"ppo_mini_batch_size": 4},
-                                  "rollout": {"n": 2}},
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_with_weights},
+                "actor": {"ppo_mini_batch_size": 4},
+                "rollout": {"n": 2},
+            },
             "algorithm": {"adv_estimator": "grpo"},
-            "trainer": {"device": "cpu", "total_training_steps": 6, "save_freq": 1, "max_nonfinite_steps": 2,
-                        "default_local_dir": str(tmp_path), "logger": ["jsonl"], "val_before_train": False},
-        }  # fmt: skip
+            "trainer": {
+                "device": "cpu",
+                "total_training_steps": 6,
+                "save_freq": 1,
+                "max_nonfinite_steps": 2,
+                "default_local_dir": str(tmp_path),
+                "logger": ["jsonl"],
+                "val_before_train": False,
+            },
+        }
     )
     trainer = PPOTrainer(cfg)
     real = POLICY_LOSSES["vanilla"]  # the policy loss the actor calls (policy_loss.loss_mode)

@@ -26,8 +26,9 @@ class _CreatesFile:
 
 def _model_and_optim(seed: int):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+    )
     model = Qwen2ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)

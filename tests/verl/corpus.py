@@ -75,8 +75,15 @@ def verl_plan(s: Script) -> VerlPlan:
             return int(per_gpu)
         return int(glob) // dp if glob not in (None, "null") else None
 
-    return VerlPlan(world, sp, csp, mini * n // (world // sp), micro("actor_rollout_ref.actor", world // sp),
-                    cmini * n // (world // csp), micro("critic", world // csp))
+    return VerlPlan(
+        world,
+        sp,
+        csp,
+        mini * n // (world // sp),
+        micro("actor_rollout_ref.actor", world // sp),
+        cmini * n // (world // csp),
+        micro("critic", world // csp),
+    )
 
 
 def tiny_overrides(s: Script, model_dir: str, data: dict, out) -> list[str]:
@@ -84,17 +91,33 @@ def tiny_overrides(s: Script, model_dir: str, data: dict, out) -> list[str]:
     steps of 4 prompts. Micro-batch sizes are set in the spelling the script uses (verl refuses a
     global and a per-GPU size together)."""
     o = {
-        "actor_rollout_ref.model.path": model_dir, "critic.model.path": model_dir,
-        "data.train_files": data["train"], "data.val_files": data["test"], "data.train_batch_size": 4,
-        "data.max_prompt_length": 8, "data.max_response_length": 4, "data.val_max_samples": 8,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "critic.optim.lr": 1e-3, "trainer.n_gpus_per_node": 1, "trainer.nnodes": 1, "trainer.device": "cpu",
-        "trainer.total_training_steps": 2, "trainer.default_local_dir": str(out), "trainer.logger": "console",
-        "trainer.val_before_train": "false", "trainer.test_freq": 2, "trainer.save_freq": 2,
+        "actor_rollout_ref.model.path": model_dir,
+        "critic.model.path": model_dir,
+        "data.train_files": data["train"],
+        "data.val_files": data["test"],
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 4,
+        "data.val_max_samples": 8,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "critic.optim.lr": 1e-3,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.nnodes": 1,
+        "trainer.device": "cpu",
+        "trainer.total_training_steps": 2,
+        "trainer.default_local_dir": str(out),
+        "trainer.logger": "console",
+        "trainer.val_before_train": "false",
+        "trainer.test_freq": 2,
+        "trainer.save_freq": 2,
     }
-    for prefix, per_gpu in (("actor_rollout_ref.actor.ppo", "micro_batch_size"),
-                            ("actor_rollout_ref.rollout.log_prob", "micro_batch_size"),
-                            ("actor_rollout_ref.ref.log_prob", "micro_batch_size"), ("critic.ppo", "micro_batch_size")):
+    for prefix, per_gpu in (
+        ("actor_rollout_ref.actor.ppo", "micro_batch_size"),
+        ("actor_rollout_ref.rollout.log_prob", "micro_batch_size"),
+        ("actor_rollout_ref.ref.log_prob", "micro_batch_size"),
+        ("critic.ppo", "micro_batch_size"),
+    ):
         key = f"{prefix}_{per_gpu}"
         o[key if s.value(key) not in (None, "null") else f"{key}_per_gpu"] = 2
     return s.argv + [f"{k}={v}" for k, v in o.items()]

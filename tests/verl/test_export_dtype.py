@@ -24,11 +24,28 @@ def bf16_run(tmp_path_factory, arith_data):
     hf = json.loads((model_dir / "config.json").read_text())
     assert (hf.get("torch_dtype") or hf.get("dtype")) == "bfloat16"
     run = root / "run"
-    assert main(["train", f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={arith_data['train']}",
-                 "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=1",
-                 "trainer.total_training_steps=1", "trainer.device=cpu", "trainer.logger=console",
-                 f"trainer.default_local_dir={run}", "data.max_prompt_length=8", "data.max_response_length=4",
-                 "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.val_before_train=false"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"actor_rollout_ref.model.path={model_dir}",
+                f"data.train_files={arith_data['train']}",
+                "data.train_batch_size=4",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "trainer.n_gpus_per_node=1",
+                "trainer.total_training_steps=1",
+                "trainer.device=cpu",
+                "trainer.logger=console",
+                f"trainer.default_local_dir={run}",
+                "data.max_prompt_length=8",
+                "data.max_response_length=4",
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.rollout.n=2",
+                "trainer.val_before_train=false",
+            ]
+        )
+        == 0
+    )
     return run
 
 

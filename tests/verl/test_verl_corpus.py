@@ -1,7 +1,6 @@
 """32 of verl's own example command lines (tests/verl/scripts/) are accepted with no config file,
 and hybridrl's batch plan is verl's normalization, worked out independently in corpus.py."""
 
-
 import pytest
 from corpus import params, scripts, verl_plan
 
@@ -12,8 +11,19 @@ def test_the_corpus_is_large_enough():
     names = [s.name for s in scripts()]
     assert len(names) >= 30
     families = {n.split("__")[0] for n in names}
-    assert {"ppo_trainer", "grpo_trainer", "rloo_trainer", "remax_trainer", "reinforce_plus_plus_trainer",
-            "cispo_trainer", "gpg_trainer", "gmpo_trainer", "tuning", "recipe", "docs"} <= families
+    assert {
+        "ppo_trainer",
+        "grpo_trainer",
+        "rloo_trainer",
+        "remax_trainer",
+        "reinforce_plus_plus_trainer",
+        "cispo_trainer",
+        "gpg_trainer",
+        "gmpo_trainer",
+        "tuning",
+        "recipe",
+        "docs",
+    } <= families
 
 
 @pytest.mark.parametrize("script", params())

@@ -31,8 +31,11 @@ def _literal(v) -> bool:
 def test_verls_whole_default_tree_is_accepted():
     """All 507 leaves of verl's ppo_trainer.yaml at verl's defaults: no error, no unknown key."""
     assert len(VERL_KEYS) == 507
-    overrides = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-                 for k, v in VERL_KEYS.items() if _literal(v)]
+    overrides = [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+        for k, v in VERL_KEYS.items()
+        if _literal(v)
+    ]
     cfg = verl(*overrides, f"{R}.name=vllm")
     (ignored,) = [n for n in cfg.notices if n.startswith("ignored, no effect here: ")]
     assert "actor_rollout_ref.rollout.enable_chunked_prefill" in ignored and "(vLLM/SGLang/TRT-LLM engine knob" in ignored
@@ -80,17 +83,25 @@ def test_a_key_that_would_change_the_result_is_an_error_naming_what_is_missing()
     assert errors("actor_rollout_ref.hybrid_engine=false") == [
         "actor_rollout_ref.hybrid_engine=false needs a non-colocated actor and rollout (hybridrl always colocates "
         "them; split the critic with resource_pool instead), which hybridrl does not have; use "
-        "actor_rollout_ref.hybrid_engine=true or leave it out"]
+        "actor_rollout_ref.hybrid_engine=true or leave it out"
+    ]
     (e,) = errors(f"{A}.strategy=megatron")
     assert "needs the Megatron strategy" in e
     verl("actor_rollout_ref.hybrid_engine=true", f"{A}.strategy=fsdp2", "reward_model.enable=false")
 
 
 def test_renamed_keys():
-    cfg = verl(f"{A}.optim.clip_grad=0.5", f"{A}.optim.warmup_style=cosine", "critic.optim.lr_warmup_steps_ratio=0.1",
-               "trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=2",
-               "global_profiler.tool=torch", "global_profiler.steps=[2,4]", "ray_kwargs.ray_init.num_cpus=4",
-               "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false")
+    cfg = verl(
+        f"{A}.optim.clip_grad=0.5",
+        f"{A}.optim.warmup_style=cosine",
+        "critic.optim.lr_warmup_steps_ratio=0.1",
+        "trainer.max_actor_ckpt_to_keep=3",
+        "trainer.max_critic_ckpt_to_keep=2",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2,4]",
+        "ray_kwargs.ray_init.num_cpus=4",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false",
+    )
     a = cfg.actor_rollout_ref.actor
     assert (a.grad_clip, a.optim.lr_scheduler_type, cfg.critic.optim.lr_warmup_steps_ratio) == (0.5, "cosine", 0.1)
     assert cfg.trainer.max_ckpt_to_keep == 3  # one step directory holds both: the larger count
@@ -100,11 +111,20 @@ def test_renamed_keys():
 
 
 def test_global_micro_batch_sizes_are_divided_by_the_world_as_verl_does():
-    cfg = verl("trainer.n_gpus_per_node=4", f"{A}.ppo_micro_batch_size=32", f"{R}.log_prob_micro_batch_size=64",
-               "actor_rollout_ref.ref.log_prob_micro_batch_size=16", "critic.ppo_micro_batch_size=8")
+    cfg = verl(
+        "trainer.n_gpus_per_node=4",
+        f"{A}.ppo_micro_batch_size=32",
+        f"{R}.log_prob_micro_batch_size=64",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=16",
+        "critic.ppo_micro_batch_size=8",
+    )
     a = cfg.actor_rollout_ref
-    assert (a.actor.ppo_micro_batch_size_per_gpu, a.rollout.log_prob_micro_batch_size_per_gpu,
-            a.ref.log_prob_micro_batch_size_per_gpu, cfg.critic.ppo_micro_batch_size_per_gpu) == (8, 16, 4, 2)
+    assert (
+        a.actor.ppo_micro_batch_size_per_gpu,
+        a.rollout.log_prob_micro_batch_size_per_gpu,
+        a.ref.log_prob_micro_batch_size_per_gpu,
+        cfg.critic.ppo_micro_batch_size_per_gpu,
+    ) == (8, 16, 4, 2)
     (e,) = errors("trainer.n_gpus_per_node=4", f"{A}.ppo_micro_batch_size=32", f"{A}.ppo_micro_batch_size_per_gpu=8")
     assert e.startswith(f"{A}.ppo_micro_batch_size and {A}.ppo_micro_batch_size_per_gpu are both set; set only one")
     (e,) = errors("trainer.n_gpus_per_node=4", f"{R}.log_prob_micro_batch_size=2")
@@ -112,8 +132,13 @@ def test_global_micro_batch_sizes_are_divided_by_the_world_as_verl_does():
 
 
 def test_sequence_and_tensor_parallelism_run_as_data_parallel_with_a_notice():
-    cfg = verl("trainer.n_gpus_per_node=8", f"{A}.ulysses_sequence_parallel_size=2", f"{R}.tensor_model_parallel_size=4",
-               f"{A}.ppo_micro_batch_size_per_gpu=16", "critic.ppo_micro_batch_size_per_gpu=32")
+    cfg = verl(
+        "trainer.n_gpus_per_node=8",
+        f"{A}.ulysses_sequence_parallel_size=2",
+        f"{R}.tensor_model_parallel_size=4",
+        f"{A}.ppo_micro_batch_size_per_gpu=16",
+        "critic.ppo_micro_batch_size_per_gpu=32",
+    )
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8  # verl's 16 split over 2 devices
     assert cfg.critic.ppo_micro_batch_size_per_gpu == 32  # the critic has no SP here
     plan = plan_batches(cfg)

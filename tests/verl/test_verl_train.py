@@ -15,11 +15,14 @@ pytestmark = pytest.mark.slow
 BY_NAME = {s.name: s for s in scripts()}
 
 
-@pytest.mark.parametrize("name, keys, ignores", [
-    ("docs__start__quickstart", ["critic/vf_loss", "critic/values/mean", "actor/pg_loss", "critic/score/mean"], 0),
-    ("tuning__0.5b__qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm", ["actor/pg_loss", "actor/kl_loss", "actor/entropy"], 1),
-    ("remax_trainer__run_qwen2.5-3b_seq_balance", ["actor/pg_loss", "critic/advantages/mean", "response_length/mean"], 0),
-])
+@pytest.mark.parametrize(
+    "name, keys, ignores",
+    [
+        ("docs__start__quickstart", ["critic/vf_loss", "critic/values/mean", "actor/pg_loss", "critic/score/mean"], 0),
+        ("tuning__0.5b__qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm", ["actor/pg_loss", "actor/kl_loss", "actor/entropy"], 1),
+        ("remax_trainer__run_qwen2.5-3b_seq_balance", ["actor/pg_loss", "critic/advantages/mean", "response_length/mean"], 0),
+    ],
+)
 def test_a_verl_script_trains_two_steps(name, keys, ignores, tiny_model_with_weights, arith_data, tmp_path, capsys):
     out = tmp_path / "run"
     argv = tiny_overrides(BY_NAME[name], tiny_model_with_weights, arith_data, out) + ["trainer.log_val_generations=3"]

@@ -22,11 +22,13 @@ def make_worker(model_dir, **actor):
     cfg = config_from_dict(
         {
             "data": {"train_files": "unused.jsonl", "train_batch_size": 7, "max_response_length": 6},
-            "actor_rollout_ref": {"model": {"path": model_dir, "random_init": True},
-                                  "actor": {"ppo_mini_batch_size": 7, "use_kl_loss": True, "entropy_coeff": 0.01, **actor}},
+            "actor_rollout_ref": {
+                "model": {"path": model_dir, "random_init": True},
+                "actor": {"ppo_mini_batch_size": 7, "use_kl_loss": True, "entropy_coeff": 0.01, **actor},
+            },
             "algorithm": {"adv_estimator": "gae"},
             "trainer": {"device": "cpu"},
-        }  # fmt: skip
+        }
     )
     torch.manual_seed(0)
     w = ActorRolloutRefWorker(cfg, plan_batches(cfg), torch.device("cpu"))
@@ -84,8 +86,12 @@ def test_gradient_independent_of_micro_batch_split(tiny_model_dir, mode, packed)
     batch = random_batch()
     whole = grads_for_split(worker, batch, micro=7)
     assert sum(g.abs().sum() for g in whole.values()) > 0
-    splits = {"fixed 3": dict(micro=3), "fixed 1": dict(micro=1),
-              "budget 3": dict(budget=budget_for(batch, 3)), "budget 7": dict(budget=budget_for(batch, 7))}  # fmt: skip
+    splits = {
+        "fixed 3": dict(micro=3),
+        "fixed 1": dict(micro=1),
+        "budget 3": dict(budget=budget_for(batch, 3)),
+        "budget 7": dict(budget=budget_for(batch, 7)),
+    }
     for name, split in splits.items():
         got = grads_for_split(worker, batch, **split)
         for pname, g in whole.items():
@@ -156,8 +162,8 @@ def test_loaded_reference_runs_packed(tiny_model_with_weights):
 
 
 def test_generation_does_not_use_the_compiled_layers(tiny_model_dir):
-    from hybridrl.rollout import SamplingParams
     from hybridrl.models.prepare import compile_decoder_layers
+    from hybridrl.rollout import SamplingParams
 
     worker = make_worker(tiny_model_dir)
     compile_decoder_layers(worker.model)

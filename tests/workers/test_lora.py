@@ -12,34 +12,41 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.models.lora import apply_lora, merged_named_parameters
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.lora import apply_lora, merged_named_parameters
 from hybridrl.rollout import SamplingParams
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.forward import SEQ_KEYS
 
 
-
 def random_batch(n=7, P=4, R=6, vocab=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, R + 1, (n,), generator=g)
-    return Batch({
-        K.PROMPTS: torch.randint(2, vocab, (n, P), generator=g), K.PROMPT_MASK: torch.ones(n, P, dtype=torch.long),
-        K.RESPONSES: torch.randint(2, vocab, (n, R), generator=g),
-        K.RESPONSE_MASK: (torch.arange(R)[None] < lengths[:, None]).float(),
-        K.OLD_LOG_PROBS: -torch.rand(n, R, generator=g) * 4, K.REF_LOG_PROBS: -torch.rand(n, R, generator=g) * 4,
-        K.ADVANTAGES: torch.randn(n, R, generator=g),
-    })  # fmt: skip
+    return Batch(
+        {
+            K.PROMPTS: torch.randint(2, vocab, (n, P), generator=g),
+            K.PROMPT_MASK: torch.ones(n, P, dtype=torch.long),
+            K.RESPONSES: torch.randint(2, vocab, (n, R), generator=g),
+            K.RESPONSE_MASK: (torch.arange(R)[None] < lengths[:, None]).float(),
+            K.OLD_LOG_PROBS: -torch.rand(n, R, generator=g) * 4,
+            K.REF_LOG_PROBS: -torch.rand(n, R, generator=g) * 4,
+            K.ADVANTAGES: torch.randn(n, R, generator=g),
+        }
+    )
 
 
 def lora_worker(model_dir, path=None, **model):
-    cfg = config_from_dict({
-        "data": {"train_files": "unused.jsonl", "train_batch_size": 7, "max_response_length": 6},
-        "actor_rollout_ref": {"model": {"path": model_dir, "random_init": True, "lora_rank": 4, "lora_alpha": 8, **model},
-                              "actor": {"ppo_mini_batch_size": 7, "use_kl_loss": True, "optim": {"lr": 0.05}}},
-        "algorithm": {"adv_estimator": "gae"},
-        "trainer": {"device": "cpu"},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "data": {"train_files": "unused.jsonl", "train_batch_size": 7, "max_response_length": 6},
+            "actor_rollout_ref": {
+                "model": {"path": model_dir, "random_init": True, "lora_rank": 4, "lora_alpha": 8, **model},
+                "actor": {"ppo_mini_batch_size": 7, "use_kl_loss": True, "optim": {"lr": 0.05}},
+            },
+            "algorithm": {"adv_estimator": "gae"},
+            "trainer": {"device": "cpu"},
+        }
+    )
     torch.manual_seed(0)
     w = ActorRolloutRefWorker(cfg, plan_batches(cfg), torch.device("cpu"))
     w.init_model(path or model_dir, path is None, 10, need_ref=True, ref_path=model_dir if path else None)
@@ -85,8 +92,12 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tiny_model_dir):
 def test_generations_follow_the_updated_policy(tiny_model_dir):
     """verl #7495: a rollout engine that keeps sampling from the base after LoRA updates."""
     w = lora_worker(tiny_model_dir)
-    prompts = Batch({K.PROMPTS: torch.randint(2, 40, (4, 5), generator=torch.Generator().manual_seed(3)),
-                     K.PROMPT_MASK: torch.ones(4, 5, dtype=torch.long)})  # fmt: skip
+    prompts = Batch(
+        {
+            K.PROMPTS: torch.randint(2, 40, (4, 5), generator=torch.Generator().manual_seed(3)),
+            K.PROMPT_MASK: torch.ones(4, 5, dtype=torch.long),
+        }
+    )
     greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=6)
     before = w.generate(prompts, greedy)
     batch = before.select(SEQ_KEYS)
@@ -121,8 +132,10 @@ def test_checkpoint_resume_is_exact_and_actor_dir_loads_merged(tiny_model_dir, t
     resumed.update_actor(batch)
     for n, p in resumed.model.named_parameters():
         assert torch.equal(p, dict(w.model.named_parameters())[n]), n
-    torch.testing.assert_close(resumed.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS],
-                               w.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS])  # fmt: skip
+    torch.testing.assert_close(
+        resumed.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS],
+        w.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS],
+    )
 
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "actor", dtype=torch.float32)
     merged_sd = merged.state_dict()
@@ -170,8 +183,7 @@ def test_lora_adapter_path_starts_from_the_saved_adapter(tiny_model_dir, tmp_pat
     peft_model.save_pretrained(tmp_path / "adapter")
     want = dict(merged_named_parameters(peft_model))
 
-    w = lora_worker(str(tmp_path / "base"), random_init=False, lora_rank=0,
-                    lora_adapter_path=str(tmp_path / "adapter"))
+    w = lora_worker(str(tmp_path / "base"), random_init=False, lora_rank=0, lora_adapter_path=str(tmp_path / "adapter"))
     ours = dict(merged_named_parameters(w.model))
     q = "model.layers.0.self_attn.q_proj.weight"
     torch.testing.assert_close(ours[q], want[q])

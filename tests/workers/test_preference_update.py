@@ -12,12 +12,17 @@ from hybridrl.workers.actor import ActorRolloutRefWorker
 
 
 def make_worker(model_dir, algo, micro):
-    cfg = config_from_dict({
-        "data": {"train_files": "unused.jsonl", "train_batch_size": 8},
-        "actor_rollout_ref": {"model": {"path": model_dir, "random_init": True},
-                              "actor": {"ppo_micro_batch_size_per_gpu": micro}},
-        "algorithm": {"name": algo}, "trainer": {"device": "cpu"},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "data": {"train_files": "unused.jsonl", "train_batch_size": 8},
+            "actor_rollout_ref": {
+                "model": {"path": model_dir, "random_init": True},
+                "actor": {"ppo_micro_batch_size_per_gpu": micro},
+            },
+            "algorithm": {"name": algo},
+            "trainer": {"device": "cpu"},
+        }
+    )
     torch.manual_seed(0)
     w = ActorRolloutRefWorker(cfg, plan_batches(cfg), torch.device("cpu"))
     w.init_model(model_dir, True, 10, need_ref=algo != "sft")

@@ -29,9 +29,12 @@ def paged_decode_reference(
     v = cache_v[tables].reshape(B, nb * bs, *cache_v.shape[2:])
     valid = torch.arange(nb * bs, device=q.device)[None, :] < context_lens[:, None]  # (B, nb*bs)
     out = F.scaled_dot_product_attention(
-        q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
+        q[:, :, None, :],
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=valid[:, None, None, :],
         enable_gqa=q.shape[1] != k.shape[2],
-    )  # fmt: skip
+    )
     return out[:, :, 0, :]
 
 
@@ -69,8 +72,15 @@ class PrefillAttention:
             slots = torch.zeros(N, dtype=self.slots.dtype, device=q.device)  # padding -> scratch block 0
             self._flat = (positions, slots.index_copy_(0, self.valid, self.slots))
         qk = _joint_heads(q, k).reshape(N, H + n_kv, D)  # q and k rotated by one kernel call
-        out = self.kernels.rope_and_store(qk, k.reshape(N, n_kv, D), v.reshape(N, n_kv, D), *self.rope_tables,
-                                          *self._flat, self.cache.k(layer), self.cache.v(layer))  # fmt: skip
+        out = self.kernels.rope_and_store(
+            qk,
+            k.reshape(N, n_kv, D),
+            v.reshape(N, n_kv, D),
+            *self.rope_tables,
+            *self._flat,
+            self.cache.k(layer),
+            self.cache.v(layer),
+        )
         out = out.view(B, T, H + n_kv, D)
         return out[:, :, :H], out[:, :, H:]
 
@@ -81,9 +91,12 @@ def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     B, T, H, D = q.shape
     s = q.stride()
     if (
-        k.stride() == s and s[3] == 1 and s[2] == D and s[0] == T * s[1]
+        k.stride() == s
+        and s[3] == 1
+        and s[2] == D
+        and s[0] == T * s[1]
         and k.data_ptr() == q.data_ptr() + H * D * q.element_size()
-    ):  # fmt: skip
+    ):
         return q.as_strided((B, T, H + k.shape[2], D), s)
     return torch.cat([q, k], dim=2)
 
@@ -105,8 +118,18 @@ class DecodeAttention:
         B = q.shape[0]  # q (B, 1, H, D), k/v (B, 1, Hkv, D), cos/sin (B, 1, 1, D)
         ck, cv = self.cache.k(layer), self.cache.v(layer)
         if self.kernels is not None and self.kernels.fused_decode_supported(q.shape[-1]):
-            out = self.kernels.rope_paged_decode(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots,
-                                                 ck, cv, self.block_tables, self.context_lens)  # fmt: skip
+            out = self.kernels.rope_paged_decode(
+                q[:, 0],
+                k[:, 0],
+                v[:, 0],
+                *self.rope_tables,
+                self.positions,
+                self.slots,
+                ck,
+                cv,
+                self.block_tables,
+                self.context_lens,
+            )
         elif self.kernels is not None:
             q1 = self.kernels.rope_and_store(q[:, 0], k[:, 0], v[:, 0], *self.rope_tables, self.positions, self.slots, ck, cv)
             out = self.kernels.paged_decode(q1, ck, cv, self.block_tables, self.context_lens)  # (B, H, D)

@@ -64,15 +64,23 @@ class NativeRolloutEngine:
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.max_num_batched_tokens, self.block_size, self.ignore_eos = max_num_batched_tokens, block_size, ignore_eos
         self.runner = ModelRunner(
-            hf_config, device=device, dtype=dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32),
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, block_size=block_size,
+            hf_config,
+            device=device,
+            dtype=dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32),
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            block_size=block_size,
             num_blocks=num_blocks,
-        )  # fmt: skip
+        )
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_hf_model(cls, model, tokenizer, *, share_weights: bool = True, named_weights=None, **kwargs) -> "NativeRolloutEngine":
+    def from_hf_model(
+        cls, model, tokenizer, *, share_weights: bool = True, named_weights=None, **kwargs
+    ) -> "NativeRolloutEngine":
         """An engine with `model`'s weights: aliased (zero copy) when device and dtype are the same
         and `share_weights`, copied otherwise; or copied from `named_weights` when given."""
         engine = cls(model.config, tokenizer, eos_token_ids=default_eos_ids(model, tokenizer), **kwargs)
@@ -148,10 +156,14 @@ class NativeRolloutEngine:
         ids, mask = prompts[K.PROMPTS], prompts[K.PROMPT_MASK].bool()
         total = len(prompts) * n
         if n > self.max_num_seqs:
-            raise ValueError(f"rollout.n={n} exceeds rollout.max_num_seqs={self.max_num_seqs}: the samples of a prompt run together")
+            raise ValueError(
+                f"rollout.n={n} exceeds rollout.max_num_seqs={self.max_num_seqs}: the samples of a prompt run together"
+            )
         longest = int(mask.sum(1).max()) + max_new if len(prompts) else 0
         if longest > self.max_model_len:
-            raise ValueError(f"a prompt plus {max_new} new tokens is {longest} tokens, over the engine's max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"a prompt plus {max_new} new tokens is {longest} tokens, over the engine's max_model_len={self.max_model_len}"
+            )
         if seeds is None:
             seeds = (torch.randint(0, 2**31 - 1, (1,)).item() + torch.arange(total) * 7919).tolist()
         if len(seeds) != total:
@@ -228,8 +240,14 @@ class NativeRolloutEngine:
             seqs += group_seqs
             copies += group_copies
         firsts = np.cumsum([0] + [len(g.out_rows) for g in groups[:-1]])  # each group's first sequence
-        tok, lp = self.runner.prefill([g.prompt for g in groups], [seqs[i].blocks for i in firsts],
-                                      [len(g.out_rows) for g in groups], copies, [s.seed for s in seqs], mode)  # fmt: skip
+        tok, lp = self.runner.prefill(
+            [g.prompt for g in groups],
+            [seqs[i].blocks for i in firsts],
+            [len(g.out_rows) for g in groups],
+            copies,
+            [s.seed for s in seqs],
+            mode,
+        )
         toks, lps = tok.cpu().numpy(), lp.cpu().numpy()
         out_rows = np.array([s.out_row for s in seqs])
         finished = self._record(out_rows, toks, lps, max_new)
@@ -243,8 +261,13 @@ class NativeRolloutEngine:
         r = slice(start, start + len(keep))
         self.run_out_row[r], self.run_launched[r] = out_rows[keep], 1
         self.run_cached[r] = [s.prompt_len for s in rows_new]
-        self.runner.start_rows(r, tok[torch.from_numpy(keep).to(self.device)], self.run_cached[r],
-                               [s.seed for s in rows_new], [s.blocks for s in rows_new])  # fmt: skip
+        self.runner.start_rows(
+            r,
+            tok[torch.from_numpy(keep).to(self.device)],
+            self.run_cached[r],
+            [s.seed for s in rows_new],
+            [s.blocks for s in rows_new],
+        )
 
     def _launch_step(self, sched: Scheduler, mode, max_new: int):
         """Queue one decode step on the device (no sync). Rows that finished (known from the last

@@ -156,8 +156,15 @@ class ModelRunner:
         if self.cache is not None:
             return
         m = self.model
-        self.cache = KVCache(self.hf_config.num_hidden_layers, self._num_blocks(), self.block_size, m.n_kv_heads,
-                             m.head_dim, self.dtype, self.device)  # fmt: skip
+        self.cache = KVCache(
+            self.hf_config.num_hidden_layers,
+            self._num_blocks(),
+            self.block_size,
+            m.n_kv_heads,
+            m.head_dim,
+            self.dtype,
+            self.device,
+        )
         self.attn.cache = self.cache
         ptr = self.cache.data.data_ptr()
         if ptr != self._cache_ptr:
@@ -183,8 +190,15 @@ class ModelRunner:
         self.host_out = [torch.empty(2, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.step_count = 0
 
-    def prefill(self, prompts: list[list[int]], blocks: list[list[int]], samples: list[int],
-                copies: list[tuple[int, int]], seeds: list[int], mode) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(
+        self,
+        prompts: list[list[int]],
+        blocks: list[list[int]],
+        samples: list[int],
+        copies: list[tuple[int, int]],
+        seeds: list[int],
+        mode,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt forward pass of one admitted group per prompt (its K/V into `blocks`, the
         prompt's block table), then the first token of each of its `samples` sequences.
         `copies`: (source, destination) blocks to copy once the prompt's K/V are written (each
@@ -199,8 +213,13 @@ class ModelRunner:
             ids[i, : lens[i]] = torch.tensor(p)
             slots += [b[t // bs] * bs + t % bs for t in range(lens[i])]
             valid += range(i * T, i * T + lens[i])
-        attn = PrefillAttention(self.cache, torch.tensor(slots, device=dev), torch.tensor(valid, device=dev),
-                                triton_kernels if self.use_triton else None, self.attn.rope_tables)  # fmt: skip
+        attn = PrefillAttention(
+            self.cache,
+            torch.tensor(slots, device=dev),
+            torch.tensor(valid, device=dev),
+            triton_kernels if self.use_triton else None,
+            self.attn.rope_tables,
+        )
         positions = torch.arange(T, device=dev).expand(G, T)
         hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
@@ -213,8 +232,9 @@ class ModelRunner:
         self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
         return tok, lp
 
-    def start_rows(self, r: slice, first_tokens: torch.Tensor, positions: np.ndarray, seeds: list[int],
-                   tables: list[list[int]]) -> None:
+    def start_rows(
+        self, r: slice, first_tokens: torch.Tensor, positions: np.ndarray, seeds: list[int], tables: list[list[int]]
+    ) -> None:
         """Rows `r` start decoding: their input token (on the device), its position, seed and
         block table."""
         dev = self.device
@@ -279,8 +299,9 @@ class ModelRunner:
         if self.use_triton and top_k <= 0 and top_p >= 1.0:
             if mode not in self._inv_t:
                 self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
-            triton_kernels.fused_sample(logits, seeds, positions, self._inv_t[mode], tok_out, lp_out, temperature == 0,
-                                        pos_offset=pos_offset)  # fmt: skip
+            triton_kernels.fused_sample(
+                logits, seeds, positions, self._inv_t[mode], tok_out, lp_out, temperature == 0, pos_offset=pos_offset
+            )
         else:
             tok, lp = sample(logits, seeds, positions + pos_offset, temperature, top_k, top_p)
             tok_out.copy_(tok)

@@ -27,12 +27,29 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        Q, K, V, O, TABLES, LENS,
-        stride_qb, stride_qh, stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh,
+        Q,
+        K,
+        V,
+        O,
+        TABLES,
+        LENS,
+        stride_qb,
+        stride_qh,
+        stride_tb,
+        stride_kblk,
+        stride_ktok,
+        stride_kh,
+        stride_ob,
+        stride_oh,
         scale,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    ):  # fmt: skip
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        D: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         # One program = one sequence x one KV head, with the GROUP query heads that share it.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -40,7 +57,9 @@ if triton is not None:
         d = tl.arange(0, D_PAD)  # head_dim padded to a power of two >= 16 (tl.dot's minimum)
         g_ok = g < GROUP
         d_ok = d < D
-        q = tl.load(Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+        q = tl.load(
+            Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0
+        )
         ctx = tl.load(LENS + b)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l = tl.zeros([GROUP_PAD], tl.float32)
@@ -61,7 +80,11 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             m = m_new
         out = acc / l[:, None]
-        tl.store(O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(
+            O + b * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
 
     if os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter cannot time configs
         # Tile length and warps picked by timing on the first decode step (before graph capture).
@@ -75,12 +98,39 @@ if triton is not None:
 
     @triton.jit
     def _rope_paged_decode_kernel(
-        Q, KN, VN, COS, SIN, POS, SLOTS, K, V, O, TABLES, LENS,
-        stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
-        stride_tb, stride_kblk, stride_ktok, stride_kh, stride_ob, stride_oh, scale, rows_bucket,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    ):  # fmt: skip
+        Q,
+        KN,
+        VN,
+        COS,
+        SIN,
+        POS,
+        SLOTS,
+        K,
+        V,
+        O,
+        TABLES,
+        LENS,
+        stride_qb,
+        stride_qh,
+        stride_knb,
+        stride_knh,
+        stride_vnb,
+        stride_vnh,
+        stride_tb,
+        stride_kblk,
+        stride_ktok,
+        stride_kh,
+        stride_ob,
+        stride_oh,
+        scale,
+        rows_bucket,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         # The decode step's attention in one kernel: rotate this token's q heads and its k head,
         # store its k and v in the cache slot, attend over the cached context (ctx - 1 tokens) and
         # add the new token's own term from registers, so nothing waits for the store to land.
@@ -147,10 +197,30 @@ if triton is not None:
 
     @triton.jit
     def _rope_store_kernel(
-        Q, K, V, COS, SIN, POS, SLOTS, Q_OUT, CK, CV,
-        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
-        H: tl.constexpr, HKV: tl.constexpr, H_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D: tl.constexpr,
-    ):  # fmt: skip
+        Q,
+        K,
+        V,
+        COS,
+        SIN,
+        POS,
+        SLOTS,
+        Q_OUT,
+        CK,
+        CV,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_ct,
+        stride_ch,
+        H: tl.constexpr,
+        HKV: tl.constexpr,
+        H_PAD: tl.constexpr,
+        HKV_PAD: tl.constexpr,
+        D: tl.constexpr,
+    ):
         # One program = one token: rotate its q and k heads (HF rotate-half layout, float32 math),
         # write rotated q out, and store rotated k and plain v at the token's cache slot.
         t = tl.program_id(0).to(tl.int64)
@@ -195,9 +265,22 @@ if triton is not None:
 
     @triton.jit
     def _sample_partial_kernel(
-        LOGITS, SEEDS, POS, INV_T, PM, PS, PZ, PI, stride_l, V, n_chunks, pos_offset,
-        GREEDY: tl.constexpr, CHUNK: tl.constexpr, FAST: tl.constexpr,
-    ):  # fmt: skip
+        LOGITS,
+        SEEDS,
+        POS,
+        INV_T,
+        PM,
+        PS,
+        PZ,
+        PI,
+        stride_l,
+        V,
+        n_chunks,
+        pos_offset,
+        GREEDY: tl.constexpr,
+        CHUNK: tl.constexpr,
+        FAST: tl.constexpr,
+    ):
         # Program (row, chunk): over CHUNK vocabulary entries, the max and sum-exp of x = logits / T
         # and the max of x + Gumbel noise with its index, for the combine kernel to merge. The row's
         # hash key is sampling.row_keys(seed, position) computed here (uint32 arithmetic = the
@@ -253,10 +336,30 @@ def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cac
     q_out = torch.empty(N, H, D, dtype=q.dtype, device=q.device)
     ck, cv = cache_k.view(-1, n_kv, D), cache_v.view(-1, n_kv, D)
     _rope_store_kernel[(N,)](
-        q, k, v, cos_table, sin_table, positions, slots, q_out, ck, cv,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ck.stride(0), ck.stride(1),
-        H=H, HKV=n_kv, H_PAD=triton.next_power_of_2(H), HKV_PAD=triton.next_power_of_2(n_kv), D=D,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        q_out,
+        ck,
+        cv,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        ck.stride(0),
+        ck.stride(1),
+        H=H,
+        HKV=n_kv,
+        H_PAD=triton.next_power_of_2(H),
+        HKV_PAD=triton.next_power_of_2(n_kv),
+        D=D,
+    )
     return q_out
 
 
@@ -267,13 +370,29 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
     group = H // n_kv
     out = torch.empty_like(q)
     _paged_decode_kernel[(B, n_kv)](
-        q, cache_k, cache_v, out, block_tables, context_lens,
-        q.stride(0), q.stride(1), block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
-        out.stride(0), out.stride(1), D ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
-        BLOCK_SIZE=cache_k.shape[1], **PAGED_DEFAULTS,
+        q,
+        cache_k,
+        cache_v,
+        out,
+        block_tables,
+        context_lens,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        cache_k.stride(0),
+        cache_k.stride(1),
+        cache_k.stride(2),
+        out.stride(0),
+        out.stride(1),
+        D**-0.5,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        D=D,
+        D_PAD=max(16, triton.next_power_of_2(D)),
+        BLOCK_SIZE=cache_k.shape[1],
+        **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
-    )  # fmt: skip
+    )
     return out
 
 
@@ -285,8 +404,9 @@ def fused_decode_supported(head_dim: int) -> bool:
     return 16 <= head_dim <= 64 and head_dim & (head_dim - 1) == 0
 
 
-def rope_paged_decode(q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, block_tables,
-                      context_lens) -> torch.Tensor:  # fmt: skip
+def rope_paged_decode(
+    q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, block_tables, context_lens
+) -> torch.Tensor:
     """rope_and_store + paged_decode in one kernel: q (B, H, D), k/v (B, Hkv, D) of the new token
     (views with unit last stride), positions/slots (B,), context_lens (B,) = cached tokens + 1
     -> attention output (B, H, D); the rotated k and v land in the cache slots."""
@@ -295,18 +415,45 @@ def rope_paged_decode(q, k, v, cos_table, sin_table, positions, slots, cache_k, 
     group = H // n_kv
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
     _rope_paged_decode_kernel[(B, n_kv)](
-        q, k, v, cos_table, sin_table, positions, slots, cache_k, cache_v, out, block_tables, context_lens,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        block_tables.stride(0), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), out.stride(0), out.stride(1),
-        D ** -0.5, (triton.next_power_of_2(B).bit_length() - 1) // 2,  # rows 1-2, 4-8, 16-32, 64-128, 256-512, ...
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D, BLOCK_SIZE=cache_k.shape[1],
-        **PAGED_DEFAULTS, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        cache_k,
+        cache_v,
+        out,
+        block_tables,
+        context_lens,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        block_tables.stride(0),
+        cache_k.stride(0),
+        cache_k.stride(1),
+        cache_k.stride(2),
+        out.stride(0),
+        out.stride(1),
+        D**-0.5,
+        (triton.next_power_of_2(B).bit_length() - 1) // 2,  # rows 1-2, 4-8, 16-32, 64-128, 256-512, ...
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        D=D,
+        BLOCK_SIZE=cache_k.shape[1],
+        **PAGED_DEFAULTS,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
     return out
 
 
-def fused_sample(logits, seeds, positions, inv_temperature, tokens_out, log_probs_out, greedy: bool,
-                 pos_offset: int = 0, chunk: int = 4096) -> None:
+def fused_sample(
+    logits, seeds, positions, inv_temperature, tokens_out, log_probs_out, greedy: bool, pos_offset: int = 0, chunk: int = 4096
+) -> None:
     """logits (B, V) any float dtype; seeds, positions (B,) int64 (the row's hash key is
     sampling.row_keys(seeds, positions + pos_offset)); inv_temperature a 0-d float32 tensor (a device
     buffer, so a captured graph reads the current value).
@@ -318,8 +465,33 @@ def fused_sample(logits, seeds, positions, inv_temperature, tokens_out, log_prob
     parts = torch.empty(3, B, n_chunks, dtype=torch.float32, device=logits.device)
     pi = torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     fast = logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-    _sample_partial_kernel[(B, n_chunks)](logits, seeds, positions, inv_temperature, parts[0], parts[1], parts[2], pi,
-                                          logits.stride(0), V, n_chunks, pos_offset, GREEDY=greedy, CHUNK=chunk,
-                                          FAST=fast)  # fmt: skip
-    _sample_combine_kernel[(B,)](parts[0], parts[1], parts[2], pi, logits, inv_temperature, tokens_out, log_probs_out,
-                                 logits.stride(0), n_chunks, C_PAD=max(2, triton.next_power_of_2(n_chunks)))  # fmt: skip
+    _sample_partial_kernel[(B, n_chunks)](
+        logits,
+        seeds,
+        positions,
+        inv_temperature,
+        parts[0],
+        parts[1],
+        parts[2],
+        pi,
+        logits.stride(0),
+        V,
+        n_chunks,
+        pos_offset,
+        GREEDY=greedy,
+        CHUNK=chunk,
+        FAST=fast,
+    )
+    _sample_combine_kernel[(B,)](
+        parts[0],
+        parts[1],
+        parts[2],
+        pi,
+        logits,
+        inv_temperature,
+        tokens_out,
+        log_probs_out,
+        logits.stride(0),
+        n_chunks,
+        C_PAD=max(2, triton.next_power_of_2(n_chunks)),
+    )

@@ -160,7 +160,8 @@ CASES = [
     Case("choice_kl_loss_type", "explain", ("actor_rollout_ref.actor.kl_loss_type=xx",), ("kl_loss_type",)),
     Case("choice_loss_agg", "explain", ("actor_rollout_ref.actor.loss_agg_mode=mean",), ("loss_agg_mode",)),
     Case("rule_mini_batch", "explain", ("actor_rollout_ref.actor.ppo_mini_batch_size=3",), ("ppo_mini_batch_size",)),
-    Case("rule_grpo_n1", "explain", ("actor_rollout_ref.rollout.n=1",), ("actor_rollout_ref.rollout.n",)),
+    # GRPO with n=1 runs as verl's does (a notice); RLOO's leave-one-out needs n > 1
+    Case("rule_rloo_n1", "explain", ("algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"), ("rollout.n",)),
     Case("rule_resume_path", "explain", ("trainer.resume_mode=resume_path",), ("trainer.resume_from_path",)),
     Case("rule_warmup_no_files", "explain", ("warmup.steps=5",), ("warmup.files",)),
     Case("rule_model_empty", "explain", ("actor_rollout_ref.model.path=",), ("actor_rollout_ref.model.path",)),
@@ -404,7 +405,8 @@ CASES = [
     Case("data_gsm8k_csv_output", "raw", ("data", "gsm8k", "--input", "{d}/in.jsonl", "--output", "{d}/o.csv"),
          ("'.csv'",), files={"in.jsonl": jsonl({"question": "q", "answer": "#### 1"})}),
     Case("cli_unknown_command", "raw", ("trian", "x.yaml"), ("invalid choice: 'trian'",)),
-    Case("cli_no_config", "raw", ("explain",), ("the following arguments are required",)),
+    # no config file = verl's defaults (a verl command line), which name no model or data
+    Case("cli_no_config", "raw", ("explain",), ("actor_rollout_ref.model.path is empty", "data.train_files")),
     Case("cli_bad_dtype", "raw", ("export", "a", "b", "--dtype", "int8"), ("argument --dtype",)),
 ]
 # fmt: on

@@ -18,7 +18,7 @@ SCRIPT = """
 import sys, time
 from types import SimpleNamespace as N
 from hybridrl.distributed.ray_backend import init_ray
-init_ray(N(ray_init=N(address=None, num_cpus=1), trainer=N(nnodes=1, n_gpus_per_node=1)))
+init_ray(N(ray_init=N(address=None, num_cpus=1, kwargs={}), trainer=N(nnodes=1, n_gpus_per_node=1)))
 import ray
 print("TEMP", ray._private.worker._global_node.get_temp_dir_path(), flush=True)
 if sys.argv[1] == "wait":

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.models.lora import apply_lora, merged_named_parameters
 from hybridrl.rollout import SamplingParams
 from hybridrl.workers.actor import ActorRolloutRefWorker
@@ -176,6 +176,7 @@ def test_lora_adapter_path_starts_from_the_saved_adapter(tiny_model_dir, tmp_pat
     torch.manual_seed(0)
     base = load_causal_lm(tiny_model_dir, random_init=True)
     base.save_pretrained(tmp_path / "base")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "base")  # a model directory has its tokenizer
     peft_model = apply_lora(copy.deepcopy(base), 2, 6, ["q_proj", "v_proj"])
     for name, p in peft_model.named_parameters():
         if "lora_B" in name:

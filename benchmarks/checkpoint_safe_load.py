@@ -1,5 +1,5 @@
 """Save/load time of a sharded checkpoint (model + AdamW state) with DCP's default reader and
-planner (unpickles `.metadata`, `torch.load(weights_only=False)` for param_groups) against
+planner (unpickles `.metadata`, loads param_groups with weights_only off) against
 hybridrl's allow-listed ones (hybridrl/distributed/checkpoint.py). CPU, one process.
 
     python benchmarks/checkpoint_safe_load.py            # tiny and ~100M-parameter Qwen2 models

@@ -1,0 +1,1 @@
+"""Multi-turn agent rollouts: tool calls, tool results as tokens, interactive environments."""

@@ -262,10 +262,16 @@ def causal_attend(layer: int, q, k, v, cos, sin) -> torch.Tensor:
     return out.transpose(1, 2)
 
 
-def build_from_hf_config(config, dtype: torch.dtype, device, max_positions: int | None = None) -> DecoderLM:
-    """An uninitialized-weights DecoderLM in `dtype` on `device` (weights come from load_weights)."""
+def build_from_hf_config(
+    config, dtype: torch.dtype, device, max_positions: int | None = None, shard: Callable[[DecoderLM], None] | None = None
+) -> DecoderLM:
+    """An uninitialized-weights DecoderLM in `dtype` on `device` (weights come from load_weights).
+    `shard(model)` may replace modules on the meta device before any memory is allocated (the
+    rollout engine's tensor parallelism, `hybridrl.rollout.native.tp.apply_tp`)."""
     with torch.device("meta"):
         model = DecoderLM(config, max_positions)
+        if shard is not None:
+            shard(model)
     model = model.to_empty(device=device).to(dtype)
     cos, sin = rope_tables(config, model.head_dim, model.max_positions, device)
     model.rope_cos, model.rope_sin = cos, sin  # to_empty left the buffers uninitialized

@@ -14,6 +14,10 @@ Three parts: the scheduler (scheduler.py) owns the queues and the blocks; the mo
 graphs); this engine is the loop between them and the host record of every output row. Per
 step the host only appends the new block ids that sequences crossed into and compacts rows
 when some finish.
+
+Tensor parallelism (`tp`, see tp.py): each rank of a replica runs this same loop on the same
+prompts with the same seeds (drawn on the replica's first rank and broadcast); the runner's
+collectives keep the ranks' tokens identical, so their schedules never diverge.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from hybridrl.rollout.base import eos_token_ids as default_eos_ids
 from hybridrl.rollout.native.cache import KVCache
 from hybridrl.rollout.native.runner import ModelRunner, canonical_name
 from hybridrl.rollout.native.scheduler import Group, Scheduler
+from hybridrl.rollout.native.tp import TensorParallel
 
 __all__ = ["BLOCK_SIZE", "NativeRolloutEngine", "canonical_name"]
 
@@ -55,7 +60,9 @@ class NativeRolloutEngine:
         num_blocks: int | None = None,
         ignore_eos: bool = False,
         eos_token_ids: list[int] | None = None,
+        tp: TensorParallel | None = None,
     ):
+        """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device)."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -74,6 +81,7 @@ class NativeRolloutEngine:
             enforce_eager=enforce_eager,
             block_size=block_size,
             num_blocks=num_blocks,
+            tp=tp,
         )
         self.last_metrics: dict[str, float] = {}
 
@@ -82,11 +90,14 @@ class NativeRolloutEngine:
         cls, model, tokenizer, *, share_weights: bool = True, named_weights=None, **kwargs
     ) -> "NativeRolloutEngine":
         """An engine with `model`'s weights: aliased (zero copy) when device and dtype are the same
-        and `share_weights`, copied otherwise; or copied from `named_weights` when given."""
+        and `share_weights`, copied otherwise; or copied from `named_weights` when given (full
+        tensors; a tensor-parallel engine keeps its slices)."""
         engine = cls(model.config, tokenizer, eos_token_ids=default_eos_ids(model, tokenizer), **kwargs)
         first = next(model.parameters())
         if named_weights is not None:
             engine.load_weights(named_weights)
+        elif engine.tp is not None:
+            engine.load_weights(model.named_parameters())
         elif share_weights and first.device == engine.device and first.dtype == engine.dtype:
             engine.runner.alias_weights(model)
         else:
@@ -107,6 +118,11 @@ class NativeRolloutEngine:
     @property
     def dtype(self) -> torch.dtype:
         return self.runner.dtype
+
+    @property
+    def tp(self) -> TensorParallel | None:
+        """The tensor-parallel group (None at TP=1)."""
+        return self.runner.tp
 
     @property
     def hf_config(self):
@@ -133,10 +149,16 @@ class NativeRolloutEngine:
         """See `ModelRunner.alias_weights`: the engine then reads the trainer's tensors."""
         self.runner.alias_weights(model)
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], sharded: bool = False) -> None:
         """Copy weights in one tensor at a time (converting dtype/device on the way); tensors the
-        engine already aliases are skipped. Names the engine does not have raise."""
-        self.runner.load_weights(named_tensors)
+        engine already aliases are skipped. Names the engine does not have raise.
+
+        `named_tensors`: (HF name, tensor) pairs, any subset of the model's parameters, in any order.
+        With tensor parallelism, `sharded=False` (the default): full tensors, of which this rank
+        keeps its slice; `sharded=True`: each tensor is already this rank's piece, i.e. equals
+        `hybridrl.models.tp_shards.shard(name, full, hf_config, tp.rank, tp.size)` (the
+        resharder's path: no rank ever holds a full tensor). At TP=1 both are the same."""
+        self.runner.load_weights(named_tensors, sharded=sharded)
 
     def wake(self) -> None:
         """Allocate the KV cache (CUDA graphs are kept when it lands at the same address)."""
@@ -166,6 +188,8 @@ class NativeRolloutEngine:
             )
         if seeds is None:
             seeds = (torch.randint(0, 2**31 - 1, (1,)).item() + torch.arange(total) * 7919).tolist()
+            if self.tp is not None:  # the replica samples with its first rank's seeds
+                seeds = self._replica_seeds(seeds)
         if len(seeds) != total:
             raise ValueError(f"seeds: need one per output sequence ({total}), got {len(seeds)}")
         self.wake()
@@ -206,6 +230,11 @@ class NativeRolloutEngine:
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
         }
         return out
+
+    def _replica_seeds(self, seeds: list[int]) -> list[int]:
+        t = torch.tensor(seeds, dtype=torch.long, device=self.device)
+        torch.distributed.broadcast(t, src=self.tp.src, group=self.tp.group)
+        return t.tolist()
 
     # Host state of one generate call, as numpy arrays so a step's bookkeeping is a few vector
     # operations rather than a Python loop over the batch: every output row's tokens and

@@ -8,6 +8,10 @@ some finish. On CUDA the decode step (model forward, paged attention in Triton, 
 is captured as a CUDA graph per batch size of a ladder (1, 2, 4, ..., max_num_seqs) and
 replayed; a batch is padded up to the next size with harmless rows that point at scratch block
 0. On CPU (and with enforce_eager) the same code runs eagerly with the torch references.
+
+With a `TensorParallel` group (tp.py) the runner holds one TP shard of the model and of the KV
+cache, samples with the parallel sampler, and loads full or pre-sliced weights; at TP=1 none of
+that code runs.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from typing import Iterable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from hybridrl.models import tp_shards
 from hybridrl.models.llama import build_from_hf_config
 from hybridrl.rollout.native import triton_kernels
 from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
 from hybridrl.rollout.native.sampling import sample
+from hybridrl.rollout.native.tp import TensorParallel, apply_tp, sample_sharded
 
 CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
 # Kept free beside the cache on top of the workspace estimate (`_workspace_bytes`): CUDA-graph
@@ -61,14 +68,23 @@ class ModelRunner:
         enforce_eager: bool,
         block_size: int,
         num_blocks: int | None,
+        tp: TensorParallel | None = None,
     ):
         self.device, self.dtype, self.hf_config = device, dtype, hf_config
+        self.tp = tp if tp is not None and tp.size > 1 else None
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization = gpu_memory_utilization
         self.block_size, self.fixed_num_blocks = block_size, num_blocks
         self.model = build_from_hf_config(
-            hf_config, dtype, device, max_positions=max(max_model_len, hf_config.max_position_embeddings)
+            hf_config,
+            dtype,
+            device,
+            max_positions=max(max_model_len, hf_config.max_position_embeddings),
+            shard=(lambda m: apply_tp(m, self.tp)) if self.tp else None,
         )
+        if self.tp:  # padding rows of the last vocabulary block: zero (their logits are masked anyway)
+            for p in (self.model.model.embed_tokens.weight, self.model.lm_head_weight):
+                p.zero_()
         self.model.fuse_projections()
         fast = triton_kernels.available(device)
         self.use_graphs = device.type == "cuda" and fast and not enforce_eager
@@ -88,6 +104,8 @@ class ModelRunner:
     def alias_weights(self, model) -> None:
         """Make the runner's parameters the trainer's tensors (same storage): in-place optimizer
         steps are then visible to the engine with no sync at all."""
+        if self.tp:
+            raise ValueError("a tensor-parallel engine holds weight shards: load them with load_weights, not alias_weights")
         own = self.model.state_dict()
         shared = {}
         for name, t in model.state_dict().items():
@@ -101,9 +119,10 @@ class ModelRunner:
         self.model.load_state_dict(shared, assign=True)
 
     @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], sharded: bool = False) -> None:
         """Copy weights in one tensor at a time (converting dtype/device on the way); tensors the
-        runner already aliases are skipped. Names the model does not have raise."""
+        runner already aliases are skipped. Names the model does not have raise. With TP, full
+        tensors are sliced to this rank's shard; `sharded=True`: they already are (see the engine)."""
         params = dict(self.model.named_parameters())
         for name, t in named_tensors:
             name = canonical_name(name)
@@ -112,8 +131,22 @@ class ModelRunner:
             p = params.get(name)
             if p is None:
                 raise KeyError(f"load_weights: the native model has no parameter {name!r}")
-            if p.data_ptr() != t.data_ptr():
+            if self.tp:
+                self._load_shard(name, p, t, sharded)
+            elif p.data_ptr() != t.data_ptr():
                 p.copy_(t.detach(), non_blocking=True)
+
+    def _load_shard(self, name: str, p: torch.Tensor, t: torch.Tensor, sharded: bool) -> None:
+        if not sharded:
+            t = tp_shards.shard(name, t, self.hf_config, self.tp.rank, self.tp.size)
+        if name.split(".")[-2] in tp_shards.VOCAB:
+            p = p[: t.shape[0]]  # the last vocabulary block is padded; the padding rows stay zero
+        if p.shape != t.shape:
+            raise ValueError(
+                f"load_weights: {name!r} of shape {tuple(t.shape)} is not TP rank {self.tp.rank}/{self.tp.size}'s "
+                f"shard {tuple(p.shape)}" + ("" if sharded else " (was a full tensor passed with sharded=True?)")
+            )
+        p.copy_(t.detach(), non_blocking=True)
 
     # -- memory --------------------------------------------------------------------------------
     def _alloc_row_buffers(self) -> None:
@@ -146,7 +179,8 @@ class ModelRunner:
     def _workspace_bytes(self) -> int:
         """Activations beside the cache: decode logits (bf16 + fp32 temporaries) and prefill."""
         cfg = self.hf_config
-        decode = self.max_num_seqs * cfg.vocab_size * 16
+        vocab = tp_shards.vocab_block(cfg.vocab_size, self.tp.size) if self.tp else cfg.vocab_size
+        decode = self.max_num_seqs * vocab * 16
         prefill = self.max_num_batched_tokens * (12 * cfg.hidden_size + 6 * cfg.intermediate_size)
         return decode + prefill + WORKSPACE_SLACK
 
@@ -156,9 +190,14 @@ class ModelRunner:
         if self.cache is not None:
             return
         m = self.model
+        num_blocks = self._num_blocks()
+        if self.tp:  # one schedule for the whole replica: every rank's cache has the smallest rank's size
+            n = torch.tensor([num_blocks], device=self.device)
+            dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.tp.group)
+            num_blocks = int(n)
         self.cache = KVCache(
             self.hf_config.num_hidden_layers,
-            self._num_blocks(),
+            num_blocks,
             self.block_size,
             m.n_kv_heads,
             m.head_dim,
@@ -296,7 +335,13 @@ class ModelRunner:
 
     def _sample_into(self, logits, seeds, positions, mode, tok_out, lp_out, pos_offset: int = 0) -> None:
         temperature, top_k, top_p = mode
-        if self.use_triton and top_k <= 0 and top_p >= 1.0:
+        if self.tp:
+            m = self.model
+            args = (m.vocab_start, m.vocab_valid, self.hf_config.vocab_size)
+            tok, lp = sample_sharded(logits, seeds, positions + pos_offset, temperature, top_k, top_p, self.tp, *args)
+            tok_out.copy_(tok)
+            lp_out.copy_(lp)
+        elif self.use_triton and top_k <= 0 and top_p >= 1.0:
             if mode not in self._inv_t:
                 self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
             triton_kernels.fused_sample(

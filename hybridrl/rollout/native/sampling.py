@@ -39,9 +39,10 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix32(mix32(seeds & MASK32) ^ (positions & MASK32))
 
 
-def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B,) row keys -> (B, V) float32 Gumbel noise, a function of (key, vocab index) only."""
-    idx = torch.arange(vocab, device=keys.device, dtype=torch.int64)
+def gumbel_noise(keys: torch.Tensor, vocab: int, offset: int = 0) -> torch.Tensor:
+    """(B,) row keys -> (B, V) float32 Gumbel noise, a function of (key, vocab index) only; `offset`:
+    the first column's vocabulary index (a tensor-parallel rank's block)."""
+    idx = torch.arange(offset, offset + vocab, device=keys.device, dtype=torch.int64)
     h = mix32(keys[:, None] ^ idx[None, :])  # (B, V)
     u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), 24 random bits
     return -torch.log(-torch.log(u))

@@ -1,0 +1,62 @@
+"""The native engine tensor-parallel on CPU (gloo, 2 and 4 processes) against itself at TP=1.
+
+Tiny models with 4 query heads, 2 KV heads and a vocabulary of 49 (not divisible by 2 or 4: the
+last vocabulary block is padded). At TP=4 each KV head is replicated on two ranks. Every rank of
+the TP group must return the same tokens; greedy tokens equal TP=1's exactly, sampled tokens
+(same seeds) too, and the log-probs agree with TP=1's and with the HF model's forward pass (the
+trainer's log-probs of the same tokens) within 1e-5 (float32; the all-reduces sum partial
+products in another order than one matmul).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_native_engine import TOK, engine_for, hf_model, prompts, trainer_log_probs
+from tp_workers import CASES, FAMILIES, SAMPLED, generate_all, run_tp
+
+from hybridrl.data import keys as K
+from hybridrl.rollout.native.engine import NativeRolloutEngine
+
+
+def _check_against_tp1(per_rank: list[dict], families: tuple, kv_heads: int) -> None:
+    for family in families:
+        model = hf_model(family)
+        want = generate_all(engine_for(model))
+        for r, res in enumerate(per_rank):
+            got = res[family]
+            assert got["sharded_load_equal"], (family, r)
+            assert got["kv_heads"] == kv_heads, (family, r)
+            for case in CASES:
+                g, w = got[case], want[case]
+                assert torch.equal(g[K.RESPONSES], per_rank[0][family][case][K.RESPONSES])  # the replica agrees
+                assert torch.equal(g[K.RESPONSES], w[K.RESPONSES]), (family, case, r)
+                assert torch.equal(g[K.RESPONSE_MASK], w[K.RESPONSE_MASK]), (family, case, r)
+                torch.testing.assert_close(g[K.ROLLOUT_LOG_PROBS], w[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=0)
+        sampled = per_rank[0][family]["sampled"]
+        assert sampled[K.RESPONSE_MASK].sum() > 2 * len(prompts())  # real paths, not all EOS at once
+        batch = prompts().repeat_interleave(SAMPLED.n)
+        for k, v in sampled.items():
+            batch[k] = v
+        trainer = trainer_log_probs(model, batch, SAMPLED.temperature)
+        torch.testing.assert_close(sampled[K.ROLLOUT_LOG_PROBS], trainer, atol=1e-5, rtol=0)
+
+
+def test_tp2_equals_tp1(tmp_path):
+    """TP=2 (one KV head per rank): greedy, sampled and top-k/top-p, four model families."""
+    per_rank = run_tp(2, FAMILIES, tmp_path)
+    _check_against_tp1(per_rank, FAMILIES, kv_heads=1)
+
+
+def test_tp4_replicates_kv_heads_and_equals_tp1(tmp_path):
+    """TP=4 with 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1; vocabulary blocks of 13 (the last 10)."""
+    per_rank = run_tp(4, ("qwen2",), tmp_path)
+    _check_against_tp1(per_rank, ("qwen2",), kv_heads=1)
+
+
+def test_bad_tp_sizes_fail_clearly():
+    from hybridrl.rollout.native.tp import TensorParallel
+
+    model = hf_model("qwen2")
+    with pytest.raises(ValueError, match="4 attention heads are not divisible by tensor_model_parallel_size=3"):
+        NativeRolloutEngine(model.config, TOK, max_model_len=64, tp=TensorParallel(None, 0, 3))

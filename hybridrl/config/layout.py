@@ -11,8 +11,8 @@ read by the runtime (`hybridrl.distributed.layout` makes the device meshes from 
 Data parallel (dp = dp_replicate x dp_shard = world / sp) is what batches are split over:
 the sp ranks of one dp group see the same sequences. FSDP shards parameters within groups of
 dp_shard (x sp) ranks and replicates them across the dp_replicate groups (HSDP when both are
-> 1, verl's `fsdp_size`). Until the native engine has tensor parallelism, a rollout runs one
-replica per rank whatever `tp` says (`rollout_tp`, the tp each replica actually uses, is 1).
+> 1, verl's `fsdp_size`). The rollout runs world / tp replicas of tp consecutive ranks, each a
+tensor-parallel native engine (`rollout.tensor_model_parallel_size`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class ParallelLayout:
     dp_replicate: int = 1  # HSDP: groups holding full replicas of the sharded model
     dp_shard: int = 0  # FSDP shard group size; 0 = world / (dp_replicate x sp)
     sp: int = 1  # sequence-parallel (Ulysses) ranks sharing one sequence batch
-    tp: int = 1  # rollout tensor-parallel size the config asks for (recorded; see rollout_tp)
+    tp: int = 1  # rollout tensor-parallel size: ranks per rollout replica
 
     def __post_init__(self):
         if self.dp_shard == 0:
@@ -50,8 +50,8 @@ class ParallelLayout:
 
     @property
     def rollout_tp(self) -> int:
-        """Ranks per rollout replica: 1 until the native engine is tensor-parallel."""
-        return 1
+        """Ranks per rollout replica (each a tensor-parallel shard of the engine)."""
+        return self.tp
 
     @property
     def rollout_replicas(self) -> int:
@@ -77,14 +77,9 @@ class ParallelLayout:
             fsdp = f"{self.dp_replicate} full replicas (no sharding)"
         else:
             fsdp = f"HSDP: {self.dp_replicate} replicas x FSDP over {self.dp_shard * self.sp}"
-        tp = (
-            f" (tensor_model_parallel_size={self.tp} recorded; runs as {self.world} DP replicas until TP exists)"
-            if self.tp > 1
-            else ""
-        )
         return (
             f"training {self.dp_replicate} x {self.dp_shard} x sp {self.sp} = {self.world} rank(s), dp {self.dp}, "
-            f"{fsdp}; rollout {self.rollout_replicas} replica(s) x tp {self.rollout_tp}{tp}"
+            f"{fsdp}; rollout {self.rollout_replicas} replica(s) x tp {self.rollout_tp}"
         )
 
 

@@ -229,6 +229,13 @@ class RolloutConfig:
     enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
     free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
     max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
+    tensor_model_parallel_size: int = option(
+        1,
+        "native: ranks per rollout replica. The actor's ranks generate as world / tp replicas of tp consecutive "
+        "ranks, each holding a tensor-parallel shard of the model and of the KV cache (column/row/vocabulary-"
+        "parallel; the same tokens and log-probs as tp=1). Must divide the actor's ranks and fit the model's "
+        "heads; needs rollout.name=native (or auto on a GPU).",
+    )
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
     )

@@ -108,6 +108,7 @@ _RULES: list[tuple[str, _Rule]] = [
     (f"{_R}.max_num_seqs", _AT_LEAST_1),
     (f"{_R}.gpu_memory_utilization", _PROB),
     (f"{_R}.max_num_batched_tokens", _AT_LEAST_1),
+    (f"{_R}.tensor_model_parallel_size", _AT_LEAST_1),
     (f"{_R}.log_prob_micro_batch_size_per_gpu", _AT_LEAST_1),
     (f"{_R}.val_kwargs.n", _AT_LEAST_1),
     (f"{_R}.val_kwargs.temperature", _AT_LEAST_0),
@@ -221,7 +222,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
-    problems += algorithm_problems(cfg, r, Problem)
+    problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
@@ -467,6 +468,59 @@ def _layout_problems(cfg: Config) -> list[Problem]:
     return out
 
 
+def _rollout_tp_problems(cfg: Config) -> list[Problem]:
+    """rollout.tensor_model_parallel_size: it must divide the actor's ranks, fit the model's heads
+    (read from the model directory's config.json when there is one) and run on the native engine."""
+    r, key = cfg.actor_rollout_ref.rollout, f"{_R}.tensor_model_parallel_size"
+    tp = r.tensor_model_parallel_size
+    if not isinstance(tp, int) or tp <= 1:
+        return []
+    out, world = [], _dp(_sizes(cfg), "actor")
+    problem = layout_problem(world, -1, 1, tp)
+    if problem:
+        fix = problem[2]
+        out.append(
+            Problem(
+                f"{key}={tp} does not divide the actor's {world} rank(s) (trainer.nnodes x n_gpus_per_node): each "
+                f"rollout replica is tp consecutive ranks; use e.g. {key}={fix}",
+                (key, _NODES, _GPUS),
+                {key: fix},
+            )
+        )
+    if r.name in ("hf", "vllm") or (r.name == "auto" and cfg.trainer.device == "cpu"):
+        out.append(
+            Problem(
+                f"{key}={tp} needs the native engine, not rollout.name={r.name}"
+                f"{' (auto is hf on CPU)' if r.name == 'auto' else ''}; set {_R}.name=native, or {key}=1",
+                (f"{_R}.name", key),
+                {f"{_R}.name": "native"},
+            )
+        )
+    reason = _model_tp_problem(cfg.actor_rollout_ref.model.path, tp)
+    if reason:
+        out.append(Problem(f"{key}: {reason}", (key,), {key: 1}))
+    return out
+
+
+def _model_tp_problem(path: str | None, tp: int) -> str | None:
+    """`tp_shards.check_tp` on the model directory's config.json; None when there is none to read."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from hybridrl.models.tp_shards import check_tp  # the shard spec's own rule (pure; no model is built)
+
+    file = Path(path or "") / "config.json"
+    if not path or not file.is_file():
+        return None
+    raw = json.loads(file.read_text())
+    raw = raw.get("text_config", raw)
+    if not all(k in raw for k in ("num_attention_heads", "intermediate_size", "hidden_size")):
+        return None
+    raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+    return check_tp(SimpleNamespace(**raw), tp)
+
+
 def _token_budget_problems(cfg: Config) -> list[Problem]:
     """With use_dynamic_bsz, the longest possible sequence must fit one micro-batch's budget.
     A budget equal to the one it inherits from is treated as inherited (as `_sizes` does, since
@@ -564,7 +618,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         _as_offline_plan(r)
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
     sizes = _sizes(r)
-    actor_layout = build_layout(_dp(sizes, "actor"), a.actor.fsdp_config.fsdp_size)
+    actor_layout = build_layout(_dp(sizes, "actor"), a.actor.fsdp_config.fsdp_size, tp=rollout.tensor_model_parallel_size)
     critic_layout = (
         build_layout(_dp(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size)
         if r.critic_enabled and r.resource_pool.critic

@@ -329,8 +329,6 @@ GLOBAL_MICRO: dict[str, str] = {
 
 # Parallelism degrees accepted with a notice when > 1, until tensor/sequence parallelism land.
 ABOVE_ONE: dict[str, str] = {
-    f"{_R}.tensor_model_parallel_size": "rollout runs as data-parallel replicas of the whole model instead of "
-    "tensor-parallel shards",
     "*ulysses_sequence_parallel_size": "training runs without sequence parallelism",
 }
 _ABOVE_ONE_TAIL = " (the samples and losses are the same in distribution; only memory per GPU differs)"

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hybridrl.config.layout import ParallelLayout, build_layout
 
-__all__ = ["ParallelLayout", "activate", "active", "build_layout", "fsdp_mesh", "plan_layout"]
+__all__ = ["ParallelLayout", "activate", "active", "build_layout", "fsdp_mesh", "plan_layout", "rollout_tp_group"]
 
 _active: ParallelLayout | None = None
 
@@ -48,6 +48,22 @@ def active() -> ParallelLayout:
     if _active is not None and _active.world == world_size():
         return _active
     return ParallelLayout(world_size())
+
+
+def rollout_tp_group(layout: ParallelLayout | None = None):
+    """This rank's tensor-parallel process group of the rollout: ranks [k * tp, (k + 1) * tp) form
+    replica k (`ParallelLayout.groups("rollout")`); None at tp = 1. Every rank of the process group
+    must call it (it creates one group per replica, in the same order everywhere)."""
+    layout = layout or active()
+    tp = layout.rollout_tp
+    if tp == 1:
+        return None
+    mine = None
+    for first in range(0, layout.world, tp):
+        group = dist.new_group(list(range(first, first + tp)))
+        if first <= global_rank() < first + tp:
+            mine = group
+    return mine
 
 
 def fsdp_mesh(device_type: str, layout: ParallelLayout | None = None):

@@ -2,6 +2,8 @@
 
 import sys
 
+import torch
+
 from hybridrl.rollout.base import RolloutEngine, SamplingParams
 
 
@@ -15,6 +17,7 @@ def make_rollout_engine(
     rollout=None,
     max_model_len: int = 2048,
     named_weights=None,
+    tp_group=None,
 ) -> RolloutEngine:
     """The engine `actor_rollout_ref.rollout.name` asks for, over the trainer's `model`.
 
@@ -23,7 +26,10 @@ def make_rollout_engine(
     `auto` is native on a GPU and hf on CPU, where `generate` is the reference and as fast.
     `named_weights`: (HF name, tensor) pairs an engine with its own weights starts from, instead of
     `model`'s parameters (LoRA: the merged policy); such an engine never aliases `model`.
+    `tp_group`: this rank's tensor-parallel process group of the rollout (None: no TP); only the
+    native engine shards, and then it keeps its slice of the full tensors it is given.
     """
+    tp_size = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
     if name == "auto":
         name = "native" if next(model.parameters()).device.type == "cuda" else "hf"
     if name == "native":
@@ -32,6 +38,7 @@ def make_rollout_engine(
         reason = unsupported_reason(model.config)
         if reason is None:
             from hybridrl.rollout.native import NativeRolloutEngine
+            from hybridrl.rollout.native.tp import TensorParallel
 
             device = next(model.parameters()).device
             return NativeRolloutEngine.from_hf_model(
@@ -44,9 +51,20 @@ def make_rollout_engine(
                 max_num_batched_tokens=rollout.max_num_batched_tokens,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 enforce_eager=rollout.enforce_eager,
+                tp=TensorParallel.of(tp_group) if tp_size > 1 else None,
+            )
+        if tp_size > 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size} needs the native engine, which does "
+                f"not support this model ({reason}); use tensor_model_parallel_size=1"
             )
         print(f"hybridrl: rollout.name=native does not support this model ({reason}); using rollout.name=hf", file=sys.stderr)
         name = "hf"
+    if tp_size > 1:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size} needs rollout.name=native "
+            f"(got {name}; auto is hf on CPU); set actor_rollout_ref.rollout.name=native or tensor_model_parallel_size=1"
+        )
     if name == "hf":
         from hybridrl.rollout.hf import HFRolloutEngine
 

@@ -22,6 +22,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import is_sharded
+from hybridrl.distributed.layout import rollout_tp_group
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking.profiler import ProfiledWorker
@@ -88,6 +89,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
         r, data = self.arr.rollout, self.cfg.data
+        tp_group = rollout_tp_group()  # None at tp=1: each rank its own replica
         self.rollout = make_rollout_engine(
             r.name,
             self.model,
@@ -97,8 +99,11 @@ class ActorRolloutRefWorker(ProfiledWorker):
             rollout=r,
             max_model_len=data.max_prompt_length + data.max_response_length,
             # LoRA: an engine with its own weights starts from the merged policy and never aliases the base;
-            # FSDP: from the gathered full tensors (it cannot alias shards)
-            named_weights=self.policy.named_weights(self.model) if self.policy.lora or is_sharded(self.model) else None,
+            # FSDP: from the gathered full tensors (it cannot alias shards); TP: each rank keeps its slice of them
+            named_weights=self.policy.named_weights(self.model)
+            if self.policy.lora or is_sharded(self.model) or tp_group is not None
+            else None,
+            tp_group=tp_group,
         )
         self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
         self.need_ref = need_ref

@@ -31,11 +31,11 @@ def test_build_layout_by_hand(world, fsdp_size, sp, replicate, shard, dp):
     assert [layout.dp_rank(r) for r in range(world)] == [r // sp for r in range(world)]
 
 
-def test_tp_is_recorded_and_the_rollout_runs_as_dp_replicas_until_tp_exists():
+def test_the_rollout_runs_world_over_tp_replicas_of_consecutive_ranks():
     layout = build_layout(4, -1, tp=2)
-    assert layout.tp == 2 and (layout.rollout_replicas, layout.rollout_tp) == (4, 1)
-    assert layout.groups("rollout") == [0, 1, 2, 3]
-    assert "tensor_model_parallel_size=2 recorded" in layout.describe()
+    assert layout.tp == 2 and (layout.rollout_replicas, layout.rollout_tp) == (2, 2)
+    assert layout.groups("rollout") == [0, 0, 1, 1]
+    assert layout.describe().endswith("; rollout 2 replica(s) x tp 2")
 
 
 @pytest.mark.parametrize(

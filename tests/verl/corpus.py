@@ -103,6 +103,7 @@ def tiny_overrides(s: Script, model_dir: str, data: dict, out) -> list[str]:
         "actor_rollout_ref.actor.optim.lr": 1e-3,
         "critic.optim.lr": 1e-3,
         "trainer.n_gpus_per_node": 1,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,  # one device: one rank per replica
         "trainer.nnodes": 1,
         "trainer.device": "cpu",
         "trainer.total_training_steps": 2,

@@ -31,19 +31,29 @@ def generate_all(engine) -> dict:
     return out
 
 
-def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: str) -> None:
+def engine_kwargs(device: str) -> dict:
+    """CPU: the CPU tests' tiny cache blocks; CUDA: float32 with CUDA graphs (the default there)."""
+    return {} if device == "cpu" else dict(device=device, dtype=torch.float32, block_size=16, max_num_seqs=8)
+
+
+def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: str, device: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    backend = "gloo" if device == "cpu" else "nccl"
+    if device != "cpu":
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from hybridrl.rollout.native.tp import TensorParallel
 
     tp = TensorParallel.of(dist.new_group(list(range(world))))
     results = {}
     for family in families:
-        model = hf_model(family)
-        engine = engine_for(model, tp=tp)
+        model = hf_model(family).to(device)
+        engine = engine_for(model, tp=tp, **engine_kwargs(device))
         results[family] = generate_all(engine)
+        results[family]["graphs"] = len(engine.graphs)
         # pre-sliced pieces (the resharder's path) give the same shard as slicing full tensors
-        fresh = NativeRolloutEngine(model.config, TOK, max_model_len=64, block_size=4, tp=tp)
+        fresh = NativeRolloutEngine(model.config, TOK, max_model_len=64, tp=tp, **{"block_size": 4, **engine_kwargs(device)})
         pieces = ((n, tp_shards.shard(n, p, model.config, tp.rank, tp.size).clone()) for n, p in model.named_parameters())
         fresh.load_weights(pieces, sharded=True)
         same = all(torch.equal(a, b) for a, b in zip(fresh.model.state_dict().values(), engine.model.state_dict().values()))
@@ -54,9 +64,11 @@ def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: st
     dist.destroy_process_group()
 
 
-def run_tp(world: int, families: tuple, tmp_path) -> list[dict]:
+def run_tp(world: int, families: tuple, tmp_path, device: str = "cpu") -> list[dict]:
+    """`world` processes (gloo on CPU, NCCL over GPUs 0..world-1 with device="cuda") each run the
+    families' generations as one TP group; each rank's results."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world, port, families, str(tmp_path)), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_main, args=(world, port, families, str(tmp_path), device), nprocs=world, start_method="spawn")
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]

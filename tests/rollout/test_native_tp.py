@@ -60,3 +60,19 @@ def test_bad_tp_sizes_fail_clearly():
     model = hf_model("qwen2")
     with pytest.raises(ValueError, match="4 attention heads are not divisible by tensor_model_parallel_size=3"):
         NativeRolloutEngine(model.config, TOK, max_model_len=64, tp=TensorParallel(None, 0, 3))
+
+
+def test_a_full_tensor_loaded_as_a_piece_fails_clearly():
+    """A group of one process: slicing needs no collective, so the check runs in this process."""
+    import torch.distributed as dist
+
+    from hybridrl.rollout.native.tp import TensorParallel
+
+    model = hf_model("qwen2")
+    engine = NativeRolloutEngine(model.config, TOK, max_model_len=64, tp=TensorParallel(None, 1, 2))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(ValueError, match=r"is not TP rank 1/2's shard \(16, 32\) \(a full tensor passed with sharded=True\?\)"):
+        engine.load_weights([(name, model.state_dict()[name])], sharded=True)
+    engine.load_weights([(name, model.state_dict()[name])])  # full: rank 1 keeps query heads 2-3
+    torch.testing.assert_close(engine.model.model.layers[0].self_attn.q_proj.weight, model.state_dict()[name][16:])
+    assert not dist.is_initialized()

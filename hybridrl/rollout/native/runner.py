@@ -144,7 +144,7 @@ class ModelRunner:
         if p.shape != t.shape:
             raise ValueError(
                 f"load_weights: {name!r} of shape {tuple(t.shape)} is not TP rank {self.tp.rank}/{self.tp.size}'s "
-                f"shard {tuple(p.shape)}" + ("" if sharded else " (was a full tensor passed with sharded=True?)")
+                f"shard {tuple(p.shape)}" + (" (a full tensor passed with sharded=True?)" if sharded else "")
             )
         p.copy_(t.detach(), non_blocking=True)
 

@@ -33,6 +33,8 @@ CONFIGS = {
     # so the other tests use untied ones; this one checks the tied head.
     "qwen2-tied": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=True),
     "qwen3": lambda: Qwen3Config(**SHAPE, head_dim=16, tie_word_embeddings=False),
+    # biases everywhere: o_proj/down_proj biases are added once after a TP all-reduce (test_native_tp.py)
+    "llama-bias": lambda: LlamaConfig(**SHAPE, attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
 }
 TEXTS = ["1+2=", "13+41=", "7*8=", "(2+3)*4=", "99-1="]
 
@@ -46,6 +48,8 @@ def hf_model(family="qwen2", seed=0):
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
+            elif name.endswith(".bias") and family == "llama-bias":  # HF initializes biases to zero
+                p.normal_(0, 0.5)
     return model
 
 

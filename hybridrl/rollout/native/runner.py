@@ -364,7 +364,13 @@ class ModelRunner:
                 self._decode_forward(Bp, mode)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            kw = {}
+            if self.tp:
+                # The NCCL watchdog thread queries the events of earlier collectives; let it finish
+                # them first, and let its queries (another thread) not invalidate the capture.
+                torch.cuda.synchronize(self.device)
+                kw["capture_error_mode"] = "thread_local"
+            with torch.cuda.graph(graph, pool=self._graph_pool, **kw):
                 self._decode_forward(Bp, mode)
             self.graphs[key] = graph
         return self.graphs[key]

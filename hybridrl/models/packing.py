@@ -199,6 +199,8 @@ def packed_attention_forward(
         dt = torch.get_autocast_dtype(dev)
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
     if backend == "flex":
+        if kwargs.get("ulysses_group") is not None:
+            raise NotImplementedError("sequence parallelism runs the varlen or sdpa packed backend; set packed_attn_backend=auto")
         out = _flex_attention()(
             query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
         )  # (1, Hq, N, D)
@@ -206,7 +208,15 @@ def packed_attention_forward(
     # (1, H, N, D) -> (N, H, D)
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     fn = _varlen if backend == "varlen" else _sdpa_padded
-    return fn(q, k, v, cu, max_len, scaling)[None], None  # (1, N, Hq, D)
+    group = kwargs.get("ulysses_group")
+    if group is None:
+        return fn(q, k, v, cu, max_len, scaling)[None], None  # (1, N, Hq, D)
+    # Sequence parallel: this rank's N/sp tokens x all heads -> all N tokens x H/sp heads, and back.
+    from hybridrl.models import sequence_parallel as ulysses
+
+    k, v = ulysses.expand_kv_heads(k, v, q.shape[1], ulysses.group_size(group))
+    q, k, v = (ulysses.seq_to_heads(x, group) for x in (q, k, v))
+    return ulysses.heads_to_seq(fn(q, k, v, cu, max_len, scaling), group)[None], None
 
 
 def _register() -> None:
@@ -256,8 +266,10 @@ def enable_packing(model, backend: str, device: torch.device) -> str | None:
     return backend
 
 
-def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
-    """Final hidden states at the M response-predicting positions: (M, H)."""
+def packed_hidden(backbone, packed: Packed, sp_group=None) -> torch.Tensor:
+    """Final hidden states at the M response-predicting positions: (M, H). With `sp_group` (Ulysses
+    sequence parallelism, `hybridrl.distributed.ulysses`) each rank of the group computes 1/sp of
+    the row and every rank gets all M states."""
     config = backbone.config
     if not is_packed(config):
         # Plain SDPA would attend across the whole packed row: every sequence would see the others.
@@ -265,6 +277,8 @@ def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
             f"{type(backbone).__name__} runs attn_implementation={config._attn_implementation!r}; "
             "call hybridrl.models.packing.enable_packing on it before packed passes"
         )
+    if sp_group is not None:
+        return _sequence_parallel_hidden(backbone, packed, sp_group)
     kwargs = dict(
         cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens, max_length_q=packed.max_len, max_length_k=packed.max_len
     )
@@ -278,11 +292,44 @@ def packed_hidden(backbone, packed: Packed) -> torch.Tensor:
     return out.last_hidden_state[0, packed.target_index]  # (M, H)
 
 
-def packed_log_probs(model, packed: Packed, *, temperature: float = 1.0, with_entropy: bool = False):
+def _sequence_parallel_hidden(backbone, packed: Packed, group) -> torch.Tensor:
+    """`packed_hidden` under Ulysses sequence parallelism (distributed/ulysses.py): this rank runs
+    its 1/sp of the row (padded with one extra sequence to a multiple of sp); the final hidden
+    states of the whole row are gathered before picking the response-predicting positions."""
+    from hybridrl.models import sequence_parallel as ulysses
+
+    if backbone.config._attn_implementation == attn_name("flex"):
+        raise NotImplementedError("sequence parallelism runs the varlen or sdpa packed backend; set packed_attn_backend=auto")
+    n, sp, rank = packed.num_tokens, ulysses.group_size(group), ulysses.group_rank(group)
+    padded, start = ulysses.split_row(n, sp, rank)
+    ids, positions, cu, max_len = packed.input_ids, packed.position_ids, packed.cu_seqlens, packed.max_len
+    if padded > n:  # the padding tokens form a sequence of their own: nothing attends to them
+        fill = torch.arange(padded - n, device=ids.device)[None]
+        ids = torch.cat([ids, torch.zeros_like(fill)], dim=1)
+        positions = torch.cat([positions, fill], dim=1)
+        cu = torch.cat([cu, cu.new_tensor([padded])])
+        max_len = max(max_len, padded - n)
+    local = slice(start, start + padded // sp)
+    mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device)
+    out = backbone(
+        input_ids=ids[:, local],
+        position_ids=positions[:, local],
+        attention_mask=mask,
+        use_cache=False,
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=max_len,
+        max_length_k=max_len,
+        ulysses_group=group,
+    )
+    return ulysses.gather_tokens(out.last_hidden_state, group)[0, packed.target_index]  # (M, H)
+
+
+def packed_log_probs(model, packed: Packed, *, temperature: float = 1.0, with_entropy: bool = False, sp_group=None):
     """Response log-probs (b, R), entropy (b, R) or None, and argmax hits (b, R) of a packed micro-batch."""
     m = base_model(model)
     head = m.get_output_embeddings()
-    hidden = packed_hidden(m.get_decoder(), packed)  # (M, H)
+    hidden = packed_hidden(m.get_decoder(), packed, sp_group)  # (M, H)
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("packed log-probs need an LM head without bias; set use_remove_padding=false")
     logp, ent, hit = fused_log_probs(hidden, head.weight, packed.labels, temperature=temperature, with_entropy=with_entropy)

@@ -35,7 +35,7 @@ class ValueModel(nn.Module):
         P, R = prompts.shape[1], responses.shape[1]
         return _at_least_fp32(self.value_head(hidden[:, P - 1 : P + R - 1]).squeeze(-1))  # (B, R)
 
-    def packed_response_values(self, packed: Packed) -> torch.Tensor:
+    def packed_response_values(self, packed: Packed, sp_group=None) -> torch.Tensor:
         """`response_values` of a packed micro-batch (models/packing.py): (b, R)."""
-        hidden = packed_hidden(self.backbone, packed)  # (M, H), the states before each response token
+        hidden = packed_hidden(self.backbone, packed, sp_group)  # (M, H), the states before each response token
         return packed.unpack(_at_least_fp32(self.value_head(hidden).squeeze(-1)))

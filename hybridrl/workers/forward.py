@@ -15,6 +15,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF
 from hybridrl.distributed.fsdp import run_as_forward
+from hybridrl.distributed.ulysses import sp_group
 from hybridrl.models.logprobs import entropy_from_logits, log_probs_from_logits, response_logits
 from hybridrl.models.packing import pack, packed_log_probs
 
@@ -44,7 +45,9 @@ def log_probs(
             packed = pack(*seqs)
             engine.slots += packed.num_tokens
             # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
-            return run_as_forward(model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy)
+            return run_as_forward(
+                model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy, sp_group=sp_group()
+            )
         logits = response_logits(model, *seqs, temperature=temperature)  # (b, R, V)
     engine.slots += micro[K.PROMPTS].numel() + micro[key].numel()
     with nullcontext() if entropy_grad else torch.no_grad():  # a (b, R, V) float32 graph only when needed
@@ -78,5 +81,5 @@ def values(engine, model, micro: Batch) -> torch.Tensor:
     seqs = [micro[k] for k in SEQ_KEYS]
     with _autocast(engine):
         if engine.packing:
-            return model.packed_response_values(pack(*seqs))
+            return model.packed_response_values(pack(*seqs), sp_group())
         return model.response_values(*seqs)

@@ -192,6 +192,11 @@ class ActorConfig:
     )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the policy over several devices.")
+    ulysses_sequence_parallel_size: int = option(
+        1,
+        "Ulysses sequence parallelism: each sequence batch is split over this many devices (heads split around "
+        "attention); the data-parallel size becomes devices / this. Needs model.use_remove_padding=true.",
+    )
 
 
 @dataclass
@@ -260,6 +265,9 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int | None = option(
         None, "Token budget of one reference log-prob pass; null = actor.ppo_max_token_len_per_gpu."
     )
+    ulysses_sequence_parallel_size: int | None = option(
+        None, "Sequence parallelism of the reference passes; null = the actor's (it runs in the actor's processes)."
+    )
 
 
 @dataclass
@@ -309,6 +317,9 @@ class CriticConfig:
     cliprange_value: float = option(0.5, "Clip range of the value update around the old values.")
     loss_agg_mode: str | None = option(None, "How per-token value losses are averaged; null = the actor's loss_agg_mode.")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    ulysses_sequence_parallel_size: int | None = option(
+        None, "Sequence parallelism of the critic; null = the actor's. May differ only on its own resource pool."
+    )
 
 
 # --------------------------------------------------------------------------- reward, algorithm

@@ -150,6 +150,9 @@ _RULES: list[tuple[str, _Rule]] = [
     (f"{_R}.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
     ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", _AT_LEAST_1),
     ("critic.ppo_max_token_len_per_gpu", _AT_LEAST_1),
+    (f"{_A}.ulysses_sequence_parallel_size", _AT_LEAST_1),
+    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", _AT_LEAST_1),
+    ("critic.ulysses_sequence_parallel_size", _AT_LEAST_1),
     ("critic.forward_max_token_len_per_gpu", _AT_LEAST_1),
     ("preference.beta", _POSITIVE),
     ("preference.label_smoothing", (lambda v: 0 <= v < 0.5, "must be in [0, 0.5)")),
@@ -461,11 +464,98 @@ def _layout_problems(cfg: Config) -> list[Problem]:
     if cfg.critic_enabled and cfg.resource_pool.critic:  # colocated, the critic uses the actor's layout
         roles.append(("critic", "critic.model.fsdp_config.fsdp_size", cfg.critic.model.fsdp_config.fsdp_size))
     for role, key, fsdp_size in roles:
-        problem = layout_problem(_dp(s, role), fsdp_size)
+        problem = layout_problem(_world(s, role), fsdp_size, _sp(cfg, role))
         if problem:
-            _, what, fix = problem
+            which, what, fix = problem
+            if which == "sp":
+                key = _SP_KEYS[role]
             out.append(Problem(f"{key}{what}; use e.g. {key}={fix}", (key, _NODES, _GPUS), {key: fix}))
+    return out + _sp_problems(cfg)
+
+
+_SP_KEYS = {
+    "actor": f"{_A}.ulysses_sequence_parallel_size",
+    "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    "critic": "critic.ulysses_sequence_parallel_size",
+}
+
+
+def _sp(cfg: Config, role: str) -> int:
+    """A role's Ulysses degree (null ref/critic degrees are the actor's); 1 for a value that is no
+    positive integer (the range check names it)."""
+    a = cfg.actor_rollout_ref
+    value = {"actor": a.actor, "ref": a.ref, "critic": cfg.critic}[role].ulysses_sequence_parallel_size
+    if value is None:
+        value = a.actor.ulysses_sequence_parallel_size
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def _sp_problems(cfg: Config) -> list[Problem]:
+    """Sequence parallelism: one degree per process, heads divisible by it, not the flex backend."""
+    out, a = [], cfg.actor_rollout_ref
+    sp = _sp(cfg, "actor")
+    if _sp(cfg, "ref") != sp:
+        key = _SP_KEYS["ref"]
+        out.append(
+            Problem(
+                f"{key}={_sp(cfg, 'ref')}: the reference runs in the actor's processes, so it uses the actor's "
+                f"sequence parallelism ({sp}); remove {key} or set it to {sp}",
+                (key,),
+                {key: sp},
+            )
+        )
+    if cfg.critic_enabled and not cfg.resource_pool.critic and _sp(cfg, "critic") != sp:
+        key = _SP_KEYS["critic"]
+        out.append(
+            Problem(
+                f"{key}={_sp(cfg, 'critic')}: a colocated critic shares the actor's processes and its sequence "
+                f"parallelism ({sp}); set {key}={sp}, or give the critic its own resource_pool.critic",
+                (key,),
+                {key: sp},
+            )
+        )
+    # Padded passes (use_remove_padding=false) run whole sequences on every rank of an sp group:
+    # the same values and gradients (the normalizers count every rank), without the memory saving.
+    for role in ("actor", "critic") if cfg.critic_enabled else ("actor",):
+        degree = _sp(cfg, role)
+        if degree == 1:
+            continue
+        if a.model.packed_attn_backend == "flex":
+            key = "actor_rollout_ref.model.packed_attn_backend"
+            out.append(
+                Problem(
+                    f"{_SP_KEYS[role]}={degree} runs the varlen or sdpa packed attention; set {key}=auto", (key,), {key: "auto"}
+                )
+            )
+        path = (cfg.critic.model.path or a.model.path) if role == "critic" else a.model.path
+        heads = _model_heads(path)
+        if heads and heads % degree:
+            fix = max(d for d in range(1, degree + 1) if heads % d == 0)
+            out.append(
+                Problem(
+                    f"{_SP_KEYS[role]}={degree}: the model's {heads} attention heads do not split over {degree} "
+                    f"devices; use e.g. {_SP_KEYS[role]}={fix}",
+                    (_SP_KEYS[role],),
+                    {_SP_KEYS[role]: fix},
+                )
+            )
     return out
+
+
+def _model_heads(path: str | None) -> int | None:
+    """num_attention_heads of the model directory's config.json; None when there is none to read."""
+    import json
+    from pathlib import Path
+
+    file = Path(path or "") / "config.json"
+    if not path or not file.is_file():
+        return None
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    heads = raw.get("text_config", raw).get("num_attention_heads")
+    return heads if isinstance(heads, int) and heads > 0 else None
 
 
 def _rollout_tp_problems(cfg: Config) -> list[Problem]:
@@ -475,7 +565,7 @@ def _rollout_tp_problems(cfg: Config) -> list[Problem]:
     tp = r.tensor_model_parallel_size
     if not isinstance(tp, int) or tp <= 1:
         return []
-    out, world = [], _dp(_sizes(cfg), "actor")
+    out, world = [], _world(_sizes(cfg), "actor")
     problem = layout_problem(world, -1, 1, tp)
     if problem:
         fix = problem[2]
@@ -618,9 +708,11 @@ def plan_batches(cfg: Config) -> BatchPlan:
         _as_offline_plan(r)
     a, rollout = r.actor_rollout_ref, r.actor_rollout_ref.rollout
     sizes = _sizes(r)
-    actor_layout = build_layout(_dp(sizes, "actor"), a.actor.fsdp_config.fsdp_size, tp=rollout.tensor_model_parallel_size)
+    actor_layout = build_layout(
+        _world(sizes, "actor"), a.actor.fsdp_config.fsdp_size, sp=_sp(r, "actor"), tp=rollout.tensor_model_parallel_size
+    )
     critic_layout = (
-        build_layout(_dp(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size)
+        build_layout(_world(sizes, "critic"), r.critic.model.fsdp_config.fsdp_size, sp=_sp(r, "critic"))
         if r.critic_enabled and r.resource_pool.critic
         else actor_layout
     )
@@ -686,14 +778,23 @@ def _sizes(cfg: Config) -> _Sizes:
     s = {k: _get(cfg, k) for k in keys}
     if s[_MINI["critic"]] == s[_MINI["actor"]]:  # as after `resolve`: treat as inherited, one report
         s[_MINI["critic"]] = None
+    s["sp.actor"] = _sp(cfg, "actor")
+    s["sp.critic"] = _sp(cfg, "critic") if cfg.resource_pool.critic else s["sp.actor"]
     return s
 
 
-def _dp(s: _Sizes, role: str) -> int:
-    """A role's data-parallel size: its devices per node (resource_pool) x nodes. The critic
-    shares the actor's devices unless it has its own."""
+def _world(s: _Sizes, role: str) -> int:
+    """A role's devices: its devices per node (resource_pool) x nodes. The critic shares the
+    actor's devices unless it has its own."""
     per_node = s[_POOL[role]] if role == "critic" and s[_POOL["critic"]] else s[_POOL["actor"]] or s[_GPUS]
     return s[_NODES] * per_node
+
+
+def _dp(s: _Sizes, role: str) -> int:
+    """A role's data-parallel size: its devices / its sequence-parallel degree (the sp devices of
+    a group share one batch shard)."""
+    world, sp = _world(s, role), s[f"sp.{role}"]
+    return world // sp if world % sp == 0 else world
 
 
 def _mini(s: _Sizes, role: str) -> int:

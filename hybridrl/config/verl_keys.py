@@ -12,7 +12,6 @@ and its sub-configs). Every such key is one of:
 - NEEDS: changes the result, and hybridrl cannot honour it: accepted at the values that leave the
   result as ours is (verl's default), an error naming what is missing otherwise; a key that is
   also in our schema is ours (the schema always wins);
-- ABOVE_ONE: parallelism degrees accepted with a notice when > 1 (same results, other memory).
 
 `translate(tree)` applies all of this to a raw config tree before it is typed; it is data-driven
 so that docs/verl.md and the tests read the same tables.
@@ -327,11 +326,6 @@ GLOBAL_MICRO: dict[str, str] = {
     "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
 }
 
-# Parallelism degrees accepted with a notice when > 1, until tensor/sequence parallelism land.
-ABOVE_ONE: dict[str, str] = {
-    "*ulysses_sequence_parallel_size": "training runs without sequence parallelism",
-}
-_ABOVE_ONE_TAIL = " (the samples and losses are the same in distribution; only memory per GPU differs)"
 
 # Defaults of verl's ppo_trainer.yaml that differ from hybridrl's own, used when no config file is
 # given (`hybridrl train` with overrides only, `python -m hybridrl.main_ppo`). Deliberately not
@@ -425,7 +419,6 @@ def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[s
     them are never verl keys); defaults: our schema's default per key (for the world size).
     """
     out = Translation()
-    sp = {role: get(tree, key, 1) for role, key in _SP.items()}
     for path, (verl_value, ours) in VALUE_FIXES.items():
         if get(tree, path, "absent") == verl_value:
             put(tree, path, ours)
@@ -433,7 +426,6 @@ def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[s
         if path in known or any(path.startswith(d + ".") for d in dict_keys):
             continue
         _one(tree, path, value, known, out)
-    _without_sp(tree, sp, out)  # before the global sizes: those are divided by the world size alone
     _normalize_micro(tree, defaults, out)
     if out.ignored:
         groups = "; ".join(f"{', '.join(keys)} ({why})" for why, keys in out.ignored.items())
@@ -441,14 +433,19 @@ def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[s
     return out
 
 
+# verl's engine-config copies of a role's sequence-parallel degree: the role's own key is ours.
+_SP_COPIES = {
+    f"{_A}.fsdp_config.ulysses_sequence_parallel_size": f"{_A}.ulysses_sequence_parallel_size",
+    f"{_REF}.fsdp_config.ulysses_sequence_parallel_size": f"{_REF}.ulysses_sequence_parallel_size",
+    "critic.model.fsdp_config.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
+}
+
+
 def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -> None:
-    pattern = match(path, ABOVE_ONE)
-    if pattern:
+    if path in _SP_COPIES:
         pop(tree, path)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            out.notices.append(f"{path}={value}: {ABOVE_ONE[pattern]}{_ABOVE_ONE_TAIL}")
-        elif not (isinstance(value, int) and value >= 1):
-            out.errors.append(f"{path}={show(value)} must be an integer >= 1")
+        if value != 1 and get(tree, _SP_COPIES[path], None) != value:
+            out.errors.append(f"{path}={show(value)}: set {_SP_COPIES[path]}={show(value)} instead (the role's degree)")
         return
     if path in GLOBAL_MICRO:
         return  # handled with the world size in _normalize_micro
@@ -559,37 +556,6 @@ def _normalize_micro(tree: dict, defaults: dict[str, Any], out: Translation) -> 
         put(tree, per_gpu, value // world)
 
 
-# Sequence parallelism per role, and the per-device micro-batch keys it scales in verl.
-_SP = {"actor": f"{_A}.ulysses_sequence_parallel_size", "critic": "critic.ulysses_sequence_parallel_size"}
-_SP_MICRO = {
-    "actor": (
-        f"{_A}.ppo_micro_batch_size_per_gpu",
-        f"{_R}.log_prob_micro_batch_size_per_gpu",
-        f"{_REF}.log_prob_micro_batch_size_per_gpu",
-    ),
-    "critic": ("critic.ppo_micro_batch_size_per_gpu",),
-}
-
-
-def _without_sp(tree: dict, sp: dict[str, Any], out: Translation) -> None:
-    """Training without sequence parallelism: verl splits each device's micro-batch's tokens over
-    `sp` devices, and its data-parallel size is world / sp. Here the data-parallel size is the
-    world, so each device holds 1/sp of verl's per-device mini-batch: its micro-batches shrink by
-    sp (the same tokens per device as verl's; token budgets need no change, since verl multiplies
-    them by sp)."""
-    for role, degree in sp.items():
-        if not isinstance(degree, int) or isinstance(degree, bool) or degree <= 1:
-            continue
-        for key in _SP_MICRO[role]:
-            micro = get(tree, key)
-            if isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1:
-                put(tree, key, max(1, micro // degree))
-                out.notices.append(
-                    f"{key}: {micro} -> {max(1, micro // degree)} sequences per device (verl's "
-                    f"{micro} with {_SP[role]}={degree} split over {degree} devices)"
-                )
-
-
 # Choice values that other branches add (the key exists; these values are refused until then).
 def verl_argv(tree: dict, out: Translation) -> None:
     """What only a verl command line (no hybridrl config file) gets: verl's engine and logger names."""
@@ -657,8 +623,6 @@ def markdown() -> str:
         "| --- | --- |",
     ]
     out += [f"| `{k}` | `{v}` = value // (nnodes x n_gpus_per_node) |" for k, v in GLOBAL_MICRO.items()]
-    out += ["", "### Accepted with a notice when > 1", "", "| verl key | what happens here |", "| --- | --- |"]
-    out += [f"| `{k}` | {v}{_ABOVE_ONE_TAIL} |" for k, v in ABOVE_ONE.items()]
     out += ["", "### Ignored, no effect here (listed once in one notice at start)", "", "| verl key | why |", "| --- | --- |"]
     out += [f"| `{k}` | {v} |" for k, v in IGNORED.items()]
     out += [

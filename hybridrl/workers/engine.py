@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -24,6 +24,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import micro_batches, restore_order, sequence_lengths
 from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.fsdp import clip_grad_norm, dp_max_min, dp_normalizer
+from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
 from hybridrl.tracking import perf
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
@@ -70,6 +71,10 @@ def dp_micro_batches(batch: Batch, split: Split) -> tuple[list[Batch], list[int]
     must run as many passes. Fixed splits agree already (every rank has as many rows); token
     budgets are raised to the largest count over the ranks, until all ranks agree (a split into
     more parts never fails: one row per part always fits)."""
+    if split.dynamic and active().sp > 1:
+        # The sp ranks of a group share each micro-batch, each running 1/sp of its tokens: a
+        # budget of B tokens per device is B x sp per micro-batch (verl's meaning).
+        split = replace(split, max_tokens=split.max_tokens * active().sp)
     micros, order = micro_batches(batch, **asdict(split))
     if not split.dynamic:
         return micros, order

@@ -34,24 +34,23 @@ def test_explain_accepts_the_script_as_is(script):
 
 @pytest.mark.parametrize("script", params())
 def test_batch_plan_is_verls(script):
-    """Accepted, and the per-device sizes are verl's
-    (divided by the sequence-parallel degree where the script asks for SP: training runs
-    without it, over all devices, with the same tokens per device)."""
+    """Accepted, and the per-device sizes are verl's: with sequence parallelism the data-parallel
+    size is the devices / sp, and a per-GPU size is per sp group, as in verl."""
     try:
         cfg = load_config(None, script.argv, verl=script.entry)
     except ConfigError as e:
         pytest.fail(f"{script.name}:\n{e}")
     plan, verl = plan_batches(cfg), verl_plan(script)
-    assert plan.dp == verl.world
-    assert plan.actor.per_device_mini_batch * verl.sp == verl.actor_mini_per_gpu
+    assert plan.dp == verl.world // verl.sp
+    assert plan.actor.per_device_mini_batch == verl.actor_mini_per_gpu
     if verl.actor_micro_per_gpu is not None:
-        assert plan.actor.micro_batch == max(1, verl.actor_micro_per_gpu // verl.sp)
+        assert plan.actor.micro_batch == verl.actor_micro_per_gpu
     train, mini = script.int("data.train_batch_size", 1024), script.int("actor_rollout_ref.actor.ppo_mini_batch_size", 256)
     assert plan.actor.num_mini_batches == train // mini
-    assert plan.sequences_per_device == train * script.int("actor_rollout_ref.rollout.n", 1) // verl.world
+    assert plan.sequences_per_device == train * script.int("actor_rollout_ref.rollout.n", 1) // (verl.world // verl.sp)
     if plan.critic is not None:
-        assert plan.critic.per_device_mini_batch * verl.critic_sp == verl.critic_mini_per_gpu
+        assert plan.critic.per_device_mini_batch == verl.critic_mini_per_gpu
         if verl.critic_micro_per_gpu is not None:
-            assert plan.critic.micro_batch == max(1, verl.critic_micro_per_gpu // verl.critic_sp)
+            assert plan.critic.micro_batch == verl.critic_micro_per_gpu
         if script.value("critic.use_dynamic_bsz") is None:  # verl: inherits the actor's
             assert cfg.critic.use_dynamic_bsz == cfg.actor_rollout_ref.actor.use_dynamic_bsz

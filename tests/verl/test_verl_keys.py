@@ -68,6 +68,9 @@ def test_no_config_defaults_are_verls_for_every_shared_key():
         "trainer.logger": (["console", "wandb"], ["console", "wandb", "jsonl"]),  # + the run's metrics.jsonl
         "trainer.device": ("cuda", "auto"),  # cuda where there is one
         "actor_rollout_ref.rollout.tensor_model_parallel_size": (2, 1),  # verl's 2 assumes several GPUs
+        # verl's 1; ours follows the actor's degree (a colocated critic shares its processes; the
+        # values are the same either way, only memory per device differs)
+        "critic.ulysses_sequence_parallel_size": (1, None),
     }
     assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
     assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8
@@ -132,7 +135,7 @@ def test_global_micro_batch_sizes_are_divided_by_the_world_as_verl_does():
     assert "smaller than the data-parallel size 4" in e
 
 
-def test_sequence_and_tensor_parallelism_run_as_data_parallel_with_a_notice():
+def test_sequence_and_tensor_parallelism_lay_out_as_in_verl():
     cfg = verl(
         "trainer.n_gpus_per_node=8",
         f"{A}.ulysses_sequence_parallel_size=2",
@@ -140,13 +143,15 @@ def test_sequence_and_tensor_parallelism_run_as_data_parallel_with_a_notice():
         f"{A}.ppo_micro_batch_size_per_gpu=16",
         "critic.ppo_micro_batch_size_per_gpu=32",
     )
-    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8  # verl's 16 split over 2 devices
-    assert cfg.critic.ppo_micro_batch_size_per_gpu == 32  # the critic has no SP here
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 16  # per sp group, as in verl
     plan = plan_batches(cfg)
-    assert plan.dp == 8 and plan.actor.per_device_mini_batch == 256 // 8  # verl: 256 // (8 // 2) = 64 = 2 x 32
+    assert plan.dp == 4 and plan.actor.per_device_mini_batch == 256 // 4  # verl: 256 // (8 // 2) = 64
+    assert plan.actor.layout.sp == 2 and plan.actor.layout.dp_shard == 4
     text = "\n".join(cfg.notices)
-    assert f"{A}.ulysses_sequence_parallel_size=2: training runs without sequence parallelism (the samples" in text
+    assert "ulysses_sequence_parallel_size" not in text
     assert plan.actor.layout.rollout_replicas == 2 and "tensor_model_parallel_size" not in text  # 2 replicas x tp 4
+    (e,) = errors(f"{A}.ulysses_sequence_parallel_size=3", "trainer.n_gpus_per_node=8")
+    assert e.startswith(f"{A}.ulysses_sequence_parallel_size=3 does not divide")
     (e,) = errors(f"{R}.tensor_model_parallel_size=0")
     assert e == f"{R}.tensor_model_parallel_size=0 must be >= 1; use e.g. {R}.tensor_model_parallel_size=1"
 

@@ -146,11 +146,11 @@ class RemoteReward:
         try:
             value = json.loads(text)
         except (ValueError, UnicodeDecodeError):
-            raise _Failure(f"{self.url} answered {text[:80]!r}, not JSON; answer a number or {{\"score\": ...}}", False) from None
+            raise _Failure(f'{self.url} answered {text[:80]!r}, not JSON; answer a number or {{"score": ...}}', False) from None
         if not (isinstance(value, (int, float)) and not isinstance(value, bool)) and not (
             isinstance(value, dict) and isinstance(value.get("score"), (int, float))
         ):
-            raise _Failure(f"{self.url} answered {value!r:.80}; answer a number or {{\"score\": <number>, ...}}", False)
+            raise _Failure(f'{self.url} answered {value!r:.80}; answer a number or {{"score": <number>, ...}}', False)
         return value
 
     # -- the circuit breaker -----------------------------------------------------------------
@@ -181,7 +181,12 @@ class RemoteReward:
         n = len(solution_strs)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
         payloads = [
-            {"data_source": data_sources[i], "solution_str": solution_strs[i], "ground_truth": ground_truths[i], "extra_info": extra_infos[i]}
+            {
+                "data_source": data_sources[i],
+                "solution_str": solution_strs[i],
+                "ground_truth": ground_truths[i],
+                "extra_info": extra_infos[i],
+            }
             for i in range(n)
         ]
         if self._pool is None:

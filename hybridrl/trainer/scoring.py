@@ -13,8 +13,8 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.rewards import score_batch
 from hybridrl.rewards.managers import ManagedScorer
-from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rewards.registry import diagnostic_metrics
+from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rollout import SamplingParams
 
 

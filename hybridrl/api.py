@@ -239,6 +239,7 @@ class RLTrainer:
         history = _read_history(out / "metrics.jsonl")
         validation = next((_val(r) for r in reversed(history) if _val(r)), {})
         train = next((r for r in reversed(history) if r.get("step", 0) > 0), {})
+        out = out.resolve()  # the result stays usable after a chdir (a notebook's %cd)
         return FitResult(out, history, train, validation, ckpt.latest_checkpoint(out / "checkpoints"))
 
     def _trainer_class(self):

@@ -184,7 +184,8 @@ def reward_pool(cfg, compute_score, in_memory: bool = False):
 
 def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
-        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records})
+        batched = cfg.reward_model.reward_manager == "batch" or getattr(custom, "batched", False)
+        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records}, batched)
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 

@@ -99,7 +99,10 @@ class FitResult:
         from hybridrl.models.loading import load_causal_lm
 
         with tempfile.TemporaryDirectory() as tmp:
-            return load_causal_lm(str(self.save(tmp))).to(device).eval()
+            model = load_causal_lm(str(self.save(tmp))).to(device).eval()
+        # where its tokenizer is, so that grpo(result.model(), ...) finds it
+        model.name_or_path = model.config._name_or_path = str(self._actor_dir())
+        return model
 
     def tokenizer(self):
         from hybridrl.models.loading import load_tokenizer
@@ -184,7 +187,7 @@ class RLTrainer:
             out["actor_rollout_ref.model.path"] = _fspath(actor) if _is_path(actor) else str(inputs / "actor")
             if not _is_path(actor):
                 out["actor_rollout_ref.model.random_init"] = False  # its weights are saved with it
-        if tok is not None:
+        if tok is not None and (_is_path(tok) or _is_path(actor) or actor is None):  # else saved beside the actor object
             out["actor_rollout_ref.model.tokenizer_path"] = _fspath(tok) if _is_path(tok) else str(inputs / "tokenizer")
         if critic is not None:
             out["critic.model.path"] = _fspath(critic) if _is_path(critic) else str(inputs / "critic")
@@ -198,13 +201,18 @@ class RLTrainer:
         """Save the object arguments where the config says they are (the run directory's inputs/)."""
         cfg, o = self.config, self._objects
         m = cfg.actor_rollout_ref.model
-        if o["actor"] is not None and not _is_path(o["actor"]):
-            _save_model(o["actor"], m.path, "actor", tokenizer=o["tokenizer"] if o["tokenizer"] is not None else None)
-        if o["tokenizer"] is not None and not _is_path(o["tokenizer"]):
+        actor, tok = o["actor"], o["tokenizer"]
+        if actor is not None and not _is_path(actor):
+            _save_model(actor, m.path, "actor")
+            if tok is None:  # the model's own: the directory it was loaded from
+                tok = _tokenizer_of(actor)
+            if not _is_path(tok):
+                tok.save_pretrained(m.path)
+        elif tok is not None and not _is_path(tok):
             Path(m.tokenizer_path).mkdir(parents=True, exist_ok=True)
-            o["tokenizer"].save_pretrained(m.tokenizer_path)
+            tok.save_pretrained(m.tokenizer_path)
         if o["critic"] is not None and not _is_path(o["critic"]):
-            _save_model(o["critic"], cfg.critic.model.path, "critic", tokenizer=None)
+            _save_model(o["critic"], cfg.critic.model.path, "critic")  # the critic reads the actor's tokenizer
         for name, files in (("train_data", cfg.data.train_files), ("val_data", cfg.data.val_files)):
             if o[name] is not None and not _is_data_path(o[name]):
                 _write_rows(o[name], files if isinstance(files, str) else files[0], name)
@@ -421,7 +429,7 @@ def _data_paths(x: Any) -> str | list[str]:
     return _fspath(x) if _is_path(x) else [_fspath(p) for p in x]
 
 
-def _save_model(model: Any, path: str, what: str, tokenizer: Any) -> None:
+def _save_model(model: Any, path: str, what: str) -> None:
     if not hasattr(model, "save_pretrained"):
         raise HybridRLError(
             f"{what}: expected a model directory or a transformers PreTrainedModel (with save_pretrained), got "
@@ -429,18 +437,19 @@ def _save_model(model: Any, path: str, what: str, tokenizer: Any) -> None:
         )
     Path(path).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    if tokenizer is None:  # the model's own: the directory it was loaded from
-        from hybridrl.models.loading import load_tokenizer
 
-        source = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
-        if not source or not Path(source).is_dir():
-            raise HybridRLError(
-                f"{what}: a model object needs its tokenizer: pass tokenizer= (a directory or a tokenizer object); "
-                f"the model's name_or_path {source!r} is not a local directory to take it from"
-            )
-        tokenizer = load_tokenizer(source)
-    if not _is_path(tokenizer):
-        tokenizer.save_pretrained(path)
+
+def _tokenizer_of(model: Any):
+    """The tokenizer in the local directory a model object was loaded from (its name_or_path)."""
+    from hybridrl.models.loading import load_tokenizer
+
+    source = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+    if not source or not Path(source).is_dir():
+        raise HybridRLError(
+            f"actor: a model object needs its tokenizer: pass tokenizer= (a directory or a tokenizer object); "
+            f"the model's name_or_path {source!r} is not a local directory to take it from"
+        )
+    return load_tokenizer(source, what="the actor model's name_or_path")
 
 
 def _rows(data: Any, name: str) -> list:

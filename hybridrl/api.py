@@ -252,20 +252,15 @@ class RLTrainer:
 
     def _trainer_class(self):
         """The trainer `hybridrl train` picks for algorithm.name, with the reward function object bound."""
+        trainer = _cli().trainer_class(self.config)
+        if self.reward_fn is None:
+            return trainer
         from hybridrl.trainer.ppo import PPOTrainer
 
-        name = self.config.algorithm.name
-        if name in ("dpo", "kto", "sft"):
-            if self.reward_fn is not None:
-                raise HybridRLError(f"reward_fn is for RL; algorithm.name={name} trains on fixed data and scores nothing")
-            if name == "sft":
-                from hybridrl.trainer.sft import SFTTrainer
-
-                return SFTTrainer
-            from hybridrl.trainer.preference import PreferenceTrainer
-
-            return PreferenceTrainer
-        return functools.partial(PPOTrainer, reward_fn=self.reward_fn) if self.reward_fn is not None else PPOTrainer
+        if trainer is not PPOTrainer:
+            name = self.config.algorithm.name
+            raise HybridRLError(f"reward_fn is for RL; algorithm.name={name} trains on fixed data and scores nothing")
+        return functools.partial(PPOTrainer, reward_fn=self.reward_fn)
 
 
 # --------------------------------------------------------------------------- short forms

@@ -33,6 +33,7 @@ import json
 import os
 import random
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass
@@ -239,6 +240,8 @@ class RLTrainer:
             problems = missing_paths(cfg) + _cli()._device_problems(cfg)
             if problems:
                 raise ConfigError(problems)
+            for n in cfg.notices:  # what `hybridrl train` prints once at start
+                print(f"hybridrl: notice: {n}", file=sys.stderr)
             if self.reward_fn is None:
                 _cli()._check_reward_file(cfg)
             else:
@@ -592,7 +595,5 @@ def _restored_process_state():
 
 
 def _ray_is_up() -> bool:
-    import sys
-
     ray = sys.modules.get("ray")  # never imported: never started
     return ray is not None and ray.is_initialized()

@@ -163,3 +163,22 @@ def test_two_ray_cpu_workers_through_the_api(tmp_path):
     import ray
 
     assert not ray.is_initialized()  # the cluster the run started is gone
+
+
+@pytest.mark.parametrize(
+    "override", ["actor_rollout_ref.actor.lrr=1e-3", "data.train_batch_size=0", "actor_rollout_ref.model.path=/no/such/model"]
+)
+def test_api_error_is_the_line_the_cli_prints(override, tmp_path):
+    from cli_helpers import cli
+
+    config, extra = str(ROOT / "configs/quickstart.yaml"), [f"trainer.default_local_dir={tmp_path / 'run'}"]
+    proc = cli("train", config, override, *extra, check=False, cwd=ROOT)
+    assert proc.returncode == 2
+    with pytest.raises(hybridrl.HybridRLError) as e:
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # the config's relative paths, as for the CLI
+        try:
+            RLTrainer(config, overrides=[override, *extra]).fit()
+        finally:
+            os.chdir(cwd)
+    assert proc.stderr.strip().splitlines()[-1] == f"hybridrl: error: {e.value}"

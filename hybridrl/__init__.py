@@ -2,6 +2,20 @@
 
 __version__ = "0.1.0"
 
+# The Python API (docs/api.md). hybridrl.api imports only the stdlib at the top, so `import hybridrl`
+# stays light (the CLI's report and dashboard never import torch).
+from hybridrl.api import FitResult, HybridRLError, RLTrainer, TrainingStopped, batched_reward, grpo, ppo  # noqa: E402
+
+__all__ = ["FitResult", "HybridRLError", "RLTrainer", "RemoteReward", "TrainingStopped", "batched_reward", "grpo", "ppo"]
+
+
+def __getattr__(name):
+    if name == "RemoteReward":  # hybridrl.rewards imports numpy and the scorers: only when asked for
+        from hybridrl.rewards.remote import RemoteReward
+
+        return RemoteReward
+    raise AttributeError(f"module 'hybridrl' has no attribute {name!r}")
+
 
 def _wire_registries() -> None:
     """Config checks, `explain` and docs/config.md take the allowed estimator and policy-loss names

@@ -106,22 +106,31 @@ def cmd_train(args) -> int:
     notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
-    from hybridrl.trainer.ppo import NonFiniteError, PPOTrainer
+    from hybridrl.trainer.ppo import NonFiniteError
     from hybridrl.trainer.supervise import fit_with_restarts
 
     _check_reward_file(cfg)
-    if cfg.algorithm.name in ("dpo", "kto"):
-        from hybridrl.trainer.preference import PreferenceTrainer as Trainer
-    elif cfg.algorithm.name == "sft":
-        from hybridrl.trainer.sft import SFTTrainer as Trainer
-    else:
-        Trainer = PPOTrainer
     try:
-        fit_with_restarts(cfg, Trainer)
+        fit_with_restarts(cfg, trainer_class(cfg))
     except (NonFiniteError, WorkerDiedError, DynamicSamplingError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def trainer_class(cfg):
+    """The trainer of algorithm.name (the Python API picks it here too)."""
+    if cfg.algorithm.name in ("dpo", "kto"):
+        from hybridrl.trainer.preference import PreferenceTrainer
+
+        return PreferenceTrainer
+    if cfg.algorithm.name == "sft":
+        from hybridrl.trainer.sft import SFTTrainer
+
+        return SFTTrainer
+    from hybridrl.trainer.ppo import PPOTrainer
+
+    return PPOTrainer
 
 
 def cmd_explain(args) -> int:

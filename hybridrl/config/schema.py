@@ -326,8 +326,28 @@ class CriticConfig:
 
 
 @dataclass
+class RemoteRewardConfig:
+    """A reward computed by an HTTP service: one POST per response (hybridrl/rewards/remote.py, docs/api.md)."""
+
+    url: str | None = option(
+        None,
+        "Endpoint that scores one response: POST {data_source, solution_str, ground_truth, extra_info} as JSON, "
+        "answer a number or {score: ..., other numbers}; null = no remote scoring.",
+    )
+    timeout_s: float = option(10.0, "Seconds one HTTP attempt may take (connect + answer).")
+    max_concurrency: int = option(8, "Requests in flight at once.")
+    retries: int = option(2, "More attempts after a timeout, a refused connection, HTTP 429 or 5xx.")
+    backoff_s: float = option(0.5, "Wait before retry k: backoff_s * 2**(k-1) seconds.")
+    circuit_breaker_failures: int = option(
+        5, "After this many failed responses in a row, stop calling for circuit_breaker_cooldown_s; 0 = never stop."
+    )
+    circuit_breaker_cooldown_s: float = option(30.0, "Seconds without calls once the circuit breaker opens.")
+    headers: dict = option({}, "Extra HTTP headers, e.g. {Authorization: Bearer ...}.")
+
+
+@dataclass
 class CustomRewardConfig:
-    """A reward function of your own, loaded from a Python file."""
+    """A reward function of your own, loaded from a Python file (or served over HTTP: `remote`)."""
 
     path: str | None = option(None, "Python file defining the reward function; null = the built-in scorers.")
     name: str = option("compute_score", "Name of the function in that file.")
@@ -347,6 +367,7 @@ class CustomRewardConfig:
         "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
         "threads of the trainer process.",
     )
+    remote: RemoteRewardConfig = option(RemoteRewardConfig, "Score with an HTTP service in place of a function.")
 
 
 @dataclass

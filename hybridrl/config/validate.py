@@ -225,10 +225,39 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
-    problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r)
+    problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r) + _remote_reward_problems(r)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
+
+
+def _remote_reward_problems(cfg: Config) -> list[Problem]:
+    """custom_reward_function.remote.* (hybridrl/rewards/remote.py)."""
+    c, key = cfg.custom_reward_function, "custom_reward_function.remote"
+    remote, out = c.remote, []
+    if remote.url is None:
+        return out
+    if not (isinstance(remote.url, str) and remote.url.startswith(("http://", "https://"))):
+        out.append(_suggest(f"{key}.url", remote.url, "must be an http:// or https:// URL", "http://127.0.0.1:8000/score"))
+    if c.path:
+        out.append(
+            Problem(
+                f"custom_reward_function.path={c.path} and {key}.url={remote.url} both set: score with one; "
+                f"drop the path (custom_reward_function.path=null) or the URL ({key}.url=null)",
+                ("custom_reward_function.path", f"{key}.url"),
+                {f"{key}.url": None},
+            )
+        )
+    positive = {"timeout_s": 10.0, "max_concurrency": 8, "circuit_breaker_cooldown_s": 30.0}
+    for name, fix in positive.items():
+        value = getattr(remote, name)
+        if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+            out.append(_suggest(f"{key}.{name}", value, "must be positive", fix))
+    for name, fix in {"retries": 2, "backoff_s": 0.5, "circuit_breaker_failures": 5}.items():
+        value = getattr(remote, name)
+        if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+            out.append(_suggest(f"{key}.{name}", value, "must be 0 or more", fix))
+    return out
 
 
 def _get(cfg: Any, path: str) -> Any:

@@ -39,6 +39,8 @@ class ScoreResult:
     """Samples whose scorer raised, timed out, exited, crashed or returned something that is not a number."""
     num_timeouts: int = 0
     """Of those, the samples whose call ran past the pool's timeout."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers about the whole batch a scorer reports (e.g. the remote scorer's latency), logged as reward/<key>."""
 
 
 def _as_number(value: Any) -> float | None:
@@ -98,7 +100,11 @@ def score_batch(
         for i in range(n)
     ]
     outcomes = compute_score.map(calls) if isinstance(compute_score, WorkerPool) else [_call(compute_score, c) for c in calls]
+    return outcomes_to_result(outcomes, data_sources)
 
+
+def outcomes_to_result(outcomes: Sequence[Outcome], data_sources: Sequence[str]) -> ScoreResult:
+    """One call's `Outcome` per sample -> scores (0.0 for a failure), extras and the failure counts."""
     scores: list[float] = []
     per_sample_extras: list[dict[str, float]] = []
     num_errors = num_timeouts = 0

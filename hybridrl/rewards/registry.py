@@ -85,11 +85,14 @@ def scorer_for(data_source: str) -> Callable[..., float]:
     return scorer
 
 
-def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data_sources: Iterable[str]) -> None:
+def check_reward_kwargs(
+    custom_fn: Callable | None, kwargs: dict[str, Any], data_sources: Iterable[str], batched: bool = False
+) -> None:
     """Raise a ValueError before training if ``kwargs`` do not fit the scorer(s) they will reach,
     or a custom function cannot be called as ``fn(data_source=, solution_str=, ground_truth=,
-    extra_info=)``. A mismatch would otherwise surface as every sample scoring 0 with
-    ``reward/errors`` set.
+    extra_info=)`` (``batched``: ``fn(data_sources=, solution_strs=, ground_truths=, extra_infos=)``
+    with lists, verl's batch reward manager). A mismatch would otherwise surface as every sample
+    scoring 0 with ``reward/errors`` set.
 
     >>> check_reward_kwargs(None, {"format_score": 0.1}, ["gsm8k"])
     >>> check_reward_kwargs(None, {"format_scor": 0.1}, ["gsm8k"])  # doctest: +ELLIPSIS
@@ -99,7 +102,12 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
     """
     if not kwargs and custom_fn is None:
         return
-    if custom_fn is not None:
+    call = "fn(data_source=, solution_str=, ground_truth=, extra_info=)"
+    if custom_fn is not None and batched:
+        call = "fn(data_sources=, solution_strs=, ground_truths=, extra_infos=)"
+        lists = dict(data_sources=[], solution_strs=[], ground_truths=[], extra_infos=[])
+        targets = [("the batched custom reward function", custom_fn, lists)]
+    elif custom_fn is not None:
         targets = [
             ("the custom reward function", custom_fn, dict(data_source="", solution_str="", ground_truth="", extra_info=None))
         ]
@@ -115,10 +123,7 @@ def check_reward_kwargs(custom_fn: Callable | None, kwargs: dict[str, Any], data
         except TypeError as e:
             params = ", ".join(inspect.signature(fn).parameters)
             if not kwargs:
-                raise ValueError(
-                    f"{what} ({params}) cannot be called as fn(data_source=, solution_str=, ground_truth=, "
-                    f"extra_info=): {e}; see custom_reward_function.path"
-                ) from None
+                raise ValueError(f"{what} ({params}) cannot be called as {call}: {e}; see custom_reward_function.path") from None
             raise ValueError(f"custom_reward_function.reward_kwargs {kwargs} do not fit {what} ({params}): {e}") from None
 
 

@@ -14,6 +14,7 @@ from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.rewards import score_batch
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.registry import diagnostic_metrics
+from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rollout import SamplingParams
 
 
@@ -29,7 +30,9 @@ def score(batch: Batch, compute_score, with_extras: bool = False):
     """Scores (B,) of the batch's responses and the reward metrics (errors, extra keys); with
     `with_extras`, also the reward function's other numeric keys, one list of values per key."""
     # reward_model.reward_manager=batch|prime call the function their own way; naive and dapo: per sample
-    scorer = compute_score.score_batch if isinstance(compute_score, ManagedScorer) else partial(score_batch, compute_score)
+    # and the remote scorer sends concurrent requests (hybridrl/rewards/remote.py)
+    batched = isinstance(compute_score, (ManagedScorer, RemoteReward))
+    scorer = compute_score.score_batch if batched else partial(score_batch, compute_score)
     result = scorer(
         list(batch[K.DATA_SOURCE]),
         list(batch[K.RESPONSE_TEXT]),
@@ -37,6 +40,7 @@ def score(batch: Batch, compute_score, with_extras: bool = False):
         list(batch[K.EXTRA_INFO]),
     )
     metrics = {"reward/errors": float(result.num_errors), "reward/timeouts": float(result.num_timeouts)}
+    metrics.update({f"reward/{k}": float(v) for k, v in result.metrics.items()})
     for k, vals in result.extras.items():
         metrics[f"reward/{k}/mean"] = float(np.mean(vals))
     metrics.update(diagnostic_metrics(batch[K.DATA_SOURCE], batch[K.RESPONSE_TEXT], batch[K.GROUND_TRUTH]))

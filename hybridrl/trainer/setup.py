@@ -28,6 +28,7 @@ from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.rewards.remote import RemoteReward
 from hybridrl.tracking.summary import end_of_run_summary
 from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
@@ -113,7 +114,7 @@ class RunContext:
         """Stop the worker processes (Ray) or drop the in-process workers, and the reward pool."""
         if self.workers is not None:
             self.workers.shutdown()
-        if isinstance(self.compute_score, WorkerPool):
+        if isinstance(self.compute_score, (WorkerPool, RemoteReward)):
             self.compute_score.close()
 
 
@@ -142,47 +143,65 @@ def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
         )
 
 
-def _reward_fn(cfg):
+def _reward_fn(cfg, reward_fn: ComputeScore | None = None):
     """(compute_score with reward_kwargs bound, whether a data source needs ground truth, the
-    custom function or None)."""
+    custom function or None). `reward_fn`: a function given in Python (hybridrl/api.py) in place of
+    custom_reward_function.path; one marked `batched = True` is called once per batch with lists."""
     c = cfg.custom_reward_function
-    if c.path:
+    if c.remote.url and reward_fn is None:
+        return RemoteReward.from_config(c.remote), (lambda source: False), None
+    if reward_fn is not None:
+        custom, fn, need_gt = reward_fn, reward_fn, (lambda source: False)
+    elif c.path:
         custom = load_custom_reward_fn(c.path, c.name)
         fn, need_gt = custom, (lambda source: False)
     else:
         custom, fn, need_gt = None, default_compute_score, needs_ground_truth
+    if isinstance(fn, RemoteReward):
+        return fn, need_gt, None
     fn = functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn
-    manager = cfg.reward_model.reward_manager
+    manager = "batch" if getattr(reward_fn, "batched", False) else cfg.reward_model.reward_manager
     return (fn if manager == "naive" else ManagedScorer(manager, fn)), need_gt, custom
 
 
-def reward_pool(cfg, compute_score) -> WorkerPool:
-    """Where the reward calls run (hybridrl/rewards/pool.py): a custom function in worker processes
-    (loaded there from its file), the built-in scorers in a thread; each call bounded by
-    `custom_reward_function.timeout_s`."""
+def reward_pool(cfg, compute_score, in_memory: bool = False):
+    """Where the reward calls run (hybridrl/rewards/pool.py): a custom function from a file in worker
+    processes (loaded there), the built-in scorers and functions given in Python in a thread; each
+    call bounded by `custom_reward_function.timeout_s`. The remote scorer and the batch/prime
+    managers make their calls their own way (concurrent requests, one call with lists, processes)."""
     c = cfg.custom_reward_function
-    if c.path:
+    if isinstance(compute_score, RemoteReward) or (
+        isinstance(compute_score, ManagedScorer) and compute_score.manager in ("batch", "prime")
+    ):
+        return compute_score
+    if c.path and not in_memory:
         return WorkerPool(
             Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers, timeout_s=c.timeout_s
         )
-    return WorkerPool(compute_score, kind="thread", timeout_s=c.timeout_s)
+    fn = compute_score.compute_score if isinstance(compute_score, ManagedScorer) else compute_score
+    return WorkerPool(fn, kind="thread", timeout_s=c.timeout_s)
 
 
 def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
-        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records})
+        batched = cfg.reward_model.reward_manager == "batch" or getattr(custom, "batched", False)
+        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records}, batched)
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 
 
 def build_run(
-    cfg: Config, data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None, need_ref: bool | None = None
+    cfg: Config,
+    data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None,
+    need_ref: bool | None = None,
+    reward_fn: ComputeScore | None = None,
 ) -> RunContext:
     """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
 
     The RL loop calls it with the defaults. Other trainers pass `data(tokenizer) -> (loader,
     val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
-    reference policy); the rest (workers, checkpoints, resume, tracking) is shared.
+    reference policy); the rest (workers, checkpoints, resume, tracking) is shared. `reward_fn`:
+    a reward function object from the Python API, used in place of the configured one.
     """
     resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)
@@ -196,7 +215,7 @@ def build_run(
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
     notice(f"loading the tokenizer of {m.tokenizer_path or m.path}")
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
-    compute_score, need_gt, custom = _reward_fn(cfg)
+    compute_score, need_gt, custom = _reward_fn(cfg, reward_fn)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     notice(
         f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
@@ -208,17 +227,19 @@ def build_run(
     # The reference is the initial policy; `_start` saves it with checkpoints when it cannot be
     # reloaded from model.path (random weights, or weights changed by the warm-up).
     roles = {ACTOR: ActorRolloutRefWorker, **({CRITIC: CriticWorker} if cfg.critic_enabled else {})}
-    scorer = reward_pool(cfg, compute_score)
+    scorer = reward_pool(cfg, compute_score, in_memory=reward_fn is not None)
     try:
         workers = create_worker_groups(cfg, plan, roles)
     except BaseException:
-        scorer.close()
+        if hasattr(scorer, "close"):
+            scorer.close()
         raise
     try:
         return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
     except BaseException:
         workers.shutdown()
-        scorer.close()
+        if hasattr(scorer, "close"):
+            scorer.close()
         raise
 
 

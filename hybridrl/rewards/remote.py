@@ -1,0 +1,226 @@
+"""Score responses with an HTTP service (`custom_reward_function.remote.url`).
+
+One POST per response, JSON in and out (docs/api.md, "Remote scoring"):
+
+    request:  {"data_source": "arith", "solution_str": "55", "ground_truth": "55", "extra_info": {...}}
+    response: 1.0            or    {"score": 1.0, "acc": 1.0, ...}   (other numbers become reward/<key>/mean)
+
+A scoring service is another machine's code: it may be slow, down, overloaded or wrong. None of
+that may stop a run, so each response's score is at worst 0, counted:
+
+- at most `max_concurrency` requests are in flight; each attempt has `timeout_s`;
+- a timeout, a refused connection, HTTP 429 or 5xx is retried `retries` times, waiting
+  `backoff_s * 2**(k-1)` before retry k; a 4xx other than 429 or an answer that is not a number
+  (or a dict with a numeric "score") is not retried: asking again gets the same answer;
+- a response whose attempts all failed scores 0 and counts in `reward/errors` (`reward/timeouts`
+  when the last attempt timed out);
+- after `circuit_breaker_failures` failed responses in a row the breaker opens: for
+  `circuit_breaker_cooldown_s` no request is sent and every response scores 0 at once (counted in
+  `reward/errors` and `reward/remote_skipped`), so a dead service costs seconds per step, not
+  `timeout_s x retries` per response; then one request is let through, and a success closes it.
+
+Metrics per batch: `reward/remote_latency_s` (mean seconds per scored response, retries
+included), `reward/remote_retries`, `reward/remote_skipped`.
+
+The stdlib only (`urllib.request`, a thread pool): no dependency, and one request per thread is
+what a blocking client with a timeout does best.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .manager import ScoreResult, outcomes_to_result
+from .pool import Outcome
+
+__all__ = ["RemoteReward", "RemoteRewardError"]
+
+
+class RemoteRewardError(RuntimeError):
+    """A response the service did not score (after the retries, or with the circuit breaker open)."""
+
+
+class _Failure(Exception):
+    def __init__(self, message: str, retry: bool, timed_out: bool = False):
+        super().__init__(message)
+        self.retry, self.timed_out = retry, timed_out
+
+
+class RemoteReward:
+    """An HTTP reward function: call it like any reward function, or score a batch concurrently.
+
+    `RemoteReward(url)(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` returns
+    the service's number or dict, raising `RemoteRewardError` when it fails; `score_batch` is what
+    the trainer uses (failures score 0 and are counted, see the module docstring).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        max_concurrency: int = 8,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        circuit_breaker_failures: int = 5,
+        circuit_breaker_cooldown_s: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+    ):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"custom_reward_function.remote.url must be an http:// or https:// URL, got {url!r}")
+        self.url, self.timeout_s, self.max_concurrency = url, float(timeout_s), int(max_concurrency)
+        self.retries, self.backoff_s = int(retries), float(backoff_s)
+        self.breaker_failures, self.breaker_cooldown_s = int(circuit_breaker_failures), float(circuit_breaker_cooldown_s)
+        self.headers = {"Content-Type": "application/json", **dict(headers or {})}
+        self._lock = threading.Lock()
+        self._failures_in_a_row = 0
+        self._open_until = 0.0  # monotonic time the breaker closes again (0: closed)
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_config(cls, remote) -> RemoteReward:
+        """From `custom_reward_function.remote` (hybridrl.config.schema.RemoteRewardConfig)."""
+        return cls(
+            remote.url,
+            timeout_s=remote.timeout_s,
+            max_concurrency=remote.max_concurrency,
+            retries=remote.retries,
+            backoff_s=remote.backoff_s,
+            circuit_breaker_failures=remote.circuit_breaker_failures,
+            circuit_breaker_cooldown_s=remote.circuit_breaker_cooldown_s,
+            headers=remote.headers,
+        )
+
+    # -- one response ------------------------------------------------------------------------
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Any = None):
+        value, stats = self._score_one(
+            {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth, "extra_info": extra_info}
+        )
+        if isinstance(value, _Failure):
+            raise RemoteRewardError(str(value))
+        return value
+
+    def _score_one(self, payload: dict) -> tuple[Any, dict]:
+        """(the service's answer, or a _Failure; {latency_s, retries, skipped})."""
+        t0 = time.monotonic()
+        if self._breaker_open():
+            failure = _Failure(f"circuit breaker open: {self.breaker_failures} failures in a row, no calls for a while", False)
+            return failure, {"latency_s": None, "retries": 0, "skipped": 1}
+        body = json.dumps(payload, default=_jsonable).encode()
+        attempt, result = 0, None
+        while True:
+            try:
+                result = self._post(body)
+                break
+            except _Failure as e:
+                result = e
+                if not e.retry or attempt >= self.retries:
+                    break
+                attempt += 1
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        self._record(ok=not isinstance(result, _Failure))
+        return result, {"latency_s": time.monotonic() - t0, "retries": attempt, "skipped": 0}
+
+    def _post(self, body: bytes) -> Any:
+        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                text = reply.read()
+        except urllib.error.HTTPError as e:
+            retry = e.code == 429 or e.code >= 500
+            raise _Failure(f"{self.url} answered HTTP {e.code} {e.reason}", retry) from None
+        except (TimeoutError, socket.timeout) as e:
+            raise _Failure(f"{self.url} did not answer within {self.timeout_s:g} s ({e})", True, timed_out=True) from None
+        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            timed_out = isinstance(reason, (TimeoutError, socket.timeout))
+            raise _Failure(f"cannot reach {self.url}: {reason}", True, timed_out=timed_out) from None
+        try:
+            value = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            raise _Failure(f'{self.url} answered {text[:80]!r}, not JSON; answer a number or {{"score": ...}}', False) from None
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)) and not (
+            isinstance(value, dict) and isinstance(value.get("score"), (int, float))
+        ):
+            raise _Failure(f'{self.url} answered {value!r:.80}; answer a number or {{"score": <number>, ...}}', False)
+        return value
+
+    # -- the circuit breaker -----------------------------------------------------------------
+    def _breaker_open(self) -> bool:
+        with self._lock:
+            if self._open_until == 0.0 or time.monotonic() >= self._open_until:
+                return False
+            return True
+
+    def _record(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._failures_in_a_row, self._open_until = 0, 0.0
+                return
+            self._failures_in_a_row += 1
+            if self.breaker_failures > 0 and self._failures_in_a_row >= self.breaker_failures:
+                self._open_until = time.monotonic() + self.breaker_cooldown_s
+
+    # -- a batch -----------------------------------------------------------------------------
+    def score_batch(
+        self,
+        data_sources: Sequence[str],
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[Any] | None = None,
+    ) -> ScoreResult:
+        """Every response scored, `max_concurrency` at a time; never raises for what the service does."""
+        n = len(solution_strs)
+        extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+        payloads = [
+            {
+                "data_source": data_sources[i],
+                "solution_str": solution_strs[i],
+                "ground_truth": ground_truths[i],
+                "extra_info": extra_infos[i],
+            }
+            for i in range(n)
+        ]
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="hybridrl-remote-reward")
+        answers = list(self._pool.map(self._score_one, payloads))
+        outcomes = [
+            Outcome(error=str(v), timed_out=v.timed_out) if isinstance(v, _Failure) else Outcome(value=v) for v, _ in answers
+        ]
+        result = outcomes_to_result(outcomes, data_sources)
+        latencies = [s["latency_s"] for _, s in answers if s["latency_s"] is not None]
+        result.metrics = {
+            "remote_latency_s": sum(latencies) / len(latencies) if latencies else 0.0,
+            "remote_retries": float(sum(s["retries"] for _, s in answers)),
+            "remote_skipped": float(sum(s["skipped"] for _, s in answers)),
+        }
+        return result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __getstate__(self):  # picklable (e.g. inside a config sent to a Ray worker): no lock or threads
+        state = dict(self.__dict__)
+        state["_lock"], state["_pool"] = None, None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays (parquet rows hold them) as plain JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -1,0 +1,143 @@
+"""The Python API's inputs, checked before any model work: bad config keys, rows, reward functions
+and keywords raise HybridRLError with one line; rows of every accepted container become the same file."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hybridrl
+import hybridrl.api as api
+from hybridrl import HybridRLError, RLTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERRIDES = [
+    "trainer.total_training_steps=1",
+    "warmup.steps=0",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+    "trainer.logger=[jsonl]",
+]
+
+
+def quickstart_dict() -> dict:
+    cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
+    cfg["actor_rollout_ref"]["model"]["path"] = str(ROOT / cfg["actor_rollout_ref"]["model"]["path"])
+    cfg["warmup"]["files"] = str(ROOT / cfg["warmup"]["files"])
+    return cfg
+
+
+def rows(name: str, n: int) -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "data/arith" / f"{name}.jsonl").read_text().splitlines()[:n]]
+
+
+def exact_match(data_source, solution_str, ground_truth, extra_info):
+    return float(solution_str.strip() == str(ground_truth))
+
+
+def test_doctests():
+    assert doctest.testmod(api).failed == 0
+
+
+# -- bad input: one line, HybridRLError, before any model work -------------------------------------
+
+
+def _trainer(tmp_path, **kw):
+    args = {"reward_fn": exact_match, "train_data": rows("train", 16), "overrides": OVERRIDES}
+    args.update(kw)
+    args["overrides"] = list(args["overrides"]) + [f"trainer.default_local_dir={tmp_path / 'run'}"]
+    return RLTrainer(quickstart_dict(), **args)
+
+
+def test_unknown_key_raises_with_a_suggestion(tmp_path):
+    with pytest.raises(HybridRLError, match=r"unknown key 'actor_rollout_ref.actor.lrr'; did you mean"):
+        _trainer(tmp_path, overrides=OVERRIDES + ["actor_rollout_ref.actor.lrr=1e-3"])
+    with pytest.raises(HybridRLError, match=r"keyword rolout_n=8 is no config key"):
+        hybridrl.grpo("m", [], None, rolout_n=8)
+    with pytest.raises(HybridRLError, match=r"keyword ppo_mini_batch_size=8 names 2 keys"):
+        hybridrl.grpo("m", [], None, ppo_mini_batch_size=8)
+
+
+def test_bad_row_names_the_row(tmp_path):
+    data = rows("train", 16)
+    del data[3]["data_source"]
+    with pytest.raises(HybridRLError, match=r"train_data.jsonl, row 3: missing 'data_source'") as e:
+        _trainer(tmp_path, train_data=data).fit()
+    assert "\n" not in str(e.value)
+    with pytest.raises(HybridRLError, match=r"train_data: got one dict"):
+        _trainer(tmp_path, train_data=data[0], overrides=OVERRIDES + ["trainer.overwrite=true"]).fit()
+
+
+def test_reward_function_that_raises_or_returns_text(tmp_path):
+    def broken(data_source, solution_str, ground_truth, extra_info):
+        return 1 / 0
+
+    with pytest.raises(HybridRLError, match=r"reward_fn broken\(.*\) on the first training row failed: ZeroDivisionError"):
+        _trainer(tmp_path, reward_fn=broken).fit()
+
+    def two_args(solution_str, ground_truth):
+        return 1.0
+
+    with pytest.raises(HybridRLError, match=r"failed: TypeError.*must take \(data_source, solution_str"):
+        _trainer(tmp_path, reward_fn=two_args, overrides=OVERRIDES + ["trainer.overwrite=true"]).fit()
+
+    with pytest.raises(HybridRLError, match=r"returned 'yes'; return a finite number"):
+        _trainer(tmp_path, reward_fn=lambda **kw: "yes", overrides=OVERRIDES + ["trainer.overwrite=true"]).fit()
+
+
+def test_a_second_run_into_the_same_directory_is_refused_not_exited(tmp_path):
+    _trainer(
+        tmp_path, overrides=OVERRIDES + ["trainer.total_training_steps=1", "warmup.steps=0", "trainer.resume_mode=disable"]
+    ).fit()
+    with pytest.raises(HybridRLError, match=r"already holds a run .* trainer.overwrite=true"):
+        _trainer(tmp_path, overrides=OVERRIDES + ["trainer.resume_mode=disable"]).fit()
+
+
+def test_keywords_map_to_config_keys():
+    assert api.keyword_overrides({"batch_size": 16, "lr": 1e-5, "device": "cpu", "use_kl_loss": True}) == [
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=1e-05",
+        'trainer.device="cpu"',
+        "actor_rollout_ref.actor.use_kl_loss=true",
+    ]
+    cfg = RLTrainer(
+        quickstart_dict(),
+        overrides=OVERRIDES + api.keyword_overrides({"rollout_n": 2, "micro_batch_size": 8, "experiment_name": "007"}),
+    ).config
+    assert cfg.actor_rollout_ref.rollout.n == 2 and cfg.trainer.experiment_name == "007"  # a string stays a string
+
+
+def test_every_row_container_gives_the_same_file(tmp_path):
+    import datasets
+    import pandas as pd
+    import pyarrow as pa
+
+    data = rows("train", 8)
+    expected = [json.dumps(r, ensure_ascii=False) for r in data]
+    for name, container in (
+        ("list", data),
+        ("pandas", pd.DataFrame(data)),
+        ("datasets", datasets.Dataset.from_list(data)),
+        ("pyarrow", pa.Table.from_pylist(data)),
+        ("generator", (r for r in data)),
+    ):
+        out = tmp_path / f"{name}.jsonl"
+        api._write_rows(container, str(out), "train_data")
+        assert [json.loads(x) for x in out.read_text().splitlines()] == [json.loads(x) for x in expected], name
+
+
+def test_reward_models_are_refused_until_supported():
+    with pytest.raises(HybridRLError, match="reward_models=\\[...\\] is not supported"):
+        RLTrainer(quickstart_dict(), reward_models=["some/rm"], overrides=OVERRIDES)
+
+
+def test_hybridrl_exports_the_api():
+    assert hybridrl.RLTrainer is api.RLTrainer and hybridrl.grpo is api.grpo and hybridrl.ppo is api.ppo
+    from hybridrl.rewards.remote import RemoteReward
+
+    assert hybridrl.RemoteReward is RemoteReward

@@ -462,27 +462,6 @@ def _placement_problems(cfg: Config) -> list[Problem]:
     if w.steps > 0 and w.batch_size % dp:
         fix = max(dp, w.batch_size - w.batch_size % dp)
         out.append(_suggest("warmup.batch_size", w.batch_size, f"must divide by the actor's data-parallel size {dp}", fix))
-    rank = cfg.actor_rollout_ref.model.lora_rank
-    if cfg.actor_rollout_ref.model.lora_adapter_path and dp > 1:
-        out.append(
-            _suggest(
-                "actor_rollout_ref.model.lora_adapter_path",
-                cfg.actor_rollout_ref.model.lora_adapter_path,
-                f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size {dp}",
-                None,
-            )
-        )
-    elif rank > 0 and dp > 1:
-        # LoRA under FSDP2 would need sharded adapters merged for the engines and in checkpoints.
-        out.append(
-            _suggest(
-                "actor_rollout_ref.model.lora_rank",
-                rank,
-                f"(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size "
-                f"{dp}; use lora_rank=0 for full fine-tuning on several devices, or one device",
-                0,
-            )
-        )
     return out + _layout_problems(cfg)
 
 

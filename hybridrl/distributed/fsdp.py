@@ -58,10 +58,16 @@ def dp_max_min(local: int) -> tuple[int, int]:
     return int(t[0]), -int(t[1])
 
 
+def fsdp_root(model: nn.Module) -> nn.Module:
+    """The module FSDP's root unit wraps: the model itself, or the HF model under a peft (LoRA)
+    wrapper — its forward and `generate` go through that model's forward, so it must be the root."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule)
+    return isinstance(fsdp_root(model), FSDPModule)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -95,7 +101,7 @@ def place(
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     for name in forward_methods:
-        register_fsdp_forward_method(model, name)
+        register_fsdp_forward_method(fsdp_root(model), name)
     return model
 
 
@@ -130,7 +136,7 @@ def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = 
     kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
     for block in (blocks_of or _blocks)(model):
         fully_shard(block, **kw)
-    fully_shard(model, **kw)
+    fully_shard(fsdp_root(model), **kw)
     return model
 
 
@@ -144,7 +150,7 @@ def full_weights(model: nn.Module):
         return
     from torch.distributed.fsdp import FSDPModule
 
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units = [m for m in fsdp_root(model).modules() if isinstance(m, FSDPModule)]
     for u in units:
         u.set_reshard_after_forward(False, recurse=False)
         u.unshard()
@@ -165,13 +171,13 @@ def run_as_forward(model: nn.Module, fn, *args, **kwargs):
     when `model` is not sharded."""
     if not is_sharded(model):
         return fn(model, *args, **kwargs)
-    name = f"_hybridrl_forward_{fn.__name__}"
-    if name not in model.__dict__:
+    root, name = fsdp_root(model), f"_hybridrl_forward_{fn.__name__}"
+    if name not in root.__dict__:
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        setattr(model, name, functools.partial(fn, model))
-        register_fsdp_forward_method(model, name)
-    return getattr(model, name)(*args, **kwargs)
+        setattr(root, name, functools.partial(fn, model))
+        register_fsdp_forward_method(root, name)
+    return getattr(root, name)(*args, **kwargs)
 
 
 def full_named_parameters(model: nn.Module):

@@ -69,6 +69,22 @@ def _lora_layers(base) -> dict[str, torch.nn.Module]:
     return {name: mod for name, mod in base.named_modules() if isinstance(mod, LoraLayer)}
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: FSDP2 shards (DTensors) gathered (a collective: every rank of
+    the mesh must call it, in the same order), plain tensors as they are."""
+    from torch.distributed.tensor import DTensor
+
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _is_writer() -> bool:
+    """Rank 0 writes the files of a (possibly sharded) checkpoint; every rank gathers."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
 def _delta(layer) -> torch.Tensor | None:
     """Sum over active, unmerged adapters of scale * B @ A, in the base weight's layout."""
     if layer.disable_adapters:
@@ -77,7 +93,7 @@ def _delta(layer) -> torch.Tensor | None:
     for name in layer.active_adapters:
         if name not in layer.lora_A or name in layer.merged_adapters:
             continue
-        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight  # (r, in), (out, r)
+        a, b = _full(layer.lora_A[name].weight), _full(layer.lora_B[name].weight)  # (r, in), (out, r)
         d = (b.float() @ a.float()) * layer.scaling[name]  # (out, in)
         if getattr(layer, "fan_in_fan_out", False):
             d = d.T
@@ -89,7 +105,9 @@ def _delta(layer) -> torch.Tensor | None:
 def merged_named_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF base name, merged weight) for every parameter of the policy, adapters folded in.
 
-    Works on a plain (non-peft) model too, yielding its parameters unchanged.
+    Works on a plain (non-peft) model too, yielding its parameters unchanged. Under FSDP2 the
+    tensors are whole, gathered one parameter at a time: a collective, every rank must consume
+    the iterator in step.
     """
     base = model.get_base_model() if is_lora(model) else model
     layers = _lora_layers(base) if is_lora(model) else {}
@@ -97,21 +115,31 @@ def merged_named_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
         if ".lora_" in name:
             continue
         if ".base_layer." not in name:
-            yield name, p.detach()
+            yield name, _full(p)
             continue
         owner, rest = name.split(".base_layer.", 1)
         delta = _delta(layers[owner]) if rest == "weight" else None
-        yield f"{owner}.{rest}", p.detach() if delta is None else (p.float() + delta).to(p.dtype)
+        p = _full(p)
+        yield f"{owner}.{rest}", p if delta is None else (p.float() + delta).to(p.dtype)
+
+
+def adapter_state_dict(model) -> dict[str, torch.Tensor]:
+    """The peft model's adapter parameters, whole (gathered under FSDP2; collective)."""
+    return {name: _full(p).contiguous() for name, p in model.named_parameters() if ".lora_" in name}
 
 
 def save_lora_checkpoint(model, actor_dir: Path, base_dir: Path | None) -> None:
-    """actor_dir: merged HF model (+ adapter/); base_dir: the unmodified base, when given."""
-    base = model.get_base_model()
-    base.save_pretrained(
-        actor_dir, state_dict={k: v.contiguous() for k, v in merged_named_parameters(model)}, safe_serialization=True
-    )
-    model.save_pretrained(actor_dir / ADAPTER_DIR, safe_serialization=True)
+    """actor_dir: merged HF model (+ adapter/); base_dir: the unmodified base, when given.
+    Collective under FSDP2 (every rank gathers, rank 0 writes)."""
+    base, writer = model.get_base_model(), _is_writer()
+    merged = {k: v.contiguous() for k, v in merged_named_parameters(model)}
+    adapter = adapter_state_dict(model)
+    if writer:
+        base.save_pretrained(actor_dir, state_dict=merged, safe_serialization=True)
+        model.save_pretrained(actor_dir / ADAPTER_DIR, state_dict=adapter, safe_serialization=True)
+    del merged
     if base_dir is not None:
         with model.disable_adapter():
             state = {k: v.contiguous() for k, v in merged_named_parameters(model)}
-        base.save_pretrained(base_dir, state_dict=state, safe_serialization=True)
+        if writer:
+            base.save_pretrained(base_dir, state_dict=state, safe_serialization=True)

@@ -282,11 +282,6 @@ def test_split_placement_plans_each_role_on_its_own_devices():
             "must divide by the actor's data-parallel size 2",
             {"warmup.batch_size": 4},
         ),
-        (
-            ["actor_rollout_ref.model.lora_rank=8"],
-            "(LoRA) runs on one device only, not yet under FSDP with the actor's data-parallel size 2",
-            {"actor_rollout_ref.model.lora_rank": 0},
-        ),
     ],
 )
 def test_placement_problems_name_the_keys_and_a_fix(overrides, message, fix):

@@ -103,3 +103,26 @@ print("ray imported:", "ray" in sys.modules)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray imported: False" in proc.stdout
+
+
+def test_lora_on_two_workers_saves_and_resumes_on_two(arith_data, tmp_path):
+    """LoRA under FSDP2 from the CLI: 2 workers train adapters, checkpoint (merged actor/ + adapter/
+    + sharded optimizer), and a resumed run continues the adapters from the checkpoint."""
+    out = tmp_path / "lora"
+    lora = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"]
+    lora += ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "trainer.save_freq=1"]
+    _quickstart(out, arith_data, *lora, "trainer.total_training_steps=2")
+    step2 = out / "checkpoints" / "step_2"
+    assert (step2 / "actor" / "adapter" / "adapter_model.safetensors").is_file() and (step2 / "lora_base").is_dir()
+    second = _quickstart(out, arith_data, *lora, "trainer.total_training_steps=3", "trainer.resume_mode=auto")
+    assert f"resumed from {step2} at step 2/3" in second.stdout
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert_all_finite(rows)
+    from safetensors.torch import load_file
+
+    a2 = load_file(step2 / "actor" / "adapter" / "adapter_model.safetensors")
+    a3 = load_file(out / "checkpoints" / "step_3" / "actor" / "adapter" / "adapter_model.safetensors")
+    assert a2.keys() == a3.keys() and any(not torch.equal(a2[k], a3[k]) for k in a2), "step 3 did not train the adapters"
+    base2, base3 = weights(step2 / "lora_base"), weights(out / "checkpoints" / "step_3" / "lora_base")
+    assert all(torch.equal(base2[k], base3[k]) for k in base2)  # the base stays frozen

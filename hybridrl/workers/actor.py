@@ -17,12 +17,14 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import is_sharded
 from hybridrl.distributed.layout import rollout_tp_group
+from hybridrl.distributed.reshard import Reshard
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking.profiler import ProfiledWorker
@@ -105,6 +107,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             else None,
             tp_group=tp_group,
         )
+        self.tp_group = tp_group
         self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
         self.need_ref = need_ref
         self.reference = Reference(self.arr, self.device, self.policy)
@@ -137,7 +140,11 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT;
         meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time."""
-        metrics = self.sync.push(self.rollout, lambda: self.policy.named_weights(self.model))
+        if self.tp_group is not None:  # TP pieces straight from the FSDP shards (distributed/reshard.py)
+            tp_rank, tp = dist.get_rank(self.tp_group), dist.get_world_size(self.tp_group)
+            metrics = self.sync.push_resharded(self.rollout, lambda: Reshard(self.model, self.model.config, tp_rank, tp))
+        else:
+            metrics = self.sync.push(self.rollout, lambda: self.policy.named_weights(self.model))
         self.rollout.wake()
         with self.sync.serving(self.rollout):
             out = self.rollout.generate(prompts, sampling)

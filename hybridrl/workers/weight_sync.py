@@ -43,6 +43,25 @@ class WeightSync:
         self.synced_at, self.stale = self.engine.steps_taken, False
         return {"timing_s/update_weights": time.perf_counter() - t0}
 
+    def push_resharded(self, rollout, make_reshard) -> dict[str, float]:
+        """Like `push`, for a tensor-parallel engine: `make_reshard()` is a `distributed.reshard.Reshard`
+        whose pieces (this rank's TP slices, cut from the FSDP shards without whole tensors) the
+        engine loads as they come; the bytes this rank received against a full gather's as metrics."""
+        if not self.dirty:
+            return {}
+        t0 = time.perf_counter()
+        reshard = make_reshard()
+        rollout.load_weights(reshard.pieces(), sharded=True)
+        device = self.engine.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.synced_at, self.stale = self.engine.steps_taken, False
+        return {
+            "timing_s/update_weights": time.perf_counter() - t0,
+            "reshard/bytes_per_rank": float(reshard.bytes_received),
+            "reshard/full_gather_bytes_per_rank": float(reshard.full_gather_bytes),
+        }
+
     @contextmanager
     def serving(self, rollout):
         """Inside: the policy module ready for `rollout.generate` (not its compiled training layers;

@@ -41,6 +41,10 @@ def test_grpo_with_tp2_rollout_trains(arith_data, tmp_path):
     # the TP engine samples from the trainer's distribution: its log-probs of the sampled tokens
     # equal the trainer's recomputed ones (float32; measured max ~2e-6)
     assert max(r["training/rollout_probs_diff_max"] for r in train) < 1e-4
+    # the weights reach the TP engine resharded from the FSDP shards: about half of a full gather per rank
+    resharded = [r for r in train if "reshard/bytes_per_rank" in r]
+    assert len(resharded) >= 39, len(resharded)  # every step after the first
+    assert all(0 < r["reshard/bytes_per_rank"] < 0.75 * r["reshard/full_gather_bytes_per_rank"] for r in resharded)
     first = sum(r["critic/score/mean"] for r in train[:10]) / 10
     last = sum(r["critic/score/mean"] for r in train[-10:]) / 10
     assert last - first >= 0.03, (first, last)  # measured 0.255 -> 0.330

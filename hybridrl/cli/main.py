@@ -114,6 +114,8 @@ def cmd_train(args) -> int:
         from hybridrl.trainer.preference import PreferenceTrainer as Trainer
     elif cfg.algorithm.name == "sft":
         from hybridrl.trainer.sft import SFTTrainer as Trainer
+    elif cfg.algorithm.name == "rm":
+        from hybridrl.trainer.reward_training import RewardModelTrainer as Trainer
     else:
         Trainer = PPOTrainer
     try:
@@ -290,7 +292,9 @@ def cmd_export(args) -> int:
 
     dtype, why = (args.dtype, "--dtype") if args.dtype != "auto" else model_dtype(role_dir)
     out = export_hf(role_dir, args.output, getattr(torch, dtype))
-    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    classifier = "ForSequenceClassification" in (out / "config.json").read_text()  # a reward model (algorithm.name=rm)
+    auto = "AutoModelForSequenceClassification" if classifier else "AutoModelForCausalLM"
+    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with {auto}.from_pretrained({str(out)!r})")
     return 0
 
 

@@ -123,8 +123,8 @@ def _length_rows(cfg: Config, p: BatchPlan, rows: str) -> list[str]:
 def _offline_text(cfg: Config, p: BatchPlan) -> str:
     """DPO / KTO / SFT: no generation; one optimizer step per data.train_batch_size rows."""
     name, pref = cfg.algorithm.name, cfg.preference
-    rows = "pairs" if name == "dpo" else "examples"
-    seqs = 2 if name == "dpo" else 1  # chosen + rejected
+    rows = "pairs" if name in ("dpo", "rm") else "examples"
+    seqs = 2 if name in ("dpo", "rm") else 1  # chosen + rejected
     r, micro = p.actor, cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
     lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
     lines = [

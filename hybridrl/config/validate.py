@@ -31,7 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
-ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
+ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft", "rm")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
@@ -552,6 +552,7 @@ class BatchPlan:
     uses_ref: bool  # a KL term needs reference log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward)
     ref_log_prob_micro_batch: int
     ref_log_prob_passes: int
+    reward_model_layout: ParallelLayout | None = None  # its own pool (Config.reward_model_pool); None = the actor's
 
 
 def plan_batches(cfg: Config) -> BatchPlan:
@@ -618,6 +619,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward or r.algorithm.name in PREFERENCE_ALGORITHMS,
         ref_log_prob_micro_batch=ref_micro,
         ref_log_prob_passes=math.ceil(per_device / ref_micro),
+        reward_model_layout=build_layout(math.prod(r.reward_model_pool), -1) if r.reward_model_pool else None,
     )
 
 
@@ -821,7 +823,7 @@ def _offline_batch_problems(cfg: Config) -> list[Problem]:
         cfg.trainer.nnodes,
         cfg.resource_pool.actor_rollout_ref or cfg.trainer.n_gpus_per_node,
     )
-    dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples"}[cfg.algorithm.name]
+    dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples", "rm": "pairs"}[cfg.algorithm.name]
     if train % dp:
         fixes = [v for v in range(train - train % dp, train + dp + 1, dp) if v > 0]
         return [

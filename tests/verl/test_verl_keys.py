@@ -67,6 +67,8 @@ def test_no_config_defaults_are_verls_for_every_shared_key():
         "data.seed": (None, 1),  # verl: null = trainer.seed too
         "trainer.logger": (["console", "wandb"], ["console", "wandb", "jsonl"]),  # + the run's metrics.jsonl
         "trainer.device": ("cuda", "auto"),  # cuda where there is one
+        "reward_model.model.path": ("~/models/FsfairX-LLaMA3-RM-v0.1", None),  # read only with reward_model.enable
+        "reward_model.model.use_remove_padding": (False, True),  # padding-free scoring: the same scores, faster
     }
     assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
     assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8

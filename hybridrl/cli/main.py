@@ -142,6 +142,13 @@ def cmd_data(args) -> int:
             raise UsageError("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl")
         n = convert_gsm8k(args.input, args.output, split=args.split)
         print(f"wrote {n} rows to {args.output}")
+    elif args.dataset == "rm-pairs":
+        from hybridrl.data.preference import rm_pairs_from_samples
+
+        if not args.input or not args.output:
+            raise UsageError("hybridrl data rm-pairs needs --input SAMPLES.jsonl (from hybridrl eval --output) and --output FILE")
+        n, prompts = rm_pairs_from_samples(args.input, args.output, pairs_per_prompt=args.pairs_per_prompt, seed=args.seed)
+        print(f"wrote {n} pairs from {prompts} prompts with both a better and a worse sample to {args.output}")
     elif args.dataset == "arith-pref":
         paths = make_arith_preferences(args.output or "data/arith_pref", seed=args.seed)
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
@@ -189,7 +196,10 @@ def cmd_eval(args) -> int:
         autocast_dtype=autocast_dtype(device),
         max_model_len=args.max_prompt_length + args.max_response_length,
     )
-    sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
+    greedy = args.temperature == 0
+    sampling = SamplingParams(
+        n=args.n, do_sample=not greedy, temperature=args.temperature, max_new_tokens=args.max_response_length
+    )
     try:
         rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
     finally:
@@ -201,7 +211,8 @@ def cmd_eval(args) -> int:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
     for source, m in summary.items():
-        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, greedy)"
+        how = "greedy" if greedy else f"sampled at temperature {args.temperature}"
+        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, {how})"
         if "flexible_accuracy" in m:
             line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
         print(line)
@@ -353,11 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
 
     s = sub.add_parser("data", help="write datasets in verl's row format")
-    s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref"])
-    s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows)")
+    s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref", "rm-pairs"])
+    s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows); rm-pairs: `hybridrl eval --output` rows")
     s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith, arith-pref: output directory")
     s.add_argument("--split", default=None, help="gsm8k: split name stored in extra_info (default: from the file name)")
-    s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed")
+    s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed; rm-pairs: pairing seed")
+    s.add_argument("--pairs-per-prompt", type=int, default=1, help="rm-pairs: most (chosen, rejected) pairs per prompt")
     s.set_defaults(fn=cmd_data)
 
     s = sub.add_parser("eval", help="greedy accuracy of a model on a dataset, scored per row's data_source")
@@ -366,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", help="write per-sample results to this JSONL")
     s.add_argument("--summary", help="write the per-data-source accuracies to this JSON file")
     s.add_argument("--batch-size", type=int, default=256, help="prompts generated together")
+    s.add_argument("--n", type=int, default=1, help="responses per prompt (with --temperature > 0: reward-model pairs)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")

@@ -149,7 +149,8 @@ def _parse_row(
     ids = {}
     for key, value in completions.items():
         name = {K.CHOSEN: "'chosen'", K.REJECTED: "'rejected'"}.get(key, "the response")
-        text = _completion_text(tok, prompt, prompt_text, value, f"{where}: {name}")
+        # an empty completion (EOS alone) is a response a reward model must learn to rank, not a data error
+        text = "" if kind == "rm" and value == "" else _completion_text(tok, prompt, prompt_text, value, f"{where}: {name}")
         tokens = tok(text, add_special_tokens=False)["input_ids"]
         if tok.eos_token_id not in tokens:
             tokens.append(tok.eos_token_id)
@@ -292,3 +293,40 @@ class RecordLoader(PromptLoader):
         idx = self._order(self.epoch)[start : start + self.batch_size]
         self.position += 1
         return collate_records([self.records[i] for i in idx], self.pad_token_id)
+
+
+def rm_pairs_from_samples(samples, output, *, pairs_per_prompt: int = 1, seed: int = 0) -> tuple[int, int]:
+    """Reward-model pairs from scored samples (`hybridrl eval --n K --temperature T --output`: rows with
+    `index`, `prompt`, `response`, `score`): for each prompt whose samples scored differently, up to
+    `pairs_per_prompt` pairs of a best-scored response (chosen) and a worst-scored one (rejected), drawn
+    without repeats. The prompt is the text the policy read (its chat template applied), so the reward
+    model trains on the same text it scores during RL. Writes `output` (rm rows); returns (pairs, prompts).
+    """
+    import random
+
+    from hybridrl.data.converters import write_rows
+
+    groups: dict = {}
+    for i, row in enumerate(read_rows(samples)):
+        missing = [k for k in ("index", "prompt", "response", "score") if k not in row]
+        if missing:
+            raise DataError(f"{samples}, row {i}: missing {missing}; give the per-sample rows of `hybridrl eval --output`")
+        groups.setdefault(row["index"], []).append(row)
+    rng, pairs, used = random.Random(seed), [], 0
+    for rows in groups.values():
+        best, worst = max(r["score"] for r in rows), min(r["score"] for r in rows)
+        if best == worst:
+            continue
+        chosen = sorted({r["response"] for r in rows if r["score"] == best})
+        rejected = sorted({r["response"] for r in rows if r["score"] == worst})
+        combos = [(c, r) for c in chosen for r in rejected]
+        used += 1
+        for c, r in rng.sample(combos, min(pairs_per_prompt, len(combos))):
+            pairs.append({"prompt": rows[0]["prompt"], "chosen": c, "rejected": r})
+    if not pairs:
+        raise DataError(
+            f"{samples}: no prompt has samples with different scores; sample more (--n) at a higher --temperature"
+        )
+    rng.shuffle(pairs)
+    write_rows(pairs, output)
+    return len(pairs), used

@@ -245,6 +245,8 @@ def _reward_model_spec(cfg, reward_models: list | None) -> tuple | None:
     if cfg.algorithm.name != "rl" or not (cfg.reward_model.enable or reward_models):
         return None
     if not reward_models:
+        if not cfg.reward_model.model.path:
+            raise ConfigError(["reward_model.enable=true needs reward_model.model.path (a sequence-classifier directory)"])
         return (cfg.reward_model.model.path, None)
     if len(reward_models) > 1:
         raise ConfigError([f"reward_models: got {len(reward_models)}; one reward model per run (wrap several in one nn.Module)"])

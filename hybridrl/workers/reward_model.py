@@ -289,13 +289,8 @@ class RewardModelTrainWorker(RewardModelWorker):
     @register(Dispatch.DP)
     def update_reward_model(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the Bradley-Terry loss on PROMPTS + CHOSEN / REJECTED pairs (and MARGIN)."""
-        a = self.cfg.actor_rollout_ref.actor
-        split = Split(
-            self.plan.actor.micro_batch,
-            a.use_dynamic_bsz,
-            a.ppo_max_token_len_per_gpu,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        )
+        # Fixed micro-batches of ppo_micro_batch_size_per_gpu pairs, as DPO's (offline rows have no token budgets yet).
+        split = Split(self.plan.actor.micro_batch)
         return self.engine.summarize(self.engine.update(batch, BradleyTerryLoss(), split))
 
     @register(Dispatch.DP)

@@ -36,7 +36,8 @@ class PPOTrainer(Trainer):
     # Inputs an estimator may declare (`register_adv_estimator(..., needs=)`) and the loop can produce.
     PRODUCIBLE_NEEDS = (K.REWARD_BASELINES,)
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, **objects):
+        """`objects`: the Python API's in-memory pieces, passed to `build_run` (e.g. reward_models=[...])."""
         algo = cfg.algorithm
         self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
         if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:
@@ -46,7 +47,7 @@ class PPOTrainer(Trainer):
                     f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"
                 ]
             )
-        super().__init__(cfg, build_run(cfg))
+        super().__init__(cfg, build_run(cfg, **objects))
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         if self.run.trainer_state.get("kl_ctrl"):
             self.kl_ctrl.load_state_dict(self.run.trainer_state["kl_ctrl"])

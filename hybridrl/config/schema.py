@@ -365,6 +365,27 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class GenerativeRewardModelConfig:
+    """An LLM judge as the reward model (docs/reward_models.md): reward_model.model.path is a causal LM."""
+
+    enable: bool = option(False, "Score with a judge's generated verdict instead of a sequence classifier's head.")
+    prompt_template: str = option(
+        "Grade the response to the question. The reference answer is {ground_truth}.\nQuestion: {prompt}\n"
+        "Response: {response}\nReply with one number from 0 (wrong) to 10 (fully correct).",
+        "The judge's user message; {prompt}, {response} and {ground_truth} are filled in, then the judge's chat "
+        "template is applied.",
+    )
+    parse_fn: str = option(
+        "hybridrl.rewards.judge:last_number",
+        "module:function turning the judge's answer into a score (a float, or None = unparsable: scored 0 and "
+        "counted in reward_model/judge_parse_errors).",
+    )
+    max_new_tokens: int = option(32, "Longest verdict, in tokens (greedy decoding).")
+    max_prompt_length: int = option(1024, "Judge prompts are cut to this many tokens from the left.")
+    gpu_memory_utilization: float = option(0.2, "Native engine: share of the GPU the judge's KV cache may take.")
+
+
+@dataclass
 class RewardModelConfig:
     """The reward-model worker, and how rule-based rewards are computed from the scorers (verl's reward managers)."""
 
@@ -374,6 +395,7 @@ class RewardModelConfig:
         "reward_models=[...]); the step's score is reward_weight x RM score + rule_weight x rule score.",
     )
     model: RewardModelModelConfig = option(RewardModelModelConfig, "The reward model's checkpoint.")
+    generative: GenerativeRewardModelConfig = option(GenerativeRewardModelConfig, "An LLM judge as the reward model.")
     strategy: str = option("fsdp", "How the reward model is sharded over its devices: fsdp or fsdp2 (both FSDP2 here).")
     micro_batch_size_per_gpu: int | None = option(
         None, "Sequences per scoring pass on one device; null = the whole per-device share at once."

@@ -54,4 +54,6 @@ MARGIN = "margin"  # (B,) float32, reward-model training: the gap the pair's cho
 
 # -- written by the reward-model worker (hybridrl/workers/reward_model.py) ---------------------
 RM_SCORES = "rm_scores"  # (B,) float32, the reward model's score of each prompt + response
+JUDGE_PARSE_FAILED = "judge_parse_failed"  # (B,) float32, generative RM: 1 where parse_fn found no score (scored 0)
+JUDGE_VERDICT = "judge_verdict"  # non-tensor str, generative RM: the judge's answer
 POLICY_KL_LOGPS = "policy_kl_logps"  # (B,) KTO: current policy's log-prob of KL_RESPONSES (no grad)

@@ -11,7 +11,8 @@ verl's naive reward manager returns the RM scores and never calls the rule funct
 score is still computed and logged, so that the true task accuracy can be watched beside the RM
 score (reward hacking shows as the one rising while the other does not).
 
-Metrics: reward_model/score/{mean,max,min}, reward_model/rule_score/mean; timing_s/reward_model.
+Metrics: reward_model/score/{mean,max,min}, reward_model/rule_score/mean; timing_s/reward_model;
+with a generative judge, reward_model/judge_parse_errors (verdicts without a score, scored 0).
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ class RewardModelStage:
         if pending is None:
             return {}
         with timer(self.name):
-            rm = pending.get()[K.RM_SCORES]  # (B,)
+            out = pending.get()
+        rm = out[K.RM_SCORES]  # (B,)
         rule = batch[K.TOKEN_LEVEL_SCORES].sum(-1)  # (B,) the rule score, shaped (overlong penalty) when configured
         batch[K.RM_SCORES] = rm
         combined = self.cfg.reward_weight * rm + self.cfg.rule_weight * rule  # (B,)
         batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(combined, batch[K.RESPONSE_MASK])
+        parse_errors = out[K.JUDGE_PARSE_FAILED].sum() if K.JUDGE_PARSE_FAILED in out else None  # generative judge only
         return {
+            **({} if parse_errors is None else {"reward_model/judge_parse_errors": float(parse_errors)}),
             "reward_model/score/mean": float(rm.mean()),
             "reward_model/score/max": float(rm.max()),
             "reward_model/score/min": float(rm.min()),

@@ -35,6 +35,7 @@ from hybridrl.trainer import rundir
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
+from hybridrl.workers.judge import JudgeWorker
 from hybridrl.workers.reward_model import RewardModelTrainWorker, RewardModelWorker
 
 
@@ -219,7 +220,7 @@ def build_run(
     roles = {
         ACTOR: RewardModelTrainWorker if algo.name == "rm" else ActorRolloutRefWorker,
         **({CRITIC: CriticWorker} if cfg.critic_enabled else {}),
-        **({REWARD_MODEL: RewardModelWorker} if rm_spec is not None else {}),
+        **({REWARD_MODEL: JudgeWorker if cfg.reward_model.generative.enable else RewardModelWorker} if rm_spec else {}),
     }
     scorer = reward_pool(cfg, compute_score)
     try:

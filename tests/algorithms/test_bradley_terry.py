@@ -24,3 +24,11 @@ def test_bradley_terry_loss_by_hand():
     torch.testing.assert_close(no_margin[:2], out["losses"][:2])
     assert math.isclose(float(no_margin[2]), math.log(1 + math.exp(2.0)), rel_tol=1e-12)
     assert not out["chosen"].requires_grad and torch.equal(out["rejected"], rejected)
+
+
+def test_doctest():
+    import doctest
+
+    from hybridrl.algorithms import preference
+
+    assert doctest.testmod(preference).failed == 0

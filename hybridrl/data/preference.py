@@ -324,9 +324,7 @@ def rm_pairs_from_samples(samples, output, *, pairs_per_prompt: int = 1, seed: i
         for c, r in rng.sample(combos, min(pairs_per_prompt, len(combos))):
             pairs.append({"prompt": rows[0]["prompt"], "chosen": c, "rejected": r})
     if not pairs:
-        raise DataError(
-            f"{samples}: no prompt has samples with different scores; sample more (--n) at a higher --temperature"
-        )
+        raise DataError(f"{samples}: no prompt has samples with different scores; sample more (--n) at a higher --temperature")
     rng.shuffle(pairs)
     write_rows(pairs, output)
     return len(pairs), used

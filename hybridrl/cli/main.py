@@ -159,6 +159,8 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    import torch
+
     from hybridrl.config.schema import RolloutConfig
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
@@ -197,6 +199,7 @@ def cmd_eval(args) -> int:
         max_model_len=args.max_prompt_length + args.max_response_length,
     )
     greedy = args.temperature == 0
+    torch.manual_seed(args.seed)  # sampled responses (--temperature > 0) repeat run to run
     sampling = SamplingParams(
         n=args.n, do_sample=not greedy, temperature=args.temperature, max_new_tokens=args.max_response_length
     )
@@ -380,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=256, help="prompts generated together")
     s.add_argument("--n", type=int, default=1, help="responses per prompt (with --temperature > 0: reward-model pairs)")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampling (with --temperature > 0)")
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")

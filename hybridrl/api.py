@@ -157,12 +157,6 @@ class RLTrainer:
 
     # -- building the config -----------------------------------------------------------------
     def _load_config(self):
-        if self.reward_models:
-            # The reward-model worker group (issue 18's other half) plugs in here through build_run.
-            raise HybridRLError(
-                "reward_models=[...] is not supported by this build of hybridrl yet; score with reward_fn "
-                "(a function or hybridrl.rewards.remote.RemoteReward) for now"
-            )
         first = self._read(self._overrides, check=False)  # only for where the run directory is
         inputs = Path(first.trainer.default_local_dir) / "inputs"
         values = self._argument_values(inputs)
@@ -256,14 +250,16 @@ class RLTrainer:
     def _trainer_class(self):
         """The trainer `hybridrl train` picks for algorithm.name, with the reward function object bound."""
         trainer = _cli().trainer_class(self.config)
-        if self.reward_fn is None:
+        if self.reward_fn is None and not self.reward_models:
             return trainer
         from hybridrl.trainer.ppo import PPOTrainer
 
         if trainer is not PPOTrainer:
             name = self.config.algorithm.name
-            raise HybridRLError(f"reward_fn is for RL; algorithm.name={name} trains on fixed data and scores nothing")
-        return functools.partial(PPOTrainer, reward_fn=self.reward_fn)
+            what = "reward_fn" if self.reward_fn is not None else "reward_models"
+            raise HybridRLError(f"{what} is for RL; algorithm.name={name} trains on fixed data and scores nothing")
+        # the reward models (paths, modules, (module, tokenizer) pairs) go to build_run as they are
+        return functools.partial(PPOTrainer, reward_fn=self.reward_fn, reward_models=self.reward_models or None)
 
 
 # --------------------------------------------------------------------------- short forms

@@ -33,7 +33,7 @@ from hybridrl.algorithms.losses import (
     compute_value_loss,
 )
 from hybridrl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
-from hybridrl.algorithms.preference import DPO_LOSS_TYPES, dpo_loss, kto_kl_estimate, kto_loss, sft_loss
+from hybridrl.algorithms.preference import DPO_LOSS_TYPES, bradley_terry_loss, dpo_loss, kto_kl_estimate, kto_loss, sft_loss
 
 __all__ = [
     "POLICY_LOSSES",
@@ -44,6 +44,7 @@ __all__ = [
     "get_policy_loss",
     "register_policy_loss",
     "DPO_LOSS_TYPES",
+    "bradley_terry_loss",
     "dpo_loss",
     "kto_kl_estimate",
     "kto_loss",

@@ -1,4 +1,5 @@
-"""Preference and supervised losses as pure tensor functions: DPO (+ IPO, hinge, cDPO), KTO, SFT.
+"""Preference and supervised losses as pure tensor functions: DPO (+ IPO, hinge, cDPO), KTO, SFT,
+and the Bradley-Terry loss of reward-model training.
 
 Inputs are per-sequence log-probs: the sum over a completion's tokens of log pi(token), shape
 (B,). The functions return *per-example* losses; the caller divides their sum by the example
@@ -51,6 +52,27 @@ def dpo_loss(
         "chosen_rewards": beta * (policy_chosen_logps - ref_chosen_logps).detach(),
         "rejected_rewards": beta * (policy_rejected_logps - ref_rejected_logps).detach(),
     }
+
+
+def bradley_terry_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Reward-model loss on scalar scores r (B,) of the two completions of each pair:
+
+        loss = -log sigmoid(r_chosen - r_rejected - m)
+
+    Bradley and Terry 1952, as trained for RLHF by Ouyang et al. 2022 (arXiv 2203.02155, eq. 1);
+    the per-pair margin m (default 0) asks for a larger gap where annotators' preference is
+    stronger (Touvron et al. 2023, Llama 2, arXiv 2307.09288, section 3.2.2).
+    Returns `losses` (B,) and the detached `chosen` / `rejected` scores (B,).
+
+    >>> bradley_terry_loss(torch.tensor([1.0]), torch.tensor([1.0]))["losses"]  # log 2: no preference yet
+    tensor([0.6931])
+    """
+    diff = chosen_scores - rejected_scores  # (B,)
+    if margin is not None:
+        diff = diff - margin
+    return {"losses": -F.logsigmoid(diff), "chosen": chosen_scores.detach(), "rejected": rejected_scores.detach()}
 
 
 def kto_kl_estimate(policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:

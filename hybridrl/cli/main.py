@@ -128,6 +128,10 @@ def trainer_class(cfg):
         from hybridrl.trainer.sft import SFTTrainer
 
         return SFTTrainer
+    if cfg.algorithm.name == "rm":
+        from hybridrl.trainer.reward_training import RewardModelTrainer
+
+        return RewardModelTrainer
     from hybridrl.trainer.ppo import PPOTrainer
 
     return PPOTrainer
@@ -149,6 +153,13 @@ def cmd_data(args) -> int:
             raise UsageError("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl")
         n = convert_gsm8k(args.input, args.output, split=args.split)
         print(f"wrote {n} rows to {args.output}")
+    elif args.dataset == "rm-pairs":
+        from hybridrl.data.preference import rm_pairs_from_samples
+
+        if not args.input or not args.output:
+            raise UsageError("hybridrl data rm-pairs needs --input SAMPLES.jsonl (from hybridrl eval --output) and --output FILE")
+        n, prompts = rm_pairs_from_samples(args.input, args.output, pairs_per_prompt=args.pairs_per_prompt, seed=args.seed)
+        print(f"wrote {n} pairs from {prompts} prompts with both a better and a worse sample to {args.output}")
     elif args.dataset == "arith-pref":
         paths = make_arith_preferences(args.output or "data/arith_pref", seed=args.seed)
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
@@ -159,6 +170,8 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    import torch
+
     from hybridrl.config.schema import RolloutConfig
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
@@ -196,7 +209,11 @@ def cmd_eval(args) -> int:
         autocast_dtype=autocast_dtype(device),
         max_model_len=args.max_prompt_length + args.max_response_length,
     )
-    sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_response_length)
+    greedy = args.temperature == 0
+    torch.manual_seed(args.seed)  # sampled responses (--temperature > 0) repeat run to run
+    sampling = SamplingParams(
+        n=args.n, do_sample=not greedy, temperature=args.temperature, max_new_tokens=args.max_response_length
+    )
     try:
         rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
     finally:
@@ -208,7 +225,8 @@ def cmd_eval(args) -> int:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
     for source, m in summary.items():
-        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, greedy)"
+        how = "greedy" if greedy else f"sampled at temperature {args.temperature}"
+        line = f"{source}: accuracy {m['accuracy']:.4f} ({m['correct']}/{m['n']} exactly right, {how})"
         if "flexible_accuracy" in m:
             line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
         print(line)
@@ -299,7 +317,9 @@ def cmd_export(args) -> int:
 
     dtype, why = (args.dtype, "--dtype") if args.dtype != "auto" else model_dtype(role_dir)
     out = export_hf(role_dir, args.output, getattr(torch, dtype))
-    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    classifier = "ForSequenceClassification" in (out / "config.json").read_text()  # a reward model (algorithm.name=rm)
+    auto = "AutoModelForSequenceClassification" if classifier else "AutoModelForCausalLM"
+    print(f"wrote {out} (from {role_dir}, {dtype}: {why}): load it with {auto}.from_pretrained({str(out)!r})")
     return 0
 
 
@@ -358,11 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
 
     s = sub.add_parser("data", help="write datasets in verl's row format")
-    s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref"])
-    s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows)")
+    s.add_argument("dataset", choices=["gsm8k", "arith", "arith-pref", "rm-pairs"])
+    s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows); rm-pairs: `hybridrl eval --output` rows")
     s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith, arith-pref: output directory")
     s.add_argument("--split", default=None, help="gsm8k: split name stored in extra_info (default: from the file name)")
-    s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed")
+    s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed; rm-pairs: pairing seed")
+    s.add_argument("--pairs-per-prompt", type=int, default=1, help="rm-pairs: most (chosen, rejected) pairs per prompt")
     s.set_defaults(fn=cmd_data)
 
     s = sub.add_parser("eval", help="greedy accuracy of a model on a dataset, scored per row's data_source")
@@ -371,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", help="write per-sample results to this JSONL")
     s.add_argument("--summary", help="write the per-data-source accuracies to this JSON file")
     s.add_argument("--batch-size", type=int, default=256, help="prompts generated together")
+    s.add_argument("--n", type=int, default=1, help="responses per prompt (with --temperature > 0: reward-model pairs)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampling (with --temperature > 0)")
     s.add_argument("--max-prompt-length", type=int, default=1024)
     s.add_argument("--max-response-length", type=int, default=512)
     s.add_argument("--limit", type=int, default=None, help="only the first N rows")

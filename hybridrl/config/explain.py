@@ -92,12 +92,22 @@ def explain_text(cfg: Config) -> str:
 def _placement(cfg: Config, p: BatchPlan) -> list[str]:
     """Where the roles run and how their ranks are laid out, when that is more than one device
     (docs/distributed.md)."""
+    rm = [] if p.reward_model_layout is None else [f"layout (reward model): {p.reward_model_layout.describe()}"]
+    rm_text = f"; reward model on {cfg.reward_model_pool[0]}" if rm else ""
     if p.critic is not None and cfg.resource_pool.critic:
         return [
             f"placement: split (resource_pool): actor, rollout, reference on {p.devices_per_node} device(s) "
-            f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp})",
+            f"per node; critic on {cfg.resource_pool.critic} (data-parallel size {p.critic.dp}){rm_text}",
             f"layout (actor): {p.actor.layout.describe()}",
             f"layout (critic): {p.critic.layout.describe()}",
+            *rm,
+        ]
+    if rm:
+        return [
+            f"placement: split: actor, rollout, reference{', critic' if p.critic else ''} on {p.devices_per_node} "
+            f"device(s) per node{rm_text} (docs/reward_models.md)",
+            f"layout (actor): {p.actor.layout.describe()}",
+            *rm,
         ]
     if p.actor.layout.world > 1:
         return [
@@ -123,8 +133,8 @@ def _length_rows(cfg: Config, p: BatchPlan, rows: str) -> list[str]:
 def _offline_text(cfg: Config, p: BatchPlan) -> str:
     """DPO / KTO / SFT: no generation; one optimizer step per data.train_batch_size rows."""
     name, pref = cfg.algorithm.name, cfg.preference
-    rows = "pairs" if name == "dpo" else "examples"
-    seqs = 2 if name == "dpo" else 1  # chosen + rejected
+    rows = "pairs" if name in ("dpo", "rm") else "examples"
+    seqs = 2 if name in ("dpo", "rm") else 1  # chosen + rejected
     r, micro = p.actor, cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
     lengths = f"({cfg.data.max_prompt_length} + {cfg.data.max_response_length})"
     lines = [

@@ -383,9 +383,77 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class RewardModelConfig:
-    """How rule-based rewards are computed from the scorers (verl's reward managers)."""
+class RewardModelModelConfig:
+    """The reward model's checkpoint (docs/reward_models.md)."""
 
+    path: str | None = option(
+        None,
+        "Local Hugging Face directory of a sequence classifier with one label (AutoModelForSequenceClassification, "
+        "num_labels=1; `hybridrl export` of an algorithm.name=rm run writes one).",
+    )
+    input_tokenizer: str | None = option(
+        None,
+        "verl's switch for re-rendering: set (to any tokenizer path, verl's default is the policy's), each prompt + "
+        "response is rendered as chat messages with the reward model's own chat template and tokenizer; null = "
+        "re-render only when the reward model's tokenizer or chat template differs from the policy's, else score "
+        "the policy's token ids as they are.",
+    )
+    external_lib: str | None = option(None, "A Python module imported before loading the model (custom architectures).")
+    trust_remote_code: bool = option(False, "Allow model code shipped inside the checkpoint directory.")
+    use_remove_padding: bool = option(True, "Padding-free scoring passes (see actor_rollout_ref.model.use_remove_padding).")
+
+
+@dataclass
+class GenerativeRewardModelConfig:
+    """An LLM judge as the reward model (docs/reward_models.md): reward_model.model.path is a causal LM."""
+
+    enable: bool = option(False, "Score with a judge's generated verdict instead of a sequence classifier's head.")
+    prompt_template: str = option(
+        "Grade the response to the question. The reference answer is {ground_truth}.\nQuestion: {prompt}\n"
+        "Response: {response}\nReply with one number from 0 (wrong) to 10 (fully correct).",
+        "The judge's user message; {prompt}, {response} and {ground_truth} are filled in, then the judge's chat "
+        "template is applied.",
+    )
+    parse_fn: str = option(
+        "hybridrl.rewards.judge:last_number",
+        "module:function turning the judge's answer into a score (a float, or None = unparsable: scored 0 and "
+        "counted in reward_model/judge_parse_errors).",
+    )
+    max_new_tokens: int = option(32, "Longest verdict, in tokens (greedy decoding).")
+    max_prompt_length: int = option(1024, "Judge prompts are cut to this many tokens from the left.")
+    gpu_memory_utilization: float = option(0.2, "Native engine: share of the GPU the judge's KV cache may take.")
+
+
+@dataclass
+class RewardModelConfig:
+    """The reward-model worker, and how rule-based rewards are computed from the scorers (verl's reward managers)."""
+
+    enable: bool = option(
+        False,
+        "Score every response with a learned reward model (reward_model.model.path, or the Python API's "
+        "reward_models=[...]); the step's score is reward_weight x RM score + rule_weight x rule score.",
+    )
+    model: RewardModelModelConfig = option(RewardModelModelConfig, "The reward model's checkpoint.")
+    generative: GenerativeRewardModelConfig = option(GenerativeRewardModelConfig, "An LLM judge as the reward model.")
+    strategy: str = option("fsdp", "How the reward model is sharded over its devices: fsdp or fsdp2 (both FSDP2 here).")
+    micro_batch_size_per_gpu: int | None = option(
+        None, "Sequences per scoring pass on one device; null = the whole per-device share at once."
+    )
+    use_dynamic_bsz: bool = option(False, "Scoring passes cut by forward_max_token_len_per_gpu tokens instead.")
+    forward_max_token_len_per_gpu: int = option(32768, "With use_dynamic_bsz: most real tokens in one scoring pass.")
+    enable_resource_pool: bool = option(
+        False,
+        "verl's spelling of split placement: the reward model on n_gpus_per_node x nnodes devices of its own "
+        "(the same as resource_pool.reward_model=n_gpus_per_node).",
+    )
+    n_gpus_per_node: int = option(8, "With enable_resource_pool: devices per node of the reward model's pool.")
+    nnodes: int = option(0, "With enable_resource_pool: nodes of the reward model's pool; 0 = trainer.nnodes.")
+    reward_weight: float = option(1.0, "Weight of the reward model's score in the step's score.")
+    rule_weight: float = option(
+        0.0,
+        "Weight of the rule-based (or custom) score when the reward model is enabled. 0 = verl's semantics (the RM "
+        "score replaces the rule score); the rule score is still computed and logged as reward_model/rule_score/mean.",
+    )
     reward_manager: str = option(
         "naive",
         "naive: one scorer call per response; dapo: as naive, the EOS text stripped from the response, plus "
@@ -469,7 +537,8 @@ class AlgorithmConfig:
     name: str = option(
         "rl",
         "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
-        "optimization (see `preference`); sft = supervised fine-tuning on the responses.",
+        "optimization (see `preference`); sft = supervised fine-tuning on the responses; rm = reward-model training "
+        "(Bradley-Terry on chosen/rejected pairs, docs/reward_models.md).",
     )
 
 
@@ -554,6 +623,11 @@ class ResourcePoolConfig:
     critic: int | None = option(
         None, "Devices per node for the critic, apart from the actor's (split placement); null = share the actor's."
     )
+    reward_model: int | None = option(
+        None,
+        "Devices per node for the reward model (reward_model.enable), apart from the actor's and the critic's (split "
+        "placement); null = share the actor's (or reward_model.enable_resource_pool's n_gpus_per_node).",
+    )
 
 
 @dataclass
@@ -607,7 +681,7 @@ class Config:
     actor_rollout_ref: ActorRolloutRefConfig = option(ActorRolloutRefConfig, "Policy: actor, rollout, reference.")
     critic: CriticConfig = option(CriticConfig, "Value function (PPO with GAE).")
     custom_reward_function: CustomRewardConfig = option(CustomRewardConfig, "Reward function of your own.")
-    reward_model: RewardModelConfig = option(RewardModelConfig, "Reward manager and DAPO overlong shaping.")
+    reward_model: RewardModelConfig = option(RewardModelConfig, "Reward-model worker, reward manager, DAPO overlong shaping.")
     algorithm: AlgorithmConfig = option(AlgorithmConfig, "Advantages and KL penalty.")
     trainer: TrainerConfig = option(TrainerConfig, "Run length, devices, logging, checkpoints.")
     warmup: WarmupConfig = option(WarmupConfig, "Supervised warm-up before RL.")
@@ -628,6 +702,17 @@ class Config:
     def critic_enabled(self) -> bool:
         """Only GAE needs a learned value function; the other estimators use group baselines."""
         return self.algorithm.name == "rl" and self.algorithm.adv_estimator == "gae"
+
+    @property
+    def reward_model_pool(self) -> tuple[int, int] | None:
+        """(devices per node, nodes) of the reward model's own pool, or None when it shares the actor's:
+        resource_pool.reward_model, or verl's reward_model.enable_resource_pool with its n_gpus_per_node/nnodes."""
+        rm, pool = self.reward_model, self.resource_pool
+        if pool.reward_model:
+            return pool.reward_model, self.trainer.nnodes
+        if rm.enable_resource_pool and rm.n_gpus_per_node:
+            return rm.n_gpus_per_node, rm.nnodes or self.trainer.nnodes
+        return None
 
 
 def resolve(cfg: Config) -> Config:

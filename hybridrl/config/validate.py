@@ -31,7 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
 LR_SCHEDULERS = ("constant", "cosine")
-ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft")
+ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft", "rm")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
@@ -140,6 +140,11 @@ _RULES: list[tuple[str, _Rule]] = [
     ("trainer.max_restarts", _AT_LEAST_0),
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
     ("resource_pool.critic", _AT_LEAST_1),
+    ("resource_pool.reward_model", _AT_LEAST_1),
+    ("reward_model.micro_batch_size_per_gpu", _AT_LEAST_1),
+    ("reward_model.forward_max_token_len_per_gpu", _AT_LEAST_1),
+    ("reward_model.n_gpus_per_node", _AT_LEAST_1),
+    ("reward_model.nnodes", _AT_LEAST_0),
     ("ray_init.num_cpus", _AT_LEAST_1),
     ("warmup.steps", _AT_LEAST_0),
     ("warmup.batch_size", _AT_LEAST_1),
@@ -225,6 +230,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
+    problems += _reward_model_problems(r)
     problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r) + _remote_reward_problems(r)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
@@ -463,6 +469,63 @@ def _placement_problems(cfg: Config) -> list[Problem]:
         fix = max(dp, w.batch_size - w.batch_size % dp)
         out.append(_suggest("warmup.batch_size", w.batch_size, f"must divide by the actor's data-parallel size {dp}", fix))
     return out + _layout_problems(cfg)
+
+
+def _reward_model_problems(cfg: Config) -> list[Problem]:
+    """reward_model.* (the worker) and algorithm.name=rm (docs/reward_models.md)."""
+    rm, out = cfg.reward_model, []
+    if rm.strategy not in ("fsdp", "fsdp2"):
+        out.append(
+            _suggest("reward_model.strategy", rm.strategy, "is not one of fsdp, fsdp2 (Megatron is not supported)", "fsdp")
+        )
+    for key in ("reward_weight", "rule_weight"):
+        if not math.isfinite(getattr(rm, key)):
+            out.append(
+                _suggest(
+                    f"reward_model.{key}", getattr(rm, key), "must be a finite number", 1.0 if key == "reward_weight" else 0.0
+                )
+            )
+    own = cfg.reward_model_pool
+    if own and not rm.enable:
+        key = "resource_pool.reward_model" if cfg.resource_pool.reward_model else "reward_model.enable_resource_pool"
+        out.append(Problem(f"{key} places a reward model, but reward_model.enable=false; set reward_model.enable=true", (key,)))
+    if own and own[1] != cfg.trainer.nnodes:
+        out.append(
+            _suggest(
+                "reward_model.nnodes",
+                rm.nnodes,
+                f"differs from trainer.nnodes={cfg.trainer.nnodes}; pools span the same nodes",
+                0,
+            )
+        )
+    # verl's spelling (reward_model.enable_resource_pool) adds the reward model's devices to trainer.n_gpus_per_node,
+    # the actor's; resource_pool.reward_model takes them out of trainer.n_gpus_per_node, as resource_pool.critic does.
+    if own and cfg.resource_pool.reward_model:
+        pool, gpus = cfg.resource_pool, cfg.trainer.n_gpus_per_node
+        actor = pool.actor_rollout_ref
+        used = (actor or 0) + (pool.critic or 0 if cfg.critic_enabled else 0) + own[0]
+        if actor is None:
+            out.append(
+                Problem(
+                    f"the reward model's own pool ({own[0]} devices per node) splits the devices, so "
+                    f"resource_pool.actor_rollout_ref must say how many of the {gpus} per node the actor gets; use e.g. "
+                    f"resource_pool.actor_rollout_ref={max(gpus - own[0], 1)}",
+                    ("resource_pool.actor_rollout_ref", "resource_pool.reward_model"),
+                    {"resource_pool.actor_rollout_ref": max(gpus - own[0], 1)},
+                )
+            )
+        elif used > gpus:
+            out.append(
+                Problem(
+                    f"actor + critic + reward model pools take {used} devices per node, more than "
+                    f"trainer.n_gpus_per_node={gpus}; use e.g. trainer.n_gpus_per_node={used}",
+                    ("trainer.n_gpus_per_node", "resource_pool.reward_model"),
+                    {"trainer.n_gpus_per_node": used},
+                )
+            )
+    if cfg.algorithm.name == "rm" and cfg.warmup.steps > 0:
+        out.append(_suggest("warmup.steps", cfg.warmup.steps, "is a policy warm-up; algorithm.name=rm trains a reward model", 0))
+    return out
 
 
 def _layout_problems(cfg: Config) -> list[Problem]:
@@ -704,6 +767,7 @@ class BatchPlan:
     uses_ref: bool  # a KL term needs reference log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward)
     ref_log_prob_micro_batch: int
     ref_log_prob_passes: int
+    reward_model_layout: ParallelLayout | None = None  # its own pool (Config.reward_model_pool); None = the actor's
 
 
 def plan_batches(cfg: Config) -> BatchPlan:
@@ -772,6 +836,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         uses_ref=a.actor.use_kl_loss or r.algorithm.use_kl_in_reward or r.algorithm.name in PREFERENCE_ALGORITHMS,
         ref_log_prob_micro_batch=ref_micro,
         ref_log_prob_passes=math.ceil(per_device / ref_micro),
+        reward_model_layout=build_layout(math.prod(r.reward_model_pool), -1) if r.reward_model_pool else None,
     )
 
 
@@ -984,7 +1049,7 @@ def _offline_batch_problems(cfg: Config) -> list[Problem]:
         cfg.trainer.nnodes,
         cfg.resource_pool.actor_rollout_ref or cfg.trainer.n_gpus_per_node,
     )
-    dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples"}[cfg.algorithm.name]
+    dp, rows = nodes * gpus, {"dpo": "pairs", "kto": "examples", "sft": "examples", "rm": "pairs"}[cfg.algorithm.name]
     if train % dp:
         fixes = [v for v in range(train - train % dp, train + dp + 1, dp) if v > 0]
         return [

@@ -44,7 +44,7 @@ _MEMORY = "memory or speed only, same results"
 _SHM = "shm model loading"
 _VISION = "multimodal only"
 _DERIVED = "verl fills it from other keys; hybridrl does the same"
-_RM_OFF = "reward-model worker option; reward_model.enable=false"
+_RM_OFF = "reward-model worker option hybridrl does not use (memory or speed only, or verl's reward loop)"
 _CKPT = "checkpoint contents (hybridrl always saves model, optimizer and the rest)"
 _RAY = "Ray/cluster plumbing"
 
@@ -170,20 +170,13 @@ IGNORED: dict[str, str] = {
     "trainer.ray_wait_register_center_timeout": _RAY,
     "trainer.use_legacy_worker_impl": "verl worker implementation switch",
     "ray_kwargs.timeline_json_file": _PROFILER,
-    # reward model worker and reward loop (reward_model.enable must be false, below)
+    # reward-model worker knobs of verl that hybridrl does not use (its own keys are in the schema)
     **{
         f"reward_model.{k}": _RM_OFF
         for k in (
-            "enable_resource_pool",
-            "n_gpus_per_node",
-            "nnodes",
-            "strategy",
             "model.*",
             "micro_batch_size",
-            "micro_batch_size_per_gpu",
             "max_length",
-            "use_dynamic_bsz",
-            "forward_max_token_len_per_gpu",
             "ulysses_sequence_parallel_size",
             "rollout.*",
             "use_reward_loop",
@@ -287,10 +280,6 @@ NEEDS: dict[str, Need] = {
     "data.datagen.*": Need((None,), "a data generator"),
     "data.apply_chat_template_kwargs": Need(({},), "chat-template keyword arguments"),
     "data.apply_chat_template_kwargs.*": Need((), "chat-template keyword arguments"),
-    "reward_model.enable": Need(
-        (False,),
-        "a reward-model worker (hybridrl scores with rule-based or custom reward functions: custom_reward_function.path)",
-    ),
     "reward_model.sandbox_fusion.url": Need((None,), "the SandboxFusion code-execution service"),
     "reward_manager.module.*": Need((None, "custom_reward_manager"), "a custom reward manager class"),
     "algorithm.use_pf_ppo": Need((False,), "preference-feedback PPO reweighting"),

@@ -37,6 +37,7 @@ class PromptRecord:
     data_source: str
     ground_truth: Any
     extra_info: dict
+    chat: list | None = None  # the prompt's chat messages (None for a plain-string prompt): a reward model re-renders them
 
 
 def render_prompt(tokenizer, prompt) -> str:
@@ -145,7 +146,8 @@ def load_prompt_records(
                     )
                 ids = truncate(ids, max_prompt_length, truncation)
                 text = tokenizer.decode(ids)  # what the model sees, for samples.jsonl and eval outputs
-            records.append(PromptRecord(ids, text, source, ground_truth, _extra_info(row, where)))
+            chat = None if isinstance(prompt, str) else list(prompt)
+            records.append(PromptRecord(ids, text, source, ground_truth, _extra_info(row, where), chat))
     if dropped:
         logger.warning(
             "data: dropped %d prompt(s) longer than data.max_prompt_length=%d tokens from %s "
@@ -199,6 +201,7 @@ def collate_prompts(records: list[PromptRecord], pad_token_id: int, uids: list[s
             K.GROUND_TRUTH: [r.ground_truth for r in records],
             K.EXTRA_INFO: [r.extra_info for r in records],
             K.RAW_PROMPT: [r.raw_prompt for r in records],
+            K.RAW_CHAT: [r.chat for r in records],
         },
         {K.PAD_TOKEN_ID: pad_token_id},
     )

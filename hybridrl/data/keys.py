@@ -13,6 +13,7 @@ DATA_SOURCE = "data_source"  # non-tensor str: picks the reward function
 GROUND_TRUTH = "ground_truth"  # non-tensor: the reference answer (may be None)
 EXTRA_INFO = "extra_info"  # non-tensor dict: passed through to the reward function
 RAW_PROMPT = "raw_prompt"  # non-tensor str: the prompt text after the chat template
+RAW_CHAT = "raw_chat"  # non-tensor list of chat messages (None for a string prompt): re-rendered for a reward model
 PAD_TOKEN_ID = "pad_token_id"  # meta int: the tokenizer's pad id (to right-pad ragged responses)
 
 # -- written by the rollout engine ------------------------------------------------------------
@@ -49,4 +50,10 @@ REF_CHOSEN_LOGPS = "ref_chosen_logps"  # (B,) reference log-prob of CHOSEN, summ
 REF_REJECTED_LOGPS = "ref_rejected_logps"  # (B,)
 REF_LOGPS = "ref_logps"  # (B,) KTO: reference log-prob of RESPONSES, summed over tokens
 REF_KL_LOGPS = "ref_kl_logps"  # (B,) KTO: reference log-prob of KL_RESPONSES
+MARGIN = "margin"  # (B,) float32, reward-model training: the gap the pair's chosen score should exceed (0 = none)
+
+# -- written by the reward-model worker (hybridrl/workers/reward_model.py) ---------------------
+RM_SCORES = "rm_scores"  # (B,) float32, the reward model's score of each prompt + response
+JUDGE_PARSE_FAILED = "judge_parse_failed"  # (B,) float32, generative RM: 1 where parse_fn found no score (scored 0)
+JUDGE_VERDICT = "judge_verdict"  # non-tensor str, generative RM: the judge's answer
 POLICY_KL_LOGPS = "policy_kl_logps"  # (B,) KTO: current policy's log-prob of KL_RESPONSES (no grad)

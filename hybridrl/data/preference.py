@@ -3,6 +3,7 @@
 Rows (parquet or JSONL; TRL's column names, `prompt` renamed by `data.prompt_key`):
 
     DPO  {"prompt": P, "chosen": C, "rejected": C}
+    RM   {"prompt": P, "chosen": C, "rejected": C, "margin": m}   margin optional (default 0)
     KTO  {"prompt": P, "completion": C, "label": true | false}
     SFT  {"messages": [..., {"role": "assistant", "content": ...}]}   or   {"prompt": P, "response": C}
 
@@ -28,9 +29,14 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
 from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, render_prompt, truncate
 
-KINDS = ("dpo", "kto", "sft")
+KINDS = ("dpo", "kto", "sft", "rm")
 # The completions a row of each kind carries, as batch fields.
-COMPLETIONS = {"dpo": (K.CHOSEN, K.REJECTED), "kto": (K.RESPONSES, K.KL_RESPONSES), "sft": (K.RESPONSES,)}
+COMPLETIONS = {
+    "dpo": (K.CHOSEN, K.REJECTED),
+    "rm": (K.CHOSEN, K.REJECTED),
+    "kto": (K.RESPONSES, K.KL_RESPONSES),
+    "sft": (K.RESPONSES,),
+}
 MASK_OF = {K.CHOSEN: K.CHOSEN_MASK, K.REJECTED: K.REJECTED_MASK, K.RESPONSES: K.RESPONSE_MASK, K.KL_RESPONSES: K.KL_RESPONSE_MASK}
 REF_OF = {
     K.CHOSEN: K.REF_CHOSEN_LOGPS,
@@ -38,7 +44,7 @@ REF_OF = {
     K.RESPONSES: K.REF_LOGPS,
     K.KL_RESPONSES: K.REF_KL_LOGPS,
 }
-_REQUIRED = {"dpo": ("chosen", "rejected"), "kto": ("completion", "label")}
+_REQUIRED = {"dpo": ("chosen", "rejected"), "rm": ("chosen", "rejected"), "kto": ("completion", "label")}
 
 
 @dataclass
@@ -49,6 +55,7 @@ class Record:
     completions: dict[str, list[int]]  # e.g. {K.CHOSEN: [...], K.REJECTED: [...]}
     label: bool | None = None  # KTO only
     ref_logps: dict[str, float] = field(default_factory=dict)  # REF_OF[...] -> value, when precomputed
+    margin: float | None = None  # reward-model pairs only
 
 
 @dataclass
@@ -86,7 +93,7 @@ def load_preference_records(
             records.append(_parse_row(row, kind, prompt_key, tokenizer, limits, where, response_key))
     if not records:
         raise DataError(f"{', '.join(map(str, files))}: no rows (the file is empty); give a file with at least one row")
-    if kind == "dpo":
+    if kind in ("dpo", "rm"):
         _warn_ties(records, files)
     if kind == "kto":
         _pair_mismatched(records, seed)
@@ -117,6 +124,7 @@ def _parse_row(
         if missing:
             hint = {
                 "dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
+                "rm": f"reward-model pairs need {prompt_key!r}, 'chosen' and 'rejected' (and optionally 'margin')",
                 "kto": f"KTO rows need {prompt_key!r}, 'completion' and 'label'",
                 "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}",
             }[kind]
@@ -124,6 +132,7 @@ def _parse_row(
         prompt = _check_prompt(row[prompt_key], f"{where}: {prompt_key!r}")
         fields = {
             "dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
+            "rm": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
             "kto": {K.RESPONSES: "completion"},
             "sft": {K.RESPONSES: response_key},
         }[kind]
@@ -140,7 +149,8 @@ def _parse_row(
     ids = {}
     for key, value in completions.items():
         name = {K.CHOSEN: "'chosen'", K.REJECTED: "'rejected'"}.get(key, "the response")
-        text = _completion_text(tok, prompt, prompt_text, value, f"{where}: {name}")
+        # an empty completion (EOS alone) is a response a reward model must learn to rank, not a data error
+        text = "" if kind == "rm" and value == "" else _completion_text(tok, prompt, prompt_text, value, f"{where}: {name}")
         tokens = tok(text, add_special_tokens=False)["input_ids"]
         if tok.eos_token_id not in tokens:
             tokens.append(tok.eos_token_id)
@@ -154,7 +164,14 @@ def _parse_row(
             label = bool(label)
         if not isinstance(label, (bool, np.bool_)):
             raise DataError(f"{where}: 'label' must be true (desirable) or false (undesirable), got {label!r:.60}")
-    return Record(prompt_ids, ids, None if label is None else bool(label))
+    margin = None
+    if kind == "rm":
+        margin = row.get("margin")
+        margin = 0.0 if margin is None else margin
+        number = isinstance(margin, (int, float, np.integer, np.floating)) and not isinstance(margin, bool)
+        if not (number and np.isfinite(margin)):
+            raise DataError(f"{where}: 'margin' must be a finite number (chosen's required lead), got {margin!r:.60}")
+    return Record(prompt_ids, ids, None if label is None else bool(label), margin=None if margin is None else float(margin))
 
 
 def _warn_ties(records: list[Record], files) -> None:
@@ -251,6 +268,8 @@ def collate_records(records: list[Record], pad_token_id: int) -> Batch:
             tensors[MASK_OF[key]][i, : len(ids)] = 1
     if records[0].label is not None:
         tensors[K.LABEL] = torch.tensor([r.label for r in records], dtype=torch.bool)  # (B,)
+    if records[0].margin is not None:
+        tensors[K.MARGIN] = torch.tensor([r.margin for r in records], dtype=torch.float32)  # (B,)
     for key in records[0].ref_logps:
         tensors[key] = torch.tensor([r.ref_logps[key] for r in records], dtype=torch.float32)  # (B,)
     return Batch(tensors)
@@ -274,3 +293,38 @@ class RecordLoader(PromptLoader):
         idx = self._order(self.epoch)[start : start + self.batch_size]
         self.position += 1
         return collate_records([self.records[i] for i in idx], self.pad_token_id)
+
+
+def rm_pairs_from_samples(samples, output, *, pairs_per_prompt: int = 1, seed: int = 0) -> tuple[int, int]:
+    """Reward-model pairs from scored samples (`hybridrl eval --n K --temperature T --output`: rows with
+    `index`, `prompt`, `response`, `score`): for each prompt whose samples scored differently, up to
+    `pairs_per_prompt` pairs of a best-scored response (chosen) and a worst-scored one (rejected), drawn
+    without repeats. The prompt is the text the policy read (its chat template applied), so the reward
+    model trains on the same text it scores during RL. Writes `output` (rm rows); returns (pairs, prompts).
+    """
+    import random
+
+    from hybridrl.data.converters import write_rows
+
+    groups: dict = {}
+    for i, row in enumerate(read_rows(samples)):
+        missing = [k for k in ("index", "prompt", "response", "score") if k not in row]
+        if missing:
+            raise DataError(f"{samples}, row {i}: missing {missing}; give the per-sample rows of `hybridrl eval --output`")
+        groups.setdefault(row["index"], []).append(row)
+    rng, pairs, used = random.Random(seed), [], 0
+    for rows in groups.values():
+        best, worst = max(r["score"] for r in rows), min(r["score"] for r in rows)
+        if best == worst:
+            continue
+        chosen = sorted({r["response"] for r in rows if r["score"] == best})
+        rejected = sorted({r["response"] for r in rows if r["score"] == worst})
+        combos = [(c, r) for c in chosen for r in rejected]
+        used += 1
+        for c, r in rng.sample(combos, min(pairs_per_prompt, len(combos))):
+            pairs.append({"prompt": rows[0]["prompt"], "chosen": c, "rejected": r})
+    if not pairs:
+        raise DataError(f"{samples}: no prompt has samples with different scores; sample more (--n) at a higher --temperature")
+    rng.shuffle(pairs)
+    write_rows(pairs, output)
+    return len(pairs), used

@@ -236,14 +236,17 @@ def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.
     """Write `role_dir` (config + DCP weights) as a plain HF directory: config.json,
     model.safetensors (in `dtype`; training keeps fp32 masters), tokenizer. Runs in one
     process; needs no GPU and no process group."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     role_dir, out = Path(role_dir), Path(out)
     if not is_sharded_checkpoint(role_dir):
         raise FileNotFoundError(f"{role_dir} is not a sharded hybridrl checkpoint directory (no model/.metadata)")
     config = AutoConfig.from_pretrained(role_dir)
+    # A reward model (algorithm.name=rm) is saved as a sequence classifier and exported as one.
+    classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     with torch.device("meta"):  # no random init: every weight comes from the checkpoint
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto.from_config(config, dtype=torch.float32)
     model.to_empty(device="cpu")
     model.tie_weights()
     load_model(model, role_dir)

@@ -2,8 +2,9 @@
 
 A pool is a set of ranks (one process per device) forming one `torch.distributed` group.
 Colocated (the default): one pool holds every role, so each process carries the actor,
-rollout, reference and critic of its device. Split (`resource_pool.critic` set): the actor
-roles and the critic get separate pools on separate devices, and their calls can overlap.
+rollout, reference, critic and reward model of its device. Split (`resource_pool.critic`,
+`resource_pool.reward_model` or verl's `reward_model.enable_resource_pool` set): that role gets
+a pool of its own on separate devices, and its calls overlap the actor's.
 
 Each pool takes `per_node` devices on each of `nnodes` nodes: one Ray placement group per
 node (STRICT_PACK), so ranks r*per_node .. (r+1)*per_node-1 share a node and NCCL can use
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTOR, CRITIC = "actor_rollout_ref", "critic"
+ACTOR, CRITIC, REWARD_MODEL = "actor_rollout_ref", "critic", "reward_model"
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,22 @@ class PoolSpec:
         return self.per_node * self.nnodes
 
 
+def own_pool(cfg, role: str) -> tuple[int, int] | None:
+    """(devices per node, nodes) of a role placed apart from the actor, or None when colocated."""
+    if role == CRITIC and cfg.resource_pool.critic:
+        return cfg.resource_pool.critic, cfg.trainer.nnodes
+    return cfg.reward_model_pool if role == REWARD_MODEL else None
+
+
 def pool_specs(cfg, roles: list[str]) -> list[PoolSpec]:
-    """The pools of a run with these roles (ACTOR, and CRITIC when a critic is trained)."""
+    """The pools of a run with these roles (ACTOR; CRITIC when a critic is trained; REWARD_MODEL)."""
     t, pool = cfg.trainer, cfg.resource_pool
     actor_per_node = pool.actor_rollout_ref or t.n_gpus_per_node
-    if CRITIC in roles and pool.critic:
-        return [PoolSpec(ACTOR, (ACTOR,), actor_per_node, t.nnodes), PoolSpec(CRITIC, (CRITIC,), pool.critic, t.nnodes)]
-    return [PoolSpec("colocated", tuple(roles), actor_per_node, t.nnodes)]
+    apart = {role: own_pool(cfg, role) for role in roles if own_pool(cfg, role)}
+    if not apart:
+        return [PoolSpec("colocated", tuple(roles), actor_per_node, t.nnodes)]
+    shared = tuple(r for r in roles if r not in apart)
+    return [PoolSpec(ACTOR, shared, actor_per_node, t.nnodes)] + [PoolSpec(r, (r,), n, nodes) for r, (n, nodes) in apart.items()]
 
 
 def bundle(device_type: str) -> dict[str, float]:

@@ -154,4 +154,6 @@ def concat_padded(batches: list[Batch]) -> Batch:
 
 def prompts_of(batch: Batch, n: int) -> Batch:
     """The prompts of a batch of groups of `n` adjacent responses, one row each."""
-    return batch.index(np.arange(0, len(batch), n)).select(_PROMPT_FIELDS)
+    # RAW_CHAT (the chat messages a reward model re-renders) comes with prompts loaded from files
+    fields = [*_PROMPT_FIELDS, *([K.RAW_CHAT] if K.RAW_CHAT in batch else [])]
+    return batch.index(np.arange(0, len(batch), n)).select(fields)

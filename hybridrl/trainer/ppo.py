@@ -1,7 +1,7 @@
 """The RL dataflow: PPO, GRPO, RLOO, REINFORCE++ and ReMax on one loop.
 
 One step is the algorithm box of the papers:
-    generate -> score -> old log-probs -> reference log-probs -> values -> advantages
+    generate -> score (rules, reward model) -> old log-probs -> reference log-probs -> values -> advantages
     -> critic update -> actor update
 Each stage is a call on a worker group (in-process on one device, Ray processes on several);
 this file knows the order of the stages and nothing about devices or sharding.
@@ -22,6 +22,7 @@ from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
 from hybridrl.trainer.mismatch import correct_rollout_mismatch
 from hybridrl.trainer.mismatch import enabled as correction_enabled
+from hybridrl.trainer.rm_scoring import RewardModelStage
 from hybridrl.trainer.rollout_log import log_val_samples
 from hybridrl.trainer.scoring import evaluate, score
 from hybridrl.trainer.setup import build_run
@@ -35,7 +36,8 @@ class PPOTrainer(Trainer):
     # Inputs an estimator may declare (`register_adv_estimator(..., needs=)`) and the loop can produce.
     PRODUCIBLE_NEEDS = (K.REWARD_BASELINES,)
 
-    def __init__(self, cfg: Config, reward_fn=None):
+    def __init__(self, cfg: Config, **objects):
+        """`objects`: the Python API's in-memory pieces, passed to `build_run` (reward_fn, reward_models)."""
         algo = cfg.algorithm
         self.estimator_needs = estimator_needs(algo.adv_estimator)  # extra inputs, e.g. ReMax's greedy baseline
         if unmet := [n for n in self.estimator_needs if n not in self.PRODUCIBLE_NEEDS]:
@@ -45,7 +47,7 @@ class PPOTrainer(Trainer):
                     f"produce (it can produce {list(self.PRODUCIBLE_NEEDS)}); register it with those only"
                 ]
             )
-        super().__init__(cfg, build_run(cfg, reward_fn=reward_fn))  # reward_fn: a function object (Python API)
+        super().__init__(cfg, build_run(cfg, **objects))
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon)
         if self.run.trainer_state.get("kl_ctrl"):
             self.kl_ctrl.load_state_dict(self.run.trainer_state["kl_ctrl"])
@@ -54,6 +56,7 @@ class PPOTrainer(Trainer):
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
         self.sampler = RolloutSampler(cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch)
+        self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
 
     def step(self, prompts: Batch) -> dict:
         """One RL step on a batch of prompts; returns its metrics."""
@@ -65,7 +68,8 @@ class PPOTrainer(Trainer):
         if K.REWARD_BASELINES in self.estimator_needs:
             with timer("reward"):
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
-        # Critic calls are submitted first: with split placement they run while the actor works.
+        # Reward-model and critic calls are submitted first: with split placement they run while the actor works.
+        rm_scores = self.reward_model.submit(batch, timer)
         if run.critic is not None:
             with timer("values"):
                 values = run.critic.submit("compute_values", batch)
@@ -78,6 +82,7 @@ class PPOTrainer(Trainer):
         if run.critic is not None:
             with timer("values"):
                 batch[K.VALUES] = values.get()[K.VALUES]
+        metrics.update(self.reward_model.apply(batch, rm_scores, timer))  # score = RM x weight + rule x weight
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         if run.critic is not None:

@@ -22,7 +22,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
 from hybridrl.data.preference import load_warmup_pairs
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses_ray
-from hybridrl.distributed.resource_pool import ACTOR, CRITIC
+from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
@@ -36,6 +36,8 @@ from hybridrl.trainer import rundir
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
+from hybridrl.workers.judge import JudgeWorker
+from hybridrl.workers.reward_model import RewardModelTrainWorker, RewardModelWorker
 
 
 def run_dir(cfg) -> Path:
@@ -74,6 +76,7 @@ class RunContext:
     workers: WorkerGroups
     global_step: int = 0
     trainer_state: dict[str, Any] = field(default_factory=dict)
+    reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward_model.enable: scores responses
     closed: bool = False
     started: float = field(default_factory=time.perf_counter)  # trainer.max_wall_time_s counts from here
 
@@ -195,6 +198,7 @@ def build_run(
     data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None,
     need_ref: bool | None = None,
     reward_fn: ComputeScore | None = None,
+    reward_models: list | None = None,
 ) -> RunContext:
     """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
 
@@ -202,7 +206,11 @@ def build_run(
     val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
     reference policy); the rest (workers, checkpoints, resume, tracking) is shared. `reward_fn`:
     a reward function object from the Python API, used in place of the configured one.
+    `reward_models` (the Python API's): in place of reward_model.model.path, a list of one reward
+    model: a path, an `nn.Module` with forward(input_ids, attention_mask) -> scores (an HF sequence
+    classifier is one), or a (model, tokenizer) pair; it turns reward_model.enable on.
     """
+    rm_spec = _reward_model_spec(cfg, reward_models)
     resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)
     out = run_dir(cfg)
@@ -226,7 +234,11 @@ def build_run(
         need_ref = a.use_kl_loss or algo.use_kl_in_reward
     # The reference is the initial policy; `_start` saves it with checkpoints when it cannot be
     # reloaded from model.path (random weights, or weights changed by the warm-up).
-    roles = {ACTOR: ActorRolloutRefWorker, **({CRITIC: CriticWorker} if cfg.critic_enabled else {})}
+    roles = {
+        ACTOR: RewardModelTrainWorker if algo.name == "rm" else ActorRolloutRefWorker,
+        **({CRITIC: CriticWorker} if cfg.critic_enabled else {}),
+        **({REWARD_MODEL: JudgeWorker if cfg.reward_model.generative.enable else RewardModelWorker} if rm_spec else {}),
+    }
     scorer = reward_pool(cfg, compute_score, in_memory=reward_fn is not None)
     try:
         workers = create_worker_groups(cfg, plan, roles)
@@ -235,12 +247,32 @@ def build_run(
             scorer.close()
         raise
     try:
-        return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
+        if rm_spec is not None:
+            notice(f"loading the reward model {rm_spec[0] if isinstance(rm_spec[0], str) else type(rm_spec[0]).__name__}")
+            workers[REWARD_MODEL].init_model(*rm_spec)
+        run = _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
+        run.reward_model = workers.get(REWARD_MODEL)
+        return run
     except BaseException:
         workers.shutdown()
         if hasattr(scorer, "close"):
             scorer.close()
         raise
+
+
+def _reward_model_spec(cfg, reward_models: list | None) -> tuple | None:
+    """(model, tokenizer) for `RewardModelWorker.init_model`, or None when the run has no reward model."""
+    if cfg.algorithm.name != "rl" or not (cfg.reward_model.enable or reward_models):
+        return None
+    if not reward_models:
+        if not cfg.reward_model.model.path:
+            raise ConfigError(["reward_model.enable=true needs reward_model.model.path (a sequence-classifier directory)"])
+        return (cfg.reward_model.model.path, None)
+    if len(reward_models) > 1:
+        raise ConfigError([f"reward_models: got {len(reward_models)}; one reward model per run (wrap several in one nn.Module)"])
+    model, tokenizer = reward_models[0] if isinstance(reward_models[0], tuple) else (reward_models[0], None)
+    cfg.reward_model.enable = True
+    return (str(model) if isinstance(model, Path) else model, tokenizer)
 
 
 def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score) -> RunContext:

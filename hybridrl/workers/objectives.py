@@ -17,6 +17,7 @@ import torch
 
 from hybridrl.algorithms import (
     agg_loss,
+    bradley_terry_loss,
     compute_entropy_loss,
     compute_value_loss,
     dpo_loss,
@@ -233,3 +234,36 @@ class KTOLoss:
         if good.any() and (~good).any():
             metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
         return {k: [v] for k, v in metrics.items()}
+
+
+@dataclass
+class BradleyTerryLoss:
+    """Reward-model training (`bradley_terry_loss`) over PROMPTS, CHOSEN, REJECTED (+ masks) and
+    MARGIN: the forward is the reward model's score of each sequence (b,); divided by the pairs of the step."""
+
+    norms = staticmethod(_pair_norms)
+
+    def __call__(self, forward, micro: Batch, norms: dict[str, float]):
+        b = len(micro)
+        pair = Batch(  # chosen and rejected in one forward pass: (2b, R)
+            {
+                K.PROMPTS: micro[K.PROMPTS].repeat(2, 1),
+                K.PROMPT_MASK: micro[K.PROMPT_MASK].repeat(2, 1),
+                K.RESPONSES: torch.cat([micro[K.CHOSEN], micro[K.REJECTED]]),
+                K.RESPONSE_MASK: torch.cat([micro[K.CHOSEN_MASK], micro[K.REJECTED_MASK]]),
+            }
+        )
+        scores = forward(pair)  # (2b,)
+        out = bradley_terry_loss(scores[:b], scores[b:], micro[K.MARGIN] if K.MARGIN in micro else None)
+        return out["losses"].sum() / norms["global_seqs"], {k: v.detach() for k, v in out.items()}
+
+    def summarize(self, micros: list[dict], norms) -> dict[str, list[float]]:
+        s = _rows(micros)
+        gap = s["chosen"] - s["rejected"]
+        return {
+            "rm/loss": [float(s["losses"].mean())],
+            "rm/accuracy": [float((gap > 0).float().mean())],
+            "rm/margin_mean": [float(gap.mean())],
+            "rm/chosen_score": [float(s["chosen"].mean())],
+            "rm/rejected_score": [float(s["rejected"].mean())],
+        }

@@ -131,11 +131,32 @@ def test_every_row_container_gives_the_same_file(tmp_path):
         assert [json.loads(x) for x in out.read_text().splitlines()] == [json.loads(x) for x in expected], name
 
 
-def test_reward_models_are_refused_until_supported():
-    with pytest.raises(HybridRLError, match="reward_models=\\[...\\] is not supported"):
-        RLTrainer(quickstart_dict(), reward_models=["some/rm"], overrides=OVERRIDES)
+def test_reward_models_take_an_in_memory_module(tmp_path):
+    """reward_models=[module]: a torch module with forward(input_ids, attention_mask) -> scores
+    scores the rollouts in place of the rule reward (verl's default weights: RM 1, rule 0)."""
+    import torch
 
+    class LengthScore(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor(0.25))
 
+        def forward(self, input_ids, attention_mask):
+            return self.w * attention_mask.sum(-1)
+
+    out = tmp_path / "run"
+    result = RLTrainer(
+        quickstart_dict(),
+        reward_models=[LengthScore()],
+        overrides=[*OVERRIDES, "trainer.total_training_steps=2", f"trainer.default_local_dir={out}"],
+    ).fit()
+    rows = [r for r in result.history if "reward_model/score/mean" in r]
+    assert len(rows) == 2
+    for r in rows:
+        # every score is 0.25 x (prompt + response tokens): positive, and the step's score is the RM's
+        assert r["reward_model/score/mean"] > 0 and r["critic/score/mean"] == pytest.approx(r["reward_model/score/mean"])
+    with pytest.raises(HybridRLError, match="reward_models is for RL"):
+        RLTrainer({**quickstart_dict(), "algorithm": {"name": "sft"}}, reward_models=[LengthScore()], overrides=OVERRIDES).fit()
 def test_hybridrl_exports_the_api():
     assert hybridrl.RLTrainer is api.RLTrainer and hybridrl.grpo is api.grpo and hybridrl.ppo is api.ppo
     from hybridrl.rewards.remote import RemoteReward

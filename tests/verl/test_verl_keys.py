@@ -71,6 +71,8 @@ def test_no_config_defaults_are_verls_for_every_shared_key():
         # verl's 1; ours follows the actor's degree (a colocated critic shares its processes; the
         # values are the same either way, only memory per device differs)
         "critic.ulysses_sequence_parallel_size": (1, None),
+        "reward_model.model.path": ("~/models/FsfairX-LLaMA3-RM-v0.1", None),  # read only with reward_model.enable
+        "reward_model.model.use_remove_padding": (False, True),  # padding-free scoring: the same scores, faster
     }
     assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
     assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8

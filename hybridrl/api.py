@@ -268,6 +268,8 @@ class RLTrainer:
 # in the config (`ppo_epochs`), or dotted through a dict: `**{"actor_rollout_ref.rollout.top_p": 0.9}`.
 SHORT_KEYS = {
     "batch_size": "data.train_batch_size",
+    "max_prompt_length": "data.max_prompt_length",
+    "max_response_length": "data.max_response_length",
     "rollout_n": "actor_rollout_ref.rollout.n",
     "lr": "actor_rollout_ref.actor.optim.lr",
     "steps": "trainer.total_training_steps",

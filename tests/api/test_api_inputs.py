@@ -155,8 +155,11 @@ def test_reward_models_take_an_in_memory_module(tmp_path):
     for r in rows:
         # every score is 0.25 x (prompt + response tokens): positive, and the step's score is the RM's
         assert r["reward_model/score/mean"] > 0 and r["critic/score/mean"] == pytest.approx(r["reward_model/score/mean"])
+    sft = [*OVERRIDES, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", f"trainer.default_local_dir={tmp_path / 's'}"]
     with pytest.raises(HybridRLError, match="reward_models is for RL"):
-        RLTrainer({**quickstart_dict(), "algorithm": {"name": "sft"}}, reward_models=[LengthScore()], overrides=OVERRIDES).fit()
+        RLTrainer({**quickstart_dict(), "algorithm": {"name": "sft"}}, reward_models=[LengthScore()], overrides=sft).fit()
+
+
 def test_hybridrl_exports_the_api():
     assert hybridrl.RLTrainer is api.RLTrainer and hybridrl.grpo is api.grpo and hybridrl.ppo is api.ppo
     from hybridrl.rewards.remote import RemoteReward

@@ -41,3 +41,20 @@ def test_pieces_equal_the_shard_spec(tmp_path, world, tp, dtype, hsdp, lora_rank
         assert r["mismatch"] == [], (rank, r["mismatch"])
         # about 1/tp of the matrices (norms arrive whole): well under a full gather
         assert 0 < r["received"] < 0.75 * r["full"], (rank, r["received"], r["full"])
+
+
+def test_benchmark_smoke_mode(tmp_path):
+    """benchmarks/reshard.py --smoke (2 gloo processes, tiny model): a row per TP size, resharding
+    receiving less than the full gather."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "benchmarks/reshard.py", "--smoke"]
+    subprocess.run([*cmd, "--repeats", "1", "--out", str(tmp_path)], cwd=root, env=env, check=True, capture_output=True, timeout=300)
+    (row,) = json.loads((tmp_path / "reshard.json").read_text())
+    assert row["model"] == "tiny" and row["world"] == 2 and row["tp"] == 2
+    assert 0 < row["reshard_gb_per_rank"] < 0.75 * row["full_gather_gb_per_rank"]
+    assert row["reshard_ms"] > 0 and row["full_gather_ms"] > 0

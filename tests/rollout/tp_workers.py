@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 
@@ -61,6 +62,12 @@ def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: st
         results[family]["kv_heads"] = engine.model.n_kv_heads
     torch.save(results, os.path.join(result_dir, f"rank{rank}.pt"))
     dist.barrier()
+    # CUDA graphs that captured NCCL all-reduces must go before the communicator: destroying the
+    # process group under live graphs hangs (seen on 2 H200s, torch 2.11)
+    del engine, fresh
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     dist.destroy_process_group()
 
 

@@ -104,7 +104,9 @@ def run(name: str, tp: int, args, device) -> dict:
     t = time.perf_counter()
     out = engine.generate(prompts, SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens))
     sync(device)
-    wall = torch.tensor([time.perf_counter() - t, engine.last_metrics["rollout/decode_ms_per_step"]], dtype=torch.float64)
+    wall = torch.tensor(
+        [time.perf_counter() - t, engine.last_metrics["rollout/decode_ms_per_step"]], dtype=torch.float64, device=device
+    )
     assert int(out[K.RESPONSE_MASK].sum()) == len(prompts) * args.new_tokens
     slowest = wall.clone()
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

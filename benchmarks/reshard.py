@@ -17,56 +17,24 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-CONFIGS = {
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=37,
-        tie_word_embeddings=True,
-    ),
-    "Qwen2.5-0.5B": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "Qwen2.5-1.5B": dict(
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "Qwen2.5-7B": dict(
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-    ),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout import MODELS  # noqa: E402  (the benchmarks' model shapes)
+from rollout_tp import SHAPES  # noqa: E402
+
+CONFIGS = {**MODELS, **SHAPES}
 
 
 def build(name: str, device: torch.device):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(**CONFIGS[name], max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6)
+    cfg = Qwen2Config(**CONFIGS[name])
     torch.manual_seed(0)
     with torch.device(device):
         return Qwen2ForCausalLM(cfg)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from api_helpers import quickstart_dict, rows
 from cli_helpers import VOLATILE, weights
 
 import hybridrl
@@ -29,18 +30,6 @@ SEED_OVERRIDES = [
     "trainer.test_freq=3",
     "trainer.logger=[jsonl]",
 ]
-
-
-def quickstart_dict(tmp_path) -> dict:
-    """configs/quickstart.yaml as a dict, with the paths it names made absolute (tests run anywhere)."""
-    cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
-    cfg["actor_rollout_ref"]["model"]["path"] = str(ROOT / cfg["actor_rollout_ref"]["model"]["path"])
-    cfg["warmup"]["files"] = str(ROOT / cfg["warmup"]["files"])
-    return cfg
-
-
-def rows(name: str, n: int) -> list[dict]:
-    return [json.loads(line) for line in (ROOT / "data/arith" / f"{name}.jsonl").read_text().splitlines()[:n]]
 
 
 def exact_match(data_source, solution_str, ground_truth, extra_info):
@@ -63,7 +52,7 @@ def test_quickstart_twice_in_one_process_gives_the_same_run(tmp_path):
     results = []
     for i in range(2):
         trainer = RLTrainer(
-            quickstart_dict(tmp_path),
+            quickstart_dict(),
             reward_fn=exact_match,
             train_data=rows("train", 64),
             val_data=rows("test", 16),
@@ -96,7 +85,7 @@ def test_quickstart_twice_in_one_process_gives_the_same_run(tmp_path):
 
 def test_yaml_path_with_overrides_and_the_builtin_scorer(tmp_path):
     config = tmp_path / "quickstart.yaml"
-    cfg = quickstart_dict(tmp_path)
+    cfg = quickstart_dict()
     cfg["data"]["train_files"] = str(ROOT / "data/arith/train.jsonl")
     cfg["data"]["val_files"] = str(ROOT / "data/arith/test.jsonl")
     config.write_text(yaml.safe_dump(cfg))
@@ -143,7 +132,7 @@ def test_grpo_short_form_with_a_model_object_leaves_the_callers_model_alone(tiny
 
 def test_two_ray_cpu_workers_through_the_api(tmp_path):
     result = RLTrainer(
-        quickstart_dict(tmp_path),
+        quickstart_dict(),
         reward_fn=exact_match,
         train_data=rows("train", 32),
         overrides=[

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from api_helpers import quickstart_dict, rows
 
 import hybridrl
 import hybridrl.api as api
@@ -23,17 +23,6 @@ OVERRIDES = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
     "trainer.logger=[jsonl]",
 ]
-
-
-def quickstart_dict() -> dict:
-    cfg = yaml.safe_load((ROOT / "configs/quickstart.yaml").read_text())
-    cfg["actor_rollout_ref"]["model"]["path"] = str(ROOT / cfg["actor_rollout_ref"]["model"]["path"])
-    cfg["warmup"]["files"] = str(ROOT / cfg["warmup"]["files"])
-    return cfg
-
-
-def rows(name: str, n: int) -> list[dict]:
-    return [json.loads(line) for line in (ROOT / "data/arith" / f"{name}.jsonl").read_text().splitlines()[:n]]
 
 
 def exact_match(data_source, solution_str, ground_truth, extra_info):

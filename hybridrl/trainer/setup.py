@@ -32,6 +32,7 @@ from hybridrl.tracking.summary import end_of_run_summary
 from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer import rundir
+from hybridrl.trainer.determinism import make_deterministic, make_worker_deterministic
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
@@ -191,6 +192,8 @@ def build_run(
     if resume_from is None:
         rundir.claim(out, cfg.trainer.overwrite)
     ckpt.seed_everything(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        make_deterministic()
 
     m = cfg.actor_rollout_ref.model
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
@@ -215,6 +218,8 @@ def build_run(
         scorer.close()
         raise
     try:
+        if cfg.trainer.deterministic and workers.backend is not None:
+            workers.backend.run_on_hosts(make_worker_deterministic)
         return _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
     except BaseException:
         workers.shutdown()

@@ -104,10 +104,12 @@ def test_off_policy_modes_train_to_the_sync_reward_band_within_the_staleness_bou
         assert [r["step"] for r in rows] == list(range(1, 25))
         scores = [r["critic/score/mean"] for r in rows]
         band[mode] = (sum(scores[:6]) / 6, sum(scores[-6:]) / 6)
+    # Measured (2026-11-23, CPU): mean score of the first / last 6 steps, sync 0.057 -> 0.091,
+    # one_step_off 0.054 -> 0.071, async 0.050 -> 0.074 (each mean over 1536 samples, s.e. ~0.007).
+    for mode in runs:
+        assert band[mode][1] > band[mode][0] + 0.01, band  # every mode learns
     for mode in ("one_step_off", "async"):
-        # Same band as sync: the last steps' reward within 0.1 of sync's, and no collapse from the first steps.
-        assert abs(band[mode][1] - band["sync"][1]) <= 0.1, band
-        assert band[mode][1] >= band[mode][0] - 0.05, band
+        assert abs(band[mode][1] - band["sync"][1]) <= 0.05, band  # to sync's band
     assert not any(k.startswith("async/") for k in runs["sync"][0])  # sync logs and does nothing new
     # Staleness from the versions recorded per sample: step s trains on version max(0, s - 1 - depth).
     for mode, d in (("one_step_off", 1), ("async", 2)):

@@ -605,10 +605,32 @@ class TrainerConfig:
     critic_warmup: int = option(
         0, "Train only the critic until this step: the actor first updates at step max(1, critic_warmup), as in verl."
     )
+    mode: str = option(
+        "sync",
+        "sync = generate then train on the same policy (the default); one_step_off = train on the batch generated "
+        "one update earlier while the next one is generated; async = up to async_training.max_staleness batches "
+        "ahead. Off-policy samples are corrected in the loss (algorithm.rollout_correction; docs/async.md).",
+    )
+    deterministic: bool = option(
+        False,
+        "Deterministic kernels on the GPU (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, cuDNN): two "
+        "runs with the same seed log identical metrics on one GPU in sync mode, at some speed (docs/reliability.md).",
+    )
     profile_steps: list[int] = option(
         [],
         "Steps to profile with torch.profiler in every worker process: a Chrome/Perfetto trace and a table of "
         "the ops with the most device time per process, in <run dir>/profile/step_N/ (docs/performance.md).",
+    )
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """Off-policy training (trainer.mode one_step_off / async): how stale a sample may be (verl's async_training block)."""
+
+    max_staleness: int = option(
+        1,
+        "trainer.mode=async: batches generated ahead of the trainer, so a sample is trained on by a policy at most this "
+        "many updates newer than the one that generated it; one_step_off is 1.",
     )
 
 
@@ -686,6 +708,7 @@ class Config:
     trainer: TrainerConfig = option(TrainerConfig, "Run length, devices, logging, checkpoints.")
     warmup: WarmupConfig = option(WarmupConfig, "Supervised warm-up before RL.")
     preference: PreferenceConfig = option(PreferenceConfig, "DPO / KTO loss (algorithm.name=dpo|kto).")
+    async_training: AsyncTrainingConfig = option(AsyncTrainingConfig, "Staleness bound of trainer.mode=async.")
     resource_pool: ResourcePoolConfig = option(ResourcePoolConfig, "Devices of each role: colocated or split.")
     ray_init: RayInitConfig = option(RayInitConfig, "Joining or starting a Ray cluster.")
     extensions: list[str] = option(

@@ -35,6 +35,7 @@ ALGORITHM_NAMES = ("rl", "dpo", "kto", "sft", "rm")
 PREFERENCE_ALGORITHMS = ("dpo", "kto")  # need a frozen reference policy
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
+TRAINER_MODES = ("sync", "one_step_off", "async")  # hybridrl/trainer/async_rollout.py
 
 # Keys whose value must be one of a fixed set (for trainer.logger: every entry).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -53,6 +54,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.name": ALGORITHM_NAMES,
     "preference.loss_type": DPO_LOSS_TYPES,
     "actor_rollout_ref.model.packed_attn_backend": PACKED_ATTN_BACKENDS,
+    "trainer.mode": TRAINER_MODES,
 }
 
 
@@ -127,6 +129,7 @@ _RULES: list[tuple[str, _Rule]] = [
     ("algorithm.kl_ctrl.target_kl", _POSITIVE),
     ("algorithm.kl_ctrl.horizon", _AT_LEAST_1),
     ("trainer.total_epochs", _AT_LEAST_1),
+    ("async_training.max_staleness", _AT_LEAST_1),
     ("trainer.total_training_steps", _AT_LEAST_1),
     ("trainer.max_wall_time_s", _POSITIVE),
     ("trainer.n_gpus_per_node", _AT_LEAST_1),
@@ -230,7 +233,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
-    problems += _reward_model_problems(r)
+    problems += _reward_model_problems(r) + _async_problems(r)
     problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r) + _remote_reward_problems(r)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
@@ -1087,6 +1090,35 @@ def _offline_problems(cfg: Config) -> list[Problem]:
                 f"(preference.loss_type={p.loss_type}); use preference.label_smoothing=0 or preference.loss_type=sigmoid",
                 ("preference.label_smoothing", "preference.loss_type"),
                 {"preference.label_smoothing": 0.0},
+            )
+        )
+    return out
+
+
+def _async_problems(cfg: Config) -> list[Problem]:
+    """trainer.mode one_step_off / async: the RL loop only, and a loss that corrects the staleness."""
+    t, rc = cfg.trainer, cfg.algorithm.rollout_correction
+    if t.mode == "sync":
+        return []
+    out = []
+    if cfg.algorithm.name != "rl":
+        out.append(_suggest("trainer.mode", t.mode, f"runs the RL loop only (algorithm.name={cfg.algorithm.name})", "sync"))
+    if rc.bypass_mode:
+        out.append(
+            Problem(
+                f"trainer.mode={t.mode} trains on samples of older policies, which rollout_correction.bypass_mode=true would "
+                "take as on-policy; use algorithm.rollout_correction.bypass_mode=false",
+                ("algorithm.rollout_correction.bypass_mode", "trainer.mode"),
+                {"algorithm.rollout_correction.bypass_mode": False},
+            )
+        )
+    if cfg.algorithm.filter_groups.enable:
+        out.append(
+            Problem(
+                f"trainer.mode={t.mode} with DAPO dynamic sampling (algorithm.filter_groups.enable) is not supported: a "
+                "step's extra generation rounds would run on the trainer's critical path; use trainer.mode=sync",
+                ("trainer.mode", "algorithm.filter_groups.enable"),
+                {"trainer.mode": "sync"},
             )
         )
     return out

@@ -21,6 +21,7 @@ RESPONSES = "responses"  # (B, R) int64, right-padded sampled token ids
 RESPONSE_MASK = "response_mask"  # (B, R) float32, 1 on sampled tokens up to and incl. EOS
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, R) float32, the engine's log-prob of each token
 RESPONSE_TEXT = "response_text"  # non-tensor str: decoded response, special tokens dropped
+ROLLOUT_POLICY_VERSION = "rollout_policy_version"  # (B,) int64, policy updates applied before the sample was generated
 ROLLOUT_METRICS = "rollout_metrics"  # meta dict: the engine's metrics for the step (kv_cache_usage, ...)
 
 # -- written by reward / actor / reference / critic -------------------------------------------

@@ -17,6 +17,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
+from hybridrl.trainer.async_rollout import OffPolicyRollouts, staleness_correction
 from hybridrl.trainer.dynamic_sampling import RolloutSampler
 from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
@@ -57,6 +58,10 @@ class PPOTrainer(Trainer):
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
         self.sampler = RolloutSampler(cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch)
         self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
+        if cfg.trainer.mode != "sync":  # generate ahead of the trainer; the loss corrects the staleness
+            run = self.run
+            self.sampler = OffPolicyRollouts(cfg, self.sampler, run.loader.next_batch, lambda: run.global_step, run.total_steps)
+        self.correction = staleness_correction(cfg)
 
     def step(self, prompts: Batch) -> dict:
         """One RL step on a batch of prompts; returns its metrics."""
@@ -104,7 +109,7 @@ class PPOTrainer(Trainer):
     def old_log_probs(self, batch: Batch) -> tuple[Batch, dict]:
         """OLD_LOG_PROBS, recomputed by the trainer or (rollout_correction.bypass_mode) the engine's
         own; then the train/rollout mismatch correction when one is configured (trainer/mismatch.py)."""
-        rc = self.cfg.algorithm.rollout_correction
+        rc = self.correction
         if rc.bypass_mode:
             batch[K.OLD_LOG_PROBS] = batch[K.ROLLOUT_LOG_PROBS]
         else:

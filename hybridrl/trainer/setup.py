@@ -33,6 +33,7 @@ from hybridrl.tracking.summary import end_of_run_summary
 from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer import rundir
+from hybridrl.trainer.determinism import make_deterministic, make_worker_deterministic
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
@@ -218,6 +219,8 @@ def build_run(
     if resume_from is None:
         rundir.claim(out, cfg.trainer.overwrite)
     ckpt.seed_everything(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        make_deterministic()
 
     m = cfg.actor_rollout_ref.model
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
@@ -247,6 +250,8 @@ def build_run(
             scorer.close()
         raise
     try:
+        if cfg.trainer.deterministic and workers.backend is not None:
+            workers.backend.run_on_hosts(make_worker_deterministic)
         if rm_spec is not None:
             notice(f"loading the reward model {rm_spec[0] if isinstance(rm_spec[0], str) else type(rm_spec[0]).__name__}")
             workers[REWARD_MODEL].init_model(*rm_spec)

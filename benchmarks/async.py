@@ -1,0 +1,115 @@
+"""Step time and idle shares of trainer.mode sync vs one_step_off vs async, one child run each.
+
+Each mode trains the same config for the same steps (default: configs/gsm8k_grpo.yaml on every GPU of
+the node; `--smoke`: the quickstart on CPU for a few steps, as tests/e2e/test_async_benchmark.py
+runs it). Per mode: the median step time (after `--skip` warm steps), the share of the step the
+trainer waited for generation (async/idle_s/trainer), the share of the rollout engine's time it waited
+between generations (async/idle_s/rollout against timing_s/gen; sync: the step outside generation),
+the mean and max staleness and the last steps' mean score. A table on stdout and $OUT/async.json (or --out).
+
+    python benchmarks/async.py --gpus 8 --steps 20                 # several GPUs (the multi-GPU issue runs it)
+    python benchmarks/async.py --smoke                             # CPU, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import REPO, child_env, versions  # noqa: E402
+
+MODES = ("sync", "one_step_off", "async")
+
+
+def overrides(args, mode: str, run: Path) -> list[str]:
+    common = [
+        f"trainer.mode={mode}",
+        f"async_training.max_staleness={args.max_staleness}",
+        f"trainer.default_local_dir={run}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.logger=[jsonl]",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.overwrite=true",
+    ]
+    if args.smoke:
+        return [*common, "trainer.device=cpu", "warmup.steps=5", "data.val_files=null"]
+    return [*common, "trainer.device=cuda", f"trainer.n_gpus_per_node={args.gpus}", *args.set]
+
+
+def step_summary(rows: list[dict], skip: int) -> dict:
+    rows = [r for r in rows if r.get("step", 0) > 0]
+    timed = rows[skip:] or rows
+    step = [r["timing_s/step"] for r in timed]
+    if "async/idle_s/trainer" in timed[0]:
+        idle_trainer = [r["async/idle_s/trainer"] for r in timed]
+        idle_rollout = [r["async/idle_s/rollout"] for r in timed]
+    else:  # sync: the trainer waits for all of generation, the engine for all of the rest
+        idle_trainer = [r.get("timing_s/gen", 0.0) for r in timed]
+        idle_rollout = [r["timing_s/step"] - r.get("timing_s/gen", 0.0) for r in timed]
+    scores = [r["critic/score/mean"] for r in rows]
+    k = max(1, len(scores) // 4)
+    return {
+        "steps": len(rows),
+        "step_s_median": statistics.median(step),
+        "idle_share_trainer": sum(idle_trainer) / sum(step),
+        # the engine's own time line: idle between generations, busy generating (timing_s/gen)
+        "idle_share_rollout": sum(idle_rollout) / (sum(idle_rollout) + sum(r.get("timing_s/gen", 0.0) for r in timed)),
+        "staleness_mean": statistics.fmean(r.get("async/staleness_mean", 0.0) for r in rows),
+        "staleness_max": max(r.get("async/staleness_max", 0.0) for r in rows),
+        "score_last": sum(scores[-k:]) / k,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="default: configs/gsm8k_grpo.yaml (--smoke: configs/quickstart.yaml)")
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None, help="default 20 (--smoke: 4)")
+    p.add_argument("--skip", type=int, default=None, help="warm steps left out of the step time; default 3 (--smoke: 1)")
+    p.add_argument("--max-staleness", type=int, default=2, help="async_training.max_staleness of the async run")
+    p.add_argument("--set", nargs="*", default=[], help="further key=value overrides for every run")
+    p.add_argument("--smoke", action="store_true", help="CPU, the quickstart, a few steps")
+    p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/async"))
+    args = p.parse_args()
+    args.config = args.config or ("configs/quickstart.yaml" if args.smoke else "configs/gsm8k_grpo.yaml")
+    args.steps = args.steps or (4 if args.smoke else 20)
+    args.skip = args.skip if args.skip is not None else (1 if args.smoke else 3)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"versions": versions(), "config": args.config, "gpus": args.gpus, "steps": args.steps, "modes": {}}
+    for mode in MODES:
+        run = out / mode
+        cmd = [sys.executable, "-m", "hybridrl", "train", args.config, *overrides(args, mode, run)]
+        print(f"[async] {mode}: {' '.join(cmd[3:])}", flush=True)
+        t0 = time.perf_counter()
+        with (out / f"{mode}.log").open("w") as log:
+            rc = subprocess.run(cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            print("\n".join((out / f"{mode}.log").read_text().splitlines()[-30:]))
+            raise SystemExit(f"[async] {mode} failed (rc={rc}), log in {out / (mode + '.log')}")
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        result["modes"][mode] = {**step_summary(rows, args.skip), "wall_s": time.perf_counter() - t0}
+    base = result["modes"]["sync"]["step_s_median"]
+    print(f"\n{'mode':<14}{'step s':>9}{'speed-up':>10}{'trainer idle':>14}{'rollout idle':>14}{'staleness':>11}{'score':>8}")
+    for mode, m in result["modes"].items():
+        m["speedup_vs_sync"] = base / m["step_s_median"]
+        print(
+            f"{mode:<14}{m['step_s_median']:>9.3f}{m['speedup_vs_sync']:>9.2f}x{100 * m['idle_share_trainer']:>13.1f}%"
+            f"{100 * m['idle_share_rollout']:>13.1f}%{m['staleness_mean']:>6.2f}/{m['staleness_max']:<4.0f}"
+            f"{m['score_last']:>8.3f}"
+        )
+    (out / "async.json").write_text(json.dumps(result, indent=2))
+    print(f"[async] wrote {out / 'async.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -43,3 +43,4 @@ def arith_data(tmp_path_factory):
 # pytest's importlib mode does not put test folders on sys.path, so add those.
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).parent / "api"))
+sys.path.insert(0, str(Path(__file__).parent / "rollout" / "agent"))

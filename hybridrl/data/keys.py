@@ -19,6 +19,10 @@ PAD_TOKEN_ID = "pad_token_id"  # meta int: the tokenizer's pad id (to right-pad 
 # -- written by the rollout engine ------------------------------------------------------------
 RESPONSES = "responses"  # (B, R) int64, right-padded sampled token ids
 RESPONSE_MASK = "response_mask"  # (B, R) float32, 1 on sampled tokens up to and incl. EOS
+# multi-turn only: (B, R) float32, 1 on every response token, the model's and the tools'/users' (RESPONSE_MASK: the model's)
+RESPONSE_ATTENTION_MASK = "response_attention_mask"
+AGENT_REWARD = "agent_reward"  # (B,) float32, multi-turn only: tool and interaction rewards, added to the score
+AGENT_TURNS = "agent_turns"  # (B,) int64, multi-turn only: assistant turns of the trajectory
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, R) float32, the engine's log-prob of each token
 RESPONSE_TEXT = "response_text"  # non-tensor str: decoded response, special tokens dropped
 ROLLOUT_POLICY_VERSION = "rollout_policy_version"  # (B,) int64, policy updates applied before the sample was generated

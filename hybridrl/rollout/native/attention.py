@@ -3,6 +3,9 @@
 - Prefill: the new sequences' tokens are right-padded into (B, T); K/V are written to the cache
   through a slot mapping and the queries attend causally over the new tokens (no prefix reuse), so
   plain causal SDPA is exact and padding at the end never reaches a real token.
+- Extend: new tokens appended to sequences that already have K/V cached (an agent's tool result
+  after the model's turn): they are written after the cached tokens and attend over the cached
+  context plus themselves, so the prefix is never recomputed.
 - Decode: one query token per sequence attends over its cached context. `paged_decode_reference`
   gathers each sequence's blocks and runs SDPA with a length mask (CPU, and the test oracle);
   on CUDA the Triton kernel in `triton_kernels.py` walks the block table instead.
@@ -99,6 +102,44 @@ def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     ):
         return q.as_strided((B, T, H + k.shape[2], D), s)
     return torch.cat([q, k], dim=2)
+
+
+class ExtendAttention:
+    """attend() for new tokens right-padded into (B, T) that continue cached sequences: row i's
+    tokens sit at positions starts[i] .. starts[i] + lens[i] - 1. Their K/V are written at `slots`
+    (valid tokens only); the queries attend over the row's whole context, gathered from its
+    blocks (`tables`), with the causal limit key position <= query position. The torch rotary
+    path runs (the model passes cos/sin of the true positions); the gather is the same as the
+    decode reference's, so the cost is one read of each context, once per agent turn."""
+
+    owns_rope = False
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor):
+        self.cache, self.slots, self.valid = cache, slots, valid  # slots (N,), valid (B*T,) flat indices
+        self.tables, self.positions = tables, positions  # (B, M) int32 block tables, (B, T) positions
+        bs = cache.block_size
+        context = int(positions.max()) + 1
+        self.nb = -(-context // bs)
+        keys = torch.arange(self.nb * bs, device=positions.device)
+        self.mask = keys[None, None, :] <= positions[:, :, None]  # (B, T, C): causal over the whole context
+
+    def __call__(self, layer: int, q, k, v, cos, sin):
+        B, T = q.shape[:2]
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        ck, cv = self.cache.k(layer), self.cache.v(layer)
+        flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
+        write_kv(ck, cv, flat(k), flat(v), self.slots)
+        tables = self.tables[:, : self.nb].long()
+        keys = ck[tables].reshape(B, -1, *ck.shape[2:])  # (B, C, Hkv, D)
+        values = cv[tables].reshape(B, -1, *cv.shape[2:])
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=self.mask[:, None],
+            enable_gqa=q.shape[2] != k.shape[2],
+        )  # (B, H, T, D)
+        return out.transpose(1, 2)
 
 
 class DecodeAttention:

@@ -23,6 +23,7 @@ collectives keep the ranks' tokens identical, so their schedules never diverge.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Iterable
 from typing import Sequence as Seq
 
@@ -170,10 +171,18 @@ class NativeRolloutEngine:
 
     # -- generation ----------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None, agent=None) -> Batch:
         """PROMPTS/PROMPT_MASK (left-padded) -> the batch x n with RESPONSES, RESPONSE_MASK,
         ROLLOUT_LOG_PROBS, RESPONSE_TEXT. `seeds` gives each output sequence its seed; by default
-        they are drawn from torch's global generator (so torch.manual_seed reproduces a call)."""
+        they are drawn from torch's global generator (so torch.manual_seed reproduces a call).
+
+        `agent` (a `hybridrl.rollout.agent.loop.AgentSession`): multi-turn. A sequence whose turn
+        ends (EOS or the turn's token limit) leaves the batch but keeps its KV blocks; the agent
+        gets the turn's tokens and answers, maybe later (tools run while others decode), with the
+        tokens to append (a tool or user message and the next assistant header) or None (the
+        trajectory is over). Appended tokens are prefilled after the cached ones and the sequence
+        rejoins the batch. RESPONSES then hold every token after the prompt, RESPONSE_MASK only
+        the model's, RESPONSE_ATTENTION_MASK all of them; `max_new_tokens` bounds the total."""
         n, max_new = sampling.n, sampling.max_new_tokens
         ids, mask = prompts[K.PROMPTS], prompts[K.PROMPT_MASK].bool()
         total = len(prompts) * n
@@ -198,14 +207,20 @@ class NativeRolloutEngine:
         for i in range(len(prompts)):
             rows = list(range(i * n, (i + 1) * n))
             sched.add(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
-        self._start_run(total, max_new)
-        stats = dict(steps=0, decode_s=0.0, peak_usage=0.0)
+        self._start_run(total, max_new, agent)
+        if agent is not None:
+            self.prompt_of = [ids[i // n][mask[i // n]].numpy() for i in range(total)]
+            agent.begin(prompts, n, max_new)
+            self.limit[:] = [agent.turn_limit(row, 0) for row in range(total)]
+        stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0)
         t0 = time.perf_counter()
         # Decode runs one step ahead of the host: step k is launched before the results of step
         # k-1 are read, so the host's bookkeeping overlaps the GPU's work. A sequence that ended
         # on EOS at step k-1 therefore runs one wasted step k (its token is dropped).
         pending = None
         while True:
+            if agent is not None:
+                self._resume(sched, mode, max_new)
             new = sched.schedule(max_new) if sched.waiting else []
             if new:
                 self._prefill(sched, new, mode, max_new)
@@ -218,8 +233,15 @@ class NativeRolloutEngine:
                 stats["decode_s"] += time.perf_counter() - t
                 stats["steps"] += 1
             pending = launched
+            if agent is not None:
+                self._end_turns()
             if pending is None and sched.idle:
-                break
+                if agent is None or not self.paused:
+                    break
+                if not self.ready:  # every sequence waits for a tool or a user turn
+                    t = time.perf_counter()
+                    self.ready.extend(agent.poll(block=True))
+                    stats["tool_wait_s"] += time.perf_counter() - t
         elapsed = time.perf_counter() - t0
         out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts)
         new_tokens = float(out[K.RESPONSE_MASK].sum())
@@ -229,6 +251,10 @@ class NativeRolloutEngine:
             "rollout/decode_steps": stats["steps"],
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
         }
+        if agent is not None:
+            out = agent.finish(out)
+            self.last_metrics.update(agent.metrics(elapsed, stats["tool_wait_s"]))
+            self.agent = None
         return out
 
     def _replica_seeds(self, seeds: list[int]) -> list[int]:
@@ -239,8 +265,9 @@ class NativeRolloutEngine:
     # Host state of one generate call, as numpy arrays so a step's bookkeeping is a few vector
     # operations rather than a Python loop over the batch: every output row's tokens and
     # log-probs so far, and per running row its output row, tokens generated and tokens cached.
-    def _start_run(self, total: int, max_new: int) -> None:
+    def _start_run(self, total: int, max_new: int, agent=None) -> None:
         self.tok_hist = np.full((total, max_new), self.pad_token_id, dtype=np.int64)
+        self.limit = np.full(total, max_new, dtype=np.int64)  # per output row: response length that ends its turn
         self.lp_hist = np.zeros((total, max_new), dtype=np.float32)
         self.lengths = np.zeros(total, dtype=np.int64)  # tokens recorded per output row
         self.done = np.zeros(total, dtype=bool)  # per output row
@@ -250,6 +277,17 @@ class NativeRolloutEngine:
         self.run_out_row, self.run_cached, self.run_launched = (np.zeros(S, dtype=np.int64) for _ in range(3))
         self.eos_np = np.array(self.eos_token_ids if not self.ignore_eos else [], dtype=np.int64)
         self.runner.start_run()
+        # Multi-turn (agent) state per output row: which response tokens the environment wrote,
+        # where the current turn started, whether the row has left the batch and how many of its
+        # tokens are cached then; paused sequences (holding their blocks) and ready continuations.
+        self.agent = agent
+        if agent is not None:
+            self.env_hist = np.zeros((total, max_new), dtype=bool)
+            self.turn_start = np.zeros(total, dtype=np.int64)
+            self.left = np.zeros(total, dtype=bool)
+            self.notified = np.zeros(total, dtype=bool)
+            self.paused: dict[int, tuple] = {}  # out row -> (sequence, tokens cached)
+            self.ready: deque = deque()  # (out row, tokens to append or None)
 
     def _record(self, out_rows: np.ndarray, toks: np.ndarray, lps: np.ndarray, max_new: int) -> np.ndarray:
         """Store one new token for each of `out_rows`; returns which of them are now finished."""
@@ -257,7 +295,7 @@ class NativeRolloutEngine:
         self.tok_hist[out_rows, gen] = toks
         self.lp_hist[out_rows, gen] = lps
         self.lengths[out_rows] = gen + 1
-        finished = (gen + 1 >= max_new) | np.isin(toks, self.eos_np)
+        finished = (gen + 1 >= self.limit[out_rows]) | np.isin(toks, self.eos_np)
         self.done[out_rows[finished]] = True
         return finished
 
@@ -281,7 +319,11 @@ class NativeRolloutEngine:
         out_rows = np.array([s.out_row for s in seqs])
         finished = self._record(out_rows, toks, lps, max_new)
         ended = np.nonzero(finished)[0]
-        sched.postprocess([seqs[j] for j in ended], [1] * len(ended))
+        if self.agent is None:
+            sched.postprocess([seqs[j] for j in ended], [1] * len(ended))
+        else:  # the turn ended on its first token: the sequence waits with its prompt cached
+            for j in ended:
+                self._pause(seqs[j], seqs[j].prompt_len)
         keep = np.nonzero(~finished)[0]
         if len(keep) == 0:
             return
@@ -303,8 +345,11 @@ class NativeRolloutEngine:
         results) or that will have max_new tokens once the steps in flight return leave first.
         Returns what `_collect` needs to read the step's tokens, or None when no row runs."""
         B = len(sched.running)
-        leave = self.done[self.run_out_row[:B]] | (self.run_launched[:B] >= max_new)
+        leave = self.done[self.run_out_row[:B]] | (self.run_launched[:B] >= self.limit[self.run_out_row[:B]])
         if leave.any():
+            if self.agent is not None:  # the turn is over: the sequence keeps its blocks, off the batch
+                for r in np.nonzero(leave)[0]:
+                    self._pause(sched.running[r], int(self.run_cached[r]))
             keep = np.nonzero(~leave)[0]
             self.runner.keep_rows(keep, B)
             for arr in (self.run_out_row, self.run_cached, self.run_launched):
@@ -334,8 +379,75 @@ class NativeRolloutEngine:
         lps = host[1, :B].numpy()[live]
         finished = self._record(out_rows[live], toks, lps, max_new)
         ended = live[finished]
-        if len(ended):
+        if len(ended) and self.agent is None:
             sched.postprocess([seqs[r] for r in ended], self.lengths[out_rows[ended]].tolist())
+
+    # -- multi-turn ------------------------------------------------------------------------------
+    def _pause(self, seq, cached: int) -> None:
+        """`seq` left the batch at the end of a turn with `cached` tokens (prompt + response) in the cache."""
+        self.left[seq.out_row] = True
+        self.paused[seq.out_row] = (seq, cached)
+
+    def _end_turns(self) -> None:
+        """Hand every turn that is over (the sequence left, its last token recorded) to the agent."""
+        rows = np.nonzero(self.left & self.done & ~self.notified)[0]
+        for row in rows:
+            self.notified[row] = True
+            turn = self.tok_hist[row, self.turn_start[row] : self.lengths[row]]
+            self.agent.end_turn(int(row), turn.tolist(), bool(np.isin(turn[-1:], self.eos_np).any()))
+        self.ready.extend(self.agent.poll(block=False))
+
+    def _resume(self, sched: Scheduler, mode, max_new: int) -> None:
+        """Apply the agent's answers: end trajectories, or append tokens and rejoin the batch."""
+        self.ready.extend(self.agent.poll(block=False))
+        rows, seqs, inputs, starts = [], [], [], []
+        budget = self.max_num_seqs - len(sched.running)
+        while self.ready and len(rows) < budget:
+            row, tokens = self.ready.popleft()
+            seq, cached = self.paused.pop(row)
+            if tokens is None:
+                sched.finish(seq)
+                continue
+            L, k = int(self.lengths[row]), len(tokens)
+            if not tokens or L + k >= max_new:
+                raise RuntimeError(f"agent: {k} appended tokens after {L} do not leave room for a model token in {max_new}")
+            self.tok_hist[row, L : L + k] = tokens
+            self.env_hist[row, L : L + k] = True
+            self.lengths[row] = L + k
+            total = seq.prompt_len + L + k
+            while len(seq.blocks) * self.block_size < total:
+                sched.grow(seq)
+            full = np.concatenate([self.prompt_of[row], self.tok_hist[row, : L + k]])
+            rows.append(row)
+            seqs.append(seq)
+            inputs.append(full[cached:].tolist())
+            starts.append(cached)
+        if not rows:
+            return
+        out_rows = np.array(rows)
+        self.turn_start[out_rows] = self.lengths[out_rows]
+        self.limit[out_rows] = [self.agent.turn_limit(int(r), int(self.lengths[r])) for r in rows]
+        self.done[out_rows] = self.left[out_rows] = self.notified[out_rows] = False
+        tok, lp = self.runner.extend(inputs, starts, [s.blocks for s in seqs], [s.seed for s in seqs], mode)
+        finished = self._record(out_rows, tok.cpu().numpy(), lp.cpu().numpy(), max_new)
+        for j in np.nonzero(finished)[0]:  # the turn ended on its first token
+            self._pause(seqs[j], starts[j] + len(inputs[j]))
+        keep = np.nonzero(~finished)[0]
+        if len(keep) == 0:
+            return
+        rejoin = [seqs[j] for j in keep]
+        start = sched.run(rejoin)
+        r = slice(start, start + len(keep))
+        self.run_out_row[r] = out_rows[keep]
+        self.run_launched[r] = self.lengths[out_rows[keep]]
+        self.run_cached[r] = [starts[j] + len(inputs[j]) for j in keep]
+        self.runner.start_rows(
+            r,
+            tok[torch.from_numpy(keep).to(self.device)],
+            self.run_cached[r],
+            [s.seed for s in rejoin],
+            [s.blocks for s in rejoin],
+        )
 
     def _assemble(self, batch: Batch) -> Batch:
         width = int(self.lengths.max())
@@ -345,6 +457,10 @@ class NativeRolloutEngine:
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
         batch[K.RESPONSES] = responses
         batch[K.RESPONSE_MASK] = mask
+        if self.agent is not None:  # the model's tokens only; the tools' and users' are context
+            batch[K.RESPONSE_ATTENTION_MASK] = mask
+            mask = mask * torch.from_numpy(~self.env_hist[:, :width]).float()
+            batch[K.RESPONSE_MASK] = mask
         batch[K.ROLLOUT_LOG_PROBS] = torch.from_numpy(self.lp_hist[:, :width].copy()) * mask
         batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
             [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from hybridrl.models import tp_shards
 from hybridrl.models.llama import build_from_hf_config
 from hybridrl.rollout.native import triton_kernels
-from hybridrl.rollout.native.attention import DecodeAttention, PrefillAttention
+from hybridrl.rollout.native.attention import DecodeAttention, ExtendAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
 from hybridrl.rollout.native.sampling import sample
 from hybridrl.rollout.native.tp import TensorParallel, apply_tp, sample_sharded
@@ -269,6 +269,37 @@ class ModelRunner:
         pos_t = torch.tensor([L for L, n in zip(lens, samples) for _ in range(n)], device=dev)  # the first token's position
         tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
         self._sample_into(logits, seed_t, pos_t, mode, tok, lp)
+        return tok, lp
+
+    def extend(
+        self, tokens: list[list[int]], starts: list[int], tables: list[list[int]], seeds: list[int], mode
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `tokens[i]` to sequence i, which has `starts[i]` tokens cached in blocks
+        `tables[i]` (already long enough for the new ones): their K/V go into the cache, and the
+        sequence's next token is sampled after the last of them (at position starts[i] + len).
+        Returns device tensors (tokens, log-probs), one per sequence."""
+        dev, bs = self.device, self.block_size
+        lens = [len(t) for t in tokens]
+        G, T = len(tokens), max(lens)
+        ids = torch.zeros(G, T, dtype=torch.long)
+        positions = torch.zeros(G, T, dtype=torch.long)
+        table = torch.zeros(G, self.max_blocks_per_seq, dtype=torch.int32)
+        slots, valid = [], []
+        for i, (new, start, blocks) in enumerate(zip(tokens, starts, tables)):
+            ids[i, : lens[i]] = torch.tensor(new)
+            positions[i] = start + torch.arange(T).clamp(max=lens[i] - 1)  # padding repeats the last position
+            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + lens[i])]
+            valid += range(i * T, i * T + lens[i])
+        positions = positions.to(dev)
+        slots_t, valid_t = torch.tensor(slots, device=dev), torch.tensor(valid, device=dev)
+        attn = ExtendAttention(self.cache, slots_t, valid_t, table.to(dev), positions)
+        hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
+        logits = self.model.logits(last)
+        pos_t = torch.tensor([s + n for s, n in zip(starts, lens)], device=dev)  # the sampled token's position
+        tok, lp = torch.empty(G, dtype=torch.long, device=dev), torch.empty(G, device=dev)
+        self._sample_into(logits, torch.tensor(seeds, device=dev), pos_t, mode, tok, lp)
         return tok, lp
 
     def start_rows(

@@ -172,12 +172,13 @@ def cmd_data(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
-    from hybridrl.config.schema import RolloutConfig
+    from hybridrl.config.schema import MultiTurnConfig, RolloutConfig
     from hybridrl.data.dataset import load_prompt_records
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
     from hybridrl.rewards.pool import Target, WorkerPool
     from hybridrl.rollout import SamplingParams, make_rollout_engine
+    from hybridrl.rollout.agent.rollout import AgentRollout, chat_tools
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.engine import autocast_dtype
 
@@ -191,6 +192,13 @@ def cmd_eval(args) -> int:
         compute_score, need_gt = WorkerPool(Target(args.reward_path, args.reward_name)), (lambda s: False)
     else:
         compute_score, need_gt = default_compute_score, needs_ground_truth
+    multi_turn = MultiTurnConfig(
+        enable=bool(args.tool_config or args.interaction_config),
+        format=args.multi_turn_format,
+        max_assistant_turns=args.max_assistant_turns,
+        tool_config_path=args.tool_config,
+        interaction_config_path=args.interaction_config,
+    )
     records = load_prompt_records(
         args.data,
         tokenizer,
@@ -198,10 +206,11 @@ def cmd_eval(args) -> int:
         truncation="left",
         require_ground_truth=need_gt,
         max_rows=args.limit,
+        tools=chat_tools(multi_turn),
     )
     rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size)
     engine = make_rollout_engine(
-        args.rollout,
+        "native" if multi_turn.enable and args.rollout == "auto" else args.rollout,
         model,
         tokenizer,
         max_num_seqs=args.batch_size,
@@ -209,6 +218,8 @@ def cmd_eval(args) -> int:
         autocast_dtype=autocast_dtype(device),
         max_model_len=args.max_prompt_length + args.max_response_length,
     )
+    if multi_turn.enable:
+        engine = AgentRollout.from_config(engine, tokenizer, multi_turn)
     greedy = args.temperature == 0
     torch.manual_seed(args.seed)  # sampled responses (--temperature > 0) repeat run to run
     sampling = SamplingParams(
@@ -230,6 +241,10 @@ def cmd_eval(args) -> int:
         if "flexible_accuracy" in m:
             line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
         print(line)
+    if multi_turn.enable:  # the last batch's agent metrics: turns, tool calls and errors, waiting on tools
+        agent = {k: v for k, v in engine.last_metrics.items() if k.startswith(("agent/", "perf/"))}
+        print("multi-turn (last batch): " + ", ".join(f"{k.split('/', 1)[1]} {v:.4g}" for k, v in agent.items()))
+        summary = {**summary, "rollout": agent}
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
@@ -406,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="generation engine (auto = native on a GPU, hf on CPU)",
     )
     s.add_argument("--reward-path", help="a Python file with a custom scorer")
+    s.add_argument(
+        "--tool-config", help="multi-turn: a tool config YAML (docs/agents.md); the model may call these tools (native engine)"
+    )
+    s.add_argument("--interaction-config", help="multi-turn: an interaction config YAML (a simulated user replies)")
+    s.add_argument("--multi-turn-format", default="hermes", choices=["hermes", "code"], help="how the model calls tools")
+    s.add_argument("--max-assistant-turns", type=int, default=None, help="multi-turn: model turns per trajectory")
     s.add_argument("--reward-name", default="compute_score")
     s.set_defaults(fn=cmd_eval)
 

@@ -211,6 +211,39 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn agent rollouts: the model calls tools and talks with a simulated user mid-response (docs/agents.md)."""
+
+    enable: bool = option(
+        False,
+        "Roll out multi-turn trajectories: each model turn may call tools (run concurrently while other sequences "
+        "decode) or get a user reply from an interaction; tool and user tokens are appended to the same sequence "
+        "in the KV cache and masked out of the loss. Needs rollout.name=native.",
+    )
+    format: str = option(
+        "hermes",
+        "How tool calls are written: hermes (<tool_call>{json}</tool_call>, Qwen2.5/Hermes templates; the tools' "
+        "schemas go into the prompt via the chat template) or code (every ```python block of a turn runs with "
+        "the python tool; its output comes back as a user message).",
+    )
+    max_assistant_turns: int | None = option(None, "Model turns per trajectory; null = until the token budget ends it.")
+    max_user_turns: int | None = option(None, "Interaction (user) turns per trajectory; null = no limit.")
+    max_turn_tokens: int | None = option(
+        None, "Tokens one model turn may sample; a turn cut here ends the trajectory (truncated). null = the rest of the budget."
+    )
+    max_parallel_calls: int = option(1, "Tool calls of one turn that run (the rest are answered with an error).")
+    max_tool_response_length: int = option(256, "Tokens of one tool result the model sees; longer results are cut.")
+    tool_response_truncate_side: str = option("middle", "Which part of a long tool result is cut: left, middle or right.")
+    tool_timeout_s: float = option(30.0, "Seconds one tool call may take; a slower call is answered with an error.")
+    tool_config_path: str | None = option(
+        None, "Tool config YAML (verl's shape: tools: [{class_name, config, tool_schema}]); docs/agents.md."
+    )
+    interaction_config_path: str | None = option(
+        None, "Interaction config YAML (verl's shape: interaction: [{name, class_name, config}]); docs/agents.md."
+    )
+
+
+@dataclass
 class RolloutConfig:
     """Generation of responses during training."""
 
@@ -249,6 +282,7 @@ class RolloutConfig:
         None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu."
     )
     val_kwargs: ValKwargsConfig = option(ValKwargsConfig, "Sampling for validation.")
+    multi_turn: MultiTurnConfig = option(MultiTurnConfig, "Multi-turn agent rollouts with tools and interactions.")
 
 
 @dataclass

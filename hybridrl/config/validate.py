@@ -8,6 +8,7 @@ so that applying it does not break any other batch-size rule.
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Callable
@@ -44,6 +45,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.kl_loss_type": KL_ESTIMATORS,
     "actor_rollout_ref.actor.optim.lr_scheduler_type": LR_SCHEDULERS,
     "actor_rollout_ref.rollout.name": ROLLOUT_NAMES,
+    "actor_rollout_ref.rollout.multi_turn.format": ("hermes", "code"),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "middle", "right"),
     "critic.optim.lr_scheduler_type": LR_SCHEDULERS,
     "critic.loss_agg_mode": LOSS_AGG_MODES,
     "algorithm.kl_penalty": KL_ESTIMATORS,
@@ -233,11 +236,61 @@ def find_problems(cfg: Config) -> list[Problem]:
     """Like `validate`, with the keys involved and a suggested fix for each problem."""
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
-    problems += _reward_model_problems(r) + _async_problems(r)
+    problems += _reward_model_problems(r) + _async_problems(r) + _multi_turn_problems(r)
     problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r) + _remote_reward_problems(r)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems
+
+
+def _multi_turn_problems(cfg: Config) -> list[Problem]:
+    """rollout.multi_turn.*: sizes, the files it names, and what the agent loop runs on."""
+    r, key = cfg.actor_rollout_ref.rollout, f"{_R}.multi_turn"
+    mt, out = r.multi_turn, []
+    if not mt.enable:
+        return out
+    for name, fix in {"max_assistant_turns": 4, "max_user_turns": 2, "max_turn_tokens": 512}.items():
+        value = getattr(mt, name)
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            out.append(_suggest(f"{key}.{name}", value, "must be >= 1 or null", fix))
+    for name, fix in {"max_parallel_calls": 1, "max_tool_response_length": 256}.items():
+        value = getattr(mt, name)
+        if not (isinstance(value, int) and value >= 1):
+            out.append(_suggest(f"{key}.{name}", value, "must be >= 1", fix))
+    if not (isinstance(mt.tool_timeout_s, (int, float)) and 0 < mt.tool_timeout_s < float("inf")):
+        out.append(_suggest(f"{key}.tool_timeout_s", mt.tool_timeout_s, "must be positive", 30.0))
+    for name in ("tool_config_path", "interaction_config_path"):
+        path = getattr(mt, name)
+        if path is not None and not os.path.isfile(path):
+            out.append(Problem(f"{key}.{name}={path}: no such file", (f"{key}.{name}",)))
+    if mt.tool_config_path is None and mt.interaction_config_path is None:
+        out.append(
+            Problem(
+                f"{key}.enable=true needs tools or an interaction: set {key}.tool_config_path (e.g. configs/tools/python.yaml) "
+                f"or {key}.interaction_config_path",
+                (f"{key}.tool_config_path",),
+            )
+        )
+    if r.name in ("hf", "vllm"):
+        out.append(
+            Problem(
+                f"{key}.enable=true runs on the native engine; {_R}.name={r.name} cannot pause and extend sequences: "
+                f"set {_R}.name=native",
+                (f"{_R}.name",),
+                {f"{_R}.name": "native"},
+            )
+        )
+    if r.tensor_model_parallel_size > 1:
+        out.append(
+            Problem(
+                f"{key}.enable=true with {_R}.tensor_model_parallel_size={r.tensor_model_parallel_size}: multi-turn "
+                f"rollouts run at tensor_model_parallel_size=1 for now (the ranks of a replica would have to agree on "
+                f"when each tool answers)",
+                (f"{_R}.tensor_model_parallel_size",),
+                {f"{_R}.tensor_model_parallel_size": 1},
+            )
+        )
+    return out
 
 
 def _remote_reward_problems(cfg: Config) -> list[Problem]:

@@ -82,9 +82,12 @@ IGNORED: dict[str, str] = {
         )
     },
     **{f"{_R}.{k}": _DERIVED for k in ("prompt_length", "response_length")},
-    # multi-turn settings only matter with multi_turn.enable=true (refused below)
-    f"{_R}.multi_turn.*": "multi-turn agent loop option; multi_turn.enable=false",
-    f"{_R}.agent.*": "multi-turn agent loop option; multi_turn.enable=false",
+    # verl's multi-turn knobs for SGLang's tokenization; hybridrl never re-tokenizes the model's tokens
+    **{
+        f"{_R}.multi_turn.{k}": "multi-turn tokenization check; hybridrl keeps the sampled token ids (token in, token out)"
+        for k in ("use_inference_chat_template", "tokenization_sanity_check_mode", "num_repeat_rollouts")
+    },
+    f"{_R}.agent.*": "verl's agent-loop worker plumbing; hybridrl's agent loop runs inside the rollout engine",
     # Megatron
     "*.megatron.*": _MEGATRON,
     # FSDP knobs that shape memory, not results
@@ -256,7 +259,6 @@ NEEDS: dict[str, Need] = {
     f"{_A}.loss_scale_factor": Need((None,), "a loss scale factor"),
     f"{_R}.ignore_eos": Need((False,), "generation past the end-of-sequence token"),
     f"{_R}.over_sample_rate": Need((0, 0.0), "over-sampled rollouts"),
-    f"{_R}.multi_turn.enable": Need((False,), "multi-turn agent rollouts"),
     f"{_R}.skip_rollout": Need((False,), "replaying dumped rollouts"),
     f"{_R}.enable_rollout_routing_replay": Need((False,), "MoE routing replay"),
     f"{_R}.quantization": Need((None,), "quantized rollout"),

@@ -40,14 +40,16 @@ class PromptRecord:
     chat: list | None = None  # the prompt's chat messages (None for a plain-string prompt): a reward model re-renders them
 
 
-def render_prompt(tokenizer, prompt) -> str:
-    """Chat messages go through the tokenizer's chat template; a plain string is used as is."""
+def render_prompt(tokenizer, prompt, tools: list[dict] | None = None) -> str:
+    """Chat messages go through the tokenizer's chat template (with the tools' schemas when
+    given: multi-turn hermes format); a plain string is used as is."""
     if isinstance(prompt, str):
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         # No template (a base model): join the contents, the common fallback.
         return "\n".join(m["content"] for m in prompt)
-    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    kwargs = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False, **kwargs)
 
 
 def _check_prompt(prompt, where: str):
@@ -105,11 +107,13 @@ def load_prompt_records(
     require_ground_truth=lambda data_source: True,
     max_rows: int | None = None,
     filter_overlong: bool = False,
+    tools: list[dict] | None = None,
 ) -> list[PromptRecord]:
     """Read, check and tokenize every row of `files` (a path or list of paths).
 
     A prompt over `max_prompt_length` tokens is dropped when `filter_overlong` (the count is
-    logged, as data.filter_overlong_prompts asks), else cut per `truncation`.
+    logged, as data.filter_overlong_prompts asks), else cut per `truncation`. `tools`: function
+    schemas the chat template shows the model (multi-turn, hermes format).
     """
     if truncation not in TRUNCATION_MODES:
         raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -132,7 +136,7 @@ def load_prompt_records(
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
             if ground_truth is None and require_ground_truth(source):
                 raise DataError(f"{where}: missing reward_model.ground_truth, which the {source!r} scorer needs")
-            text = render_prompt(tokenizer, prompt)
+            text = render_prompt(tokenizer, prompt, tools)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length and filter_overlong:
                 dropped += 1

@@ -24,7 +24,8 @@ from hybridrl.data.batch import Batch
 
 def sequence_lengths(batch: Batch) -> torch.Tensor:
     """Real tokens per row (prompt + response, no padding): (B,) int64."""
-    return batch[K.PROMPT_MASK].sum(-1).long() + batch[K.RESPONSE_MASK].sum(-1).long()
+    response = batch[K.RESPONSE_ATTENTION_MASK] if K.RESPONSE_ATTENTION_MASK in batch else batch[K.RESPONSE_MASK]
+    return batch[K.PROMPT_MASK].sum(-1).long() + response.sum(-1).long()
 
 
 def _lpt(lengths: list[int], parts: int) -> list[list[int]]:

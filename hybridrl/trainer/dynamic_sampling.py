@@ -91,6 +91,9 @@ class RolloutSampler:
         rollout_metrics = batch.meta.pop(K.ROLLOUT_METRICS, {})
         with timer("reward"):
             scores, reward_metrics, extras = score(batch, self.compute_score, with_extras=True)
+            if K.AGENT_REWARD in batch:  # multi-turn: what tools and interactions gave the trajectory
+                reward_metrics["reward/agent/mean"] = float(batch[K.AGENT_REWARD].mean())
+                scores = scores + batch[K.AGENT_REWARD]
             ob = self.cfg.reward_model.overlong_buffer
             if ob.enable:
                 lengths = batch[K.RESPONSE_MASK].sum(-1).long().tolist()

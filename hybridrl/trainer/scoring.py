@@ -19,9 +19,11 @@ from hybridrl.rollout import SamplingParams
 
 
 def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's scalar score on its last response token: (B,) -> (B, R)."""
+    """Place each sequence's scalar score on its last response token: (B,) -> (B, R). The last
+    token the model sampled: with multi-turn masks, tool tokens may sit between model tokens."""
     out = torch.zeros_like(response_mask, dtype=torch.float32)
-    last = (response_mask.sum(-1).long() - 1).clamp(min=0)  # (B,)
+    cols = torch.arange(response_mask.shape[-1])
+    last = torch.where(response_mask.bool(), cols, -1).max(-1).values.clamp(min=0)  # (B,)
     out[torch.arange(len(scores)), last] = scores.float()
     return out * response_mask
 

@@ -370,6 +370,9 @@ def _where(cfg, workers: WorkerGroups) -> str:
 
 def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows."""
+    from hybridrl.rollout.agent.rollout import chat_tools
+
+    tools = chat_tools(cfg.actor_rollout_ref.rollout.multi_turn)  # hermes: the tools' schemas in the prompt
     records = load_prompt_records(
         cfg.data.train_files,
         tokenizer,
@@ -379,6 +382,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
         truncation=cfg.data.truncation,
         filter_overlong=cfg.data.filter_overlong_prompts,
         require_ground_truth=need_gt,
+        tools=tools,
     )
     _check_reward_kwargs(cfg, custom_reward, records)
     val_records = []
@@ -393,6 +397,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
             filter_overlong=cfg.data.filter_overlong_prompts,
             require_ground_truth=need_gt,
             max_rows=cfg.data.val_max_samples,
+            tools=tools,
         )
     # DAPO dynamic sampling draws data.gen_batch_size prompts per generation round
     prompts_per_batch = (

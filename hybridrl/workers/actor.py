@@ -30,7 +30,7 @@ from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import SEQ_KEYS, summed_log_probs, token_log_probs
+from hybridrl.workers.forward import seq_keys, summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
 from hybridrl.workers.reference import Reference
@@ -92,8 +92,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.optimizer = self.engine.optimizer
         r, data = self.arr.rollout, self.cfg.data
         tp_group = rollout_tp_group()  # None at tp=1: each rank its own replica
+        multi_turn = r.multi_turn.enable  # the agent loop runs on the native engine, CPU included
         self.rollout = make_rollout_engine(
-            r.name,
+            "native" if multi_turn and r.name == "auto" else r.name,
             self.model,
             self.tokenizer,
             max_num_seqs=r.max_num_seqs,
@@ -107,6 +108,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
             else None,
             tp_group=tp_group,
         )
+        if multi_turn:  # generate runs multi-turn trajectories with tools / interactions (rollout/agent/)
+            from hybridrl.rollout.agent.rollout import AgentRollout
+
+            self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
         self.tp_group = tp_group
         self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
         self.need_ref = need_ref
@@ -192,7 +197,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         a = self.arr.actor
         # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
         extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
-        batch = batch.select([*SEQ_KEYS, K.OLD_LOG_PROBS, K.ADVANTAGES, *extra])
+        batch = batch.select([*seq_keys(batch), K.OLD_LOG_PROBS, K.ADVANTAGES, *extra])
         start = self.engine.perf_start()
         split = Split(
             self.plan.actor.micro_batch,

@@ -15,7 +15,7 @@ from hybridrl.models.value_model import ValueModel
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import SEQ_KEYS
+from hybridrl.workers.forward import seq_keys
 from hybridrl.workers.objectives import ValueLoss
 
 
@@ -59,14 +59,14 @@ class CriticWorker(ProfiledWorker):
         """Adds VALUES (B, R), zero outside the response."""
         split = self._split(self.cfg.critic.forward_max_token_len_per_gpu, "critic.forward_max_token_len_per_gpu")
         with eval_mode(self.model):
-            values = self.engine.infer(batch.select(SEQ_KEYS), split)
+            values = self.engine.infer(batch.select(seq_keys(batch)), split)
         batch[K.VALUES] = values * batch[K.RESPONSE_MASK]
         return batch
 
     @register(Dispatch.DP)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Clipped value regression onto RETURNS; reads SEQ_KEYS, VALUES, RETURNS."""
-        batch = batch.select([*SEQ_KEYS, K.VALUES, K.RETURNS])  # only these are copied to the device
+        batch = batch.select([*seq_keys(batch), K.VALUES, K.RETURNS])  # only these are copied to the device
         split = self._split(self.cfg.critic.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
         metrics = self.engine.update(
             batch,

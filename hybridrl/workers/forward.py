@@ -22,6 +22,20 @@ from hybridrl.models.packing import pack, packed_log_probs
 SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)  # a sequence pass reads these
 
 
+def seq_keys(batch: Batch) -> tuple[str, ...]:
+    """SEQ_KEYS, plus RESPONSE_ATTENTION_MASK for multi-turn batches (tool tokens are context)."""
+    return SEQ_KEYS + ((K.RESPONSE_ATTENTION_MASK,) if K.RESPONSE_ATTENTION_MASK in batch else ())
+
+
+def context_mask(micro: Batch, key: str = K.RESPONSES) -> torch.Tensor:
+    """The completion tokens a forward pass reads: every response token of a multi-turn batch
+    (the model's and the tools'; outputs at tool tokens are then masked by RESPONSE_MASK), else
+    the completion's own mask."""
+    if key == K.RESPONSES and K.RESPONSE_ATTENTION_MASK in micro:
+        return micro[K.RESPONSE_ATTENTION_MASK]
+    return micro[MASK_OF[key]]
+
+
 def _autocast(engine):
     return torch.autocast(engine.device.type, dtype=engine.amp, enabled=engine.amp is not None)
 
@@ -39,7 +53,7 @@ def log_probs(
     """Log-probs (b, R) of completion field `key` after the prompt, entropy (b, R) or None, and
     argmax hits (b, R); packed (padding-free, fused LM head) when the engine packs. `temperature`
     scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""
-    seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], micro[MASK_OF[key]])
+    seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], context_mask(micro, key))
     with _autocast(engine):
         if engine.packing:
             packed = pack(*seqs)
@@ -67,7 +81,7 @@ def token_log_probs(engine, model, batch: Batch, split, temperature: float) -> t
     """Response log-probs (B, R) under `model` (the engine's, or the LoRA reference view) at the
     rollout's `temperature`, in the batch's row order, zero outside the response; no gradients."""
     fn = lambda micro: engine.run(micro, model, temperature=temperature)[0].float()  # noqa: E731
-    return engine.infer(batch.select(SEQ_KEYS), split, fn) * batch[K.RESPONSE_MASK]
+    return engine.infer(batch.select(seq_keys(batch)), split, fn) * batch[K.RESPONSE_MASK]
 
 
 def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tensor:
@@ -78,7 +92,7 @@ def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tens
 
 def values(engine, model, micro: Batch) -> torch.Tensor:
     """V (b, R) of a micro-batch from a `ValueModel`; packed unless the engine stays padded."""
-    seqs = [micro[k] for k in SEQ_KEYS]
+    seqs = [micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[K.RESPONSES], context_mask(micro)]
     with _autocast(engine):
         if engine.packing:
             return model.packed_response_values(pack(*seqs), sp_group())

@@ -32,7 +32,7 @@ from hybridrl.models.loading import ModelLoadError, _check_dir, has_weights, loa
 from hybridrl.models.packing import Packed, packed_hidden
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import SEQ_KEYS, _autocast
+from hybridrl.workers.forward import _autocast, context_mask, seq_keys
 from hybridrl.workers.objectives import BradleyTerryLoss
 
 
@@ -131,7 +131,7 @@ def is_classifier(model) -> bool:
 def sequence_scores(engine, model, micro: Batch) -> torch.Tensor:
     """The reward model's score (b,) of each prompt + response of a micro-batch (SEQ_KEYS): the
     head at the sequence's last real token; packed (padding-free) when the engine packs."""
-    ids, mask = right_aligned(*(micro[k] for k in SEQ_KEYS))
+    ids, mask = right_aligned(micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[K.RESPONSES], context_mask(micro))
     engine.slots += ids.numel()
     with _autocast(engine):
         if not is_classifier(model):
@@ -203,7 +203,7 @@ class RewardModelWorker(ProfiledWorker):
         """What the reward model reads: the policy's ids, or each sequence re-rendered with the
         reward model's chat template and tokenizer (as one prompt with an empty response)."""
         if not self.rerender:
-            return batch.select(SEQ_KEYS)
+            return batch.select(seq_keys(batch))
         chats = batch[K.RAW_CHAT] if K.RAW_CHAT in batch else [None] * len(batch)
         rows = [self.render(c, p, r) for c, p, r in zip(chats, batch[K.RAW_PROMPT], batch[K.RESPONSE_TEXT])]
         width, pad = max(map(len, rows)), self.tokenizer.pad_token_id

@@ -72,6 +72,8 @@ class AgentOptions:
     max_user_turns: int | None = None
     max_turn_tokens: int | None = None  # None: the whole remaining budget
     max_tool_response_length: int = 256  # tokens of one tool result (longer ones are cut)
+    tool_response_truncate_side: str = "middle"  # which part of a long result is cut: left, middle, right
+    max_parallel_calls: int = 8  # calls of one turn that run; the rest are answered with an error
     tool_timeout_s: float = 30.0  # a call that takes longer is answered with an error
 
     @classmethod
@@ -82,6 +84,8 @@ class AgentOptions:
             max_user_turns=mt.max_user_turns,
             max_turn_tokens=mt.max_turn_tokens,
             max_tool_response_length=mt.max_tool_response_length,
+            tool_response_truncate_side=mt.tool_response_truncate_side,
+            max_parallel_calls=mt.max_parallel_calls,
             tool_timeout_s=mt.tool_timeout_s,
         )
 
@@ -282,6 +286,9 @@ class AgentSession:
         return tokens
 
     async def _run_tools(self, t: Trajectory, calls: list[ToolCall]) -> list[dict[str, str]]:
+        limit = self.options.max_parallel_calls
+        for c in calls[limit:]:
+            c.error = c.error or f"only {limit} tool call(s) per turn run (multi_turn.max_parallel_calls); this one did not"
         results = await asyncio.gather(*(self._call(t, c) for c in calls))
         role = "tool" if self.options.format == "hermes" else "user"
         if role == "user":  # code format: one user message with each block's output
@@ -322,13 +329,22 @@ class AgentSession:
         return [{"role": "user", "content": turn.text}]
 
     def _cut(self, text: str) -> str:
-        """At most max_tool_response_length tokens of a tool's text (a 1 MB output is cut first by characters)."""
-        limit = self.options.max_tool_response_length
-        text = text[: 16 * limit + 16]
+        """At most max_tool_response_length tokens of a tool's text, cut on the configured side
+        (a 1 MB output is first cut by characters, at 16 per token, so it is never tokenized whole)."""
+        limit, side = self.options.max_tool_response_length, self.options.tool_response_truncate_side
+        chars = 16 * limit + 16
+        if len(text) > 2 * chars:
+            text = text[-chars:] if side == "left" else text[:chars] if side == "right" else text[:chars] + text[-chars:]
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= limit:
             return text
-        return self.tokenizer.decode(ids[:limit]) + TRUNCATION_NOTE
+        head = limit // 2
+        if side == "left":
+            return TRUNCATION_NOTE.strip() + "\n" + self.tokenizer.decode(ids[-limit:])
+        if side == "right":
+            return self.tokenizer.decode(ids[:limit]) + TRUNCATION_NOTE
+        tail = self.tokenizer.decode(ids[len(ids) - (limit - head) :])
+        return self.tokenizer.decode(ids[:head]) + TRUNCATION_NOTE + "\n" + tail
 
     async def _release_all(self) -> None:
         jobs = []

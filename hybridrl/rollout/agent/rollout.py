@@ -34,6 +34,14 @@ def load_interactions(path: str | None) -> dict:
     return load_interaction_config(_existing(path, "interaction_config_path"))
 
 
+def chat_tools(multi_turn) -> list[dict] | None:
+    """The tools' function schemas for the chat template (`tools=`), with multi_turn enabled in
+    the hermes format; None otherwise (the code format needs no schema in the prompt)."""
+    if not multi_turn.enable or multi_turn.format != "hermes":
+        return None
+    return [t.schema() for t in load_tools(multi_turn.tool_config_path).values()] or None
+
+
 def _existing(path: str, key: str) -> str:
     if not Path(path).is_file():
         raise FileNotFoundError(f"actor_rollout_ref.rollout.multi_turn.{key}={path!r}: no such file")

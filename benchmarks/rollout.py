@@ -18,6 +18,8 @@ prompts of 256 random tokens), both engines generate 512 new tokens per prompt w
   kept for the baseline, listed beside it);
 - switch time: an fp32 "trainer" model on the same GPU; wake() + load_weights(all parameters,
   fp32 -> bf16 copy in place) + sleep(), median of 5.
+- `--steps 1 8`: the native engine with 1 and with 8 decode steps per launch
+  (`rollout.decode_steps_per_sync`), each a row (baseline in the same run).
 Prints a table and writes rollout_bench.json to --out.
 """
 
@@ -191,7 +193,7 @@ def switch_time(engine, trainer_model) -> float:
     return statistics.median(times)
 
 
-def profile_decode(engine, prompts, steps: int, out: Path, tag: str) -> dict:
+def profile_decode(engine, prompts, steps: int, out: Path, tag: str, eager: bool = True) -> dict:
     """One short generate under torch.profiler, with CUDA graphs and without: the kernels by
     device time (the eager table names them) and the device-busy share of the wall time (with
     graphs: what is left to gain by fusing kernels vs by removing gaps between them)."""
@@ -202,7 +204,7 @@ def profile_decode(engine, prompts, steps: int, out: Path, tag: str) -> dict:
     s = SamplingParams(n=1, temperature=1.0, max_new_tokens=steps)
     res = {}
     graphs = engine.use_graphs
-    for mode, use_graphs in (("graphs", graphs), ("eager", False)):
+    for mode, use_graphs in (("graphs", graphs), ("eager", False))[: 2 if eager else 1]:
         engine.use_graphs = use_graphs
         engine.generate(prompts, s)  # warm-up (graph capture, Triton compiles)
         sync()
@@ -234,6 +236,9 @@ def main():
     ap.add_argument("--batches", nargs="*", type=int, default=None)
     ap.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
     ap.add_argument(
+        "--steps", nargs="*", type=int, default=[None], help="decode steps per launch to compare (default: the engine's)"
+    )
+    ap.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -261,16 +266,20 @@ def main():
     for name in models:
         trainer = hf_model(name, device)  # fp32, as the trainer holds it
         cfg = MODELS[name]
-        engine = NativeRolloutEngine(
-            trainer.config,
-            _Tok(cfg["eos_token_id"], cfg["pad_token_id"]),
-            device=device,
-            max_model_len=prompt_len + new_tokens,
-            max_num_seqs=max(batches),
-            gpu_memory_utilization=0.5,
-            ignore_eos=True,
-        )
-        engine.load_weights(trainer.named_parameters())
+        engines = {}
+        for steps in args.steps:
+            engines[steps] = NativeRolloutEngine(
+                trainer.config,
+                _Tok(cfg["eos_token_id"], cfg["pad_token_id"]),
+                device=device,
+                max_model_len=prompt_len + new_tokens,
+                max_num_seqs=max(batches),
+                gpu_memory_utilization=0.5 / len(args.steps),
+                ignore_eos=True,
+                decode_steps_per_sync=steps,
+            )
+            engines[steps].load_weights(trainer.named_parameters())
+        engine = engines[args.steps[0]]
         results["switch"][name] = switch_time(engine, trainer)
         print(
             f"{name}: switch (wake + load_weights fp32->{engine.dtype} + sleep) {1000 * results['switch'][name]:.1f} ms",
@@ -279,30 +288,37 @@ def main():
         baseline = trainer.to(torch.bfloat16) if device.type == "cuda" else trainer  # same weights, in place
         for b in batches:
             prompts = make_prompts(b, prompt_len, cfg["vocab_size"])
-            row = dict(model=name, prompts=b, native=run_native(engine, prompts, new_tokens))
-            row["floor_ms"] = floor_ms(engine, b, prompt_len + new_tokens / 2, bw)
-            row["kv_cache_gb"] = engine.cache.data.numel() * engine.cache.data.element_size() / 1e9
-            print(f"{name} x{b}: native {row['native']}", flush=True)
-            if args.profile:
-                row["profile"] = profile_decode(engine, prompts, args.profile, Path(args.out), f"{name}_x{b}")
-            if not args.no_hf:
-                row["hf"] = run_hf(baseline, prompts, new_tokens, device)
-                row["speedup"] = row["native"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
-                print(f"{name} x{b}: hf {row['hf']}", flush=True)
-            results["rows"].append(row)
-        del engine, trainer, baseline
+            for i, (steps, engine) in enumerate(engines.items()):
+                row = dict(
+                    model=name, prompts=b, steps=engine.runner.decode_steps, native=run_native(engine, prompts, new_tokens)
+                )
+                row["floor_ms"] = floor_ms(engine, b, prompt_len + new_tokens / 2, bw)
+                row["kv_cache_gb"] = engine.cache.data.numel() * engine.cache.data.element_size() / 1e9
+                print(f"{name} x{b} steps/launch {row['steps']}: native {row['native']}", flush=True)
+                if args.profile:
+                    tag = f"{name}_x{b}_s{row['steps']}"
+                    row["profile"] = profile_decode(engine, prompts, args.profile, Path(args.out), tag, eager=i == 0)
+                if not args.no_hf and i == 0:
+                    row["hf"] = run_hf(baseline, prompts, new_tokens, device)
+                    row["speedup"] = row["native"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+                    print(f"{name} x{b}: hf {row['hf']}", flush=True)
+                results["rows"].append(row)
+        del engine, engines, trainer, baseline
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(
-        "\n| model | prompts | native tok/s | HF tok/s | speedup | native decode ms/step | floor ms/step | HF decode ms/step "
-        "| native peak GB | HF peak GB |"
+        "\n| model | prompts | steps/launch | native tok/s | HF tok/s | speedup | native decode ms/step | floor ms/step "
+        "| x floor | GPU busy | HF decode ms/step | native peak GB | HF peak GB |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results["rows"]:
         n, h = r["native"], r.get("hf", {})
+        busy = r.get("profile", {}).get("graphs", {}).get("busy", float("nan"))
         print(
-            f"| {r['model']} | {r['prompts']} | {n['tokens_per_s']:.0f} | {h.get('tokens_per_s', float('nan')):.0f} | "
+            f"| {r['model']} | {r['prompts']} | {r['steps']} | {n['tokens_per_s']:.0f} | "
+            f"{h.get('tokens_per_s', float('nan')):.0f} | "
             f"{r.get('speedup', float('nan')):.1f}x | {n['decode_ms']:.2f} | {r['floor_ms']:.2f} | "
+            f"{n['decode_ms'] / r['floor_ms']:.1f} | {busy:.0%} | "
             f"{h.get('decode_ms', float('nan')):.1f} | {n['peak_gb']:.2f} | {h.get('peak_gb', float('nan')):.2f} |"
         )
     for name, t in results["switch"].items():

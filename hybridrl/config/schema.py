@@ -267,6 +267,12 @@ class RolloutConfig:
     enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
     free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
     max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
+    decode_steps_per_sync: int | None = option(
+        None,
+        "native: decode steps launched together (one CUDA-graph replay) before the host reads their tokens; a "
+        "sequence that ends mid-launch runs the rest as wasted steps (dropped). The same tokens at any value. "
+        "null = 8 on a GPU (the host's per-step work then overlaps the device's), 1 on CPU.",
+    )
     tensor_model_parallel_size: int = option(
         1,
         "native: ranks per rollout replica. The actor's ranks generate as world / tp replicas of tp consecutive "

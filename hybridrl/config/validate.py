@@ -93,6 +93,7 @@ _A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _RULES: list[tuple[str, _Rule]] = [
     ("data.max_prompt_length", _AT_LEAST_1),
     ("data.max_response_length", _AT_LEAST_1),
+    ("actor_rollout_ref.rollout.decode_steps_per_sync", (lambda v: isinstance(v, int) and 1 <= v <= 64, "must be in [1, 64]")),
     ("data.train_batch_size", _AT_LEAST_1),
     ("data.val_batch_size", _AT_LEAST_1),
     ("data.val_max_samples", _AT_LEAST_1),

@@ -51,6 +51,7 @@ def make_rollout_engine(
                 max_num_batched_tokens=rollout.max_num_batched_tokens,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 enforce_eager=rollout.enforce_eager,
+                decode_steps_per_sync=rollout.decode_steps_per_sync,
                 tp=TensorParallel.of(tp_group) if tp_size > 1 else None,
             )
         if tp_size > 1:

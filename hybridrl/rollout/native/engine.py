@@ -42,6 +42,7 @@ from hybridrl.rollout.native.tp import TensorParallel
 __all__ = ["BLOCK_SIZE", "NativeRolloutEngine", "canonical_name"]
 
 BLOCK_SIZE = 16
+DECODE_STEPS_CUDA = 8  # decode steps per launch on CUDA (benchmarks/rollout.py --steps compares)
 
 
 class NativeRolloutEngine:
@@ -62,8 +63,11 @@ class NativeRolloutEngine:
         ignore_eos: bool = False,
         eos_token_ids: list[int] | None = None,
         tp: TensorParallel | None = None,
+        decode_steps_per_sync: int | None = None,
     ):
-        """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device)."""
+        """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device).
+        `decode_steps_per_sync`: decode steps launched together (one CUDA graph replay) before the
+        host reads their tokens; None = DECODE_STEPS_CUDA on CUDA, 1 on CPU."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -83,6 +87,9 @@ class NativeRolloutEngine:
             block_size=block_size,
             num_blocks=num_blocks,
             tp=tp,
+            decode_steps=decode_steps_per_sync
+            if decode_steps_per_sync is not None
+            else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
         )
         self.last_metrics: dict[str, float] = {}
 
@@ -231,7 +238,7 @@ class NativeRolloutEngine:
                 self._collect(pending, sched, max_new)
             if launched is not None:
                 stats["decode_s"] += time.perf_counter() - t
-                stats["steps"] += 1
+                stats["steps"] += self.runner.decode_steps
             pending = launched
             if agent is not None:
                 self._end_turns()
@@ -299,6 +306,28 @@ class NativeRolloutEngine:
         self.done[out_rows[finished]] = True
         return finished
 
+    def _record_steps(self, out_rows: np.ndarray, toks: np.ndarray, lps: np.ndarray) -> np.ndarray:
+        """Store the tokens of one launch, (rows, steps), for `out_rows`: each row's up to and
+        including its first EOS and within its limit (the rest were wasted steps); returns which
+        rows are now finished. With one step per launch this is `_record`."""
+        if toks.shape[1] == 1:
+            return self._record(out_rows, toks[:, 0], lps[:, 0], 0)
+        N = toks.shape[1]
+        gen, limit = self.lengths[out_rows], self.limit[out_rows]
+        is_eos = np.isin(toks, self.eos_np)
+        any_eos = is_eos.any(1)
+        first = np.where(any_eos, is_eos.argmax(1) + 1, N)  # tokens up to the first EOS
+        keep = np.minimum(first, limit - gen)
+        m = np.arange(N)[None, :] < keep[:, None]
+        rows = np.repeat(out_rows, keep)
+        cols = (gen[:, None] + np.arange(N)[None, :])[m]
+        self.tok_hist[rows, cols] = toks[m]
+        self.lp_hist[rows, cols] = lps[m]
+        self.lengths[out_rows] = gen + keep
+        finished = (any_eos & (first <= keep)) | (gen + keep >= limit)
+        self.done[out_rows[finished]] = True
+        return finished
+
     def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int) -> None:
         """Prompt forward pass of the admitted groups, their first tokens, and their new rows."""
         seqs, copies = [], []
@@ -359,13 +388,26 @@ class NativeRolloutEngine:
         if B == 0:
             return None
         running = sched.running
+        N, bs = self.runner.decode_steps, self.block_size
         cached = self.run_cached[:B]
-        need = np.nonzero(cached % self.block_size == 0)[0]  # rows whose next cached token opens a block
-        if len(need):
-            self.runner.add_blocks(need, cached[need] // self.block_size, [sched.grow(running[r]) for r in need])
+        if N == 1:
+            need = np.nonzero(cached % bs == 0)[0]  # rows whose next cached token opens a block
+            if len(need):
+                self.runner.add_blocks(need, cached[need] // bs, [sched.grow(running[r]) for r in need])
+        else:  # blocks for the next N positions, within each row's reservation (past it: scratch block 0)
+            rows, cols, blocks = [], [], []
+            # a row holds at least ceil(cached / bs) blocks; only those whose next N positions cross into a new one look
+            for r in np.nonzero((cached + N + bs - 1) // bs > (cached + bs - 1) // bs)[0]:
+                seq = running[r]
+                while seq.reserved > 0 and len(seq.blocks) * bs < cached[r] + N:
+                    rows.append(r)
+                    cols.append(len(seq.blocks))
+                    blocks.append(sched.grow(seq))
+            if rows:
+                self.runner.add_blocks(np.array(rows), np.array(cols), blocks)
         host, event = self.runner.decode(B, mode)
-        self.run_cached[:B] += 1
-        self.run_launched[:B] += 1
+        self.run_cached[:B] += N
+        self.run_launched[:B] += N
         return list(running), self.run_out_row[:B].copy(), host, event
 
     def _collect(self, launched, sched: Scheduler, max_new: int) -> None:
@@ -374,10 +416,10 @@ class NativeRolloutEngine:
         if event is not None:
             event.synchronize()
         B = len(seqs)
-        live = np.nonzero(~self.done[out_rows])[0]  # rows that ended earlier ran a wasted step
-        toks = host[0, :B].numpy().astype(np.int64)[live]
-        lps = host[1, :B].numpy()[live]
-        finished = self._record(out_rows[live], toks, lps, max_new)
+        live = np.nonzero(~self.done[out_rows])[0]  # rows that ended earlier ran wasted steps
+        toks = host[0, :, :B].numpy().astype(np.int64).T[live]  # (rows, steps)
+        lps = host[1, :, :B].numpy().T[live]
+        finished = self._record_steps(out_rows[live], toks, lps)
         ended = live[finished]
         if len(ended) and self.agent is None:
             sched.postprocess([seqs[r] for r in ended], self.lengths[out_rows[ended]].tolist())
@@ -409,6 +451,7 @@ class NativeRolloutEngine:
                 sched.finish(seq)
                 continue
             L, k = int(self.lengths[row]), len(tokens)
+            cached = min(cached, seq.prompt_len + L)  # a multi-step launch may have run past the turn's end
             if not tokens or L + k >= max_new:
                 raise RuntimeError(f"agent: {k} appended tokens after {L} do not leave room for a model token in {max_new}")
             self.tok_hist[row, L : L + k] = tokens

@@ -69,8 +69,12 @@ class ModelRunner:
         block_size: int,
         num_blocks: int | None,
         tp: TensorParallel | None = None,
+        decode_steps: int = 1,
     ):
         self.device, self.dtype, self.hf_config = device, dtype, hf_config
+        if not (isinstance(decode_steps, int) and 1 <= decode_steps <= 64):
+            raise ValueError(f"decode_steps_per_sync must be an integer in [1, 64], got {decode_steps!r}")
+        self.decode_steps = decode_steps
         self.tp = tp if tp is not None and tp.size > 1 else None
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -79,7 +83,8 @@ class ModelRunner:
             hf_config,
             dtype,
             device,
-            max_positions=max(max_model_len, hf_config.max_position_embeddings),
+            # a multi-step launch may run up to decode_steps past a sequence's end (the tokens are dropped)
+            max_positions=max(max_model_len, hf_config.max_position_embeddings) + decode_steps,
             shard=(lambda m: apply_tp(m, self.tp)) if self.tp else None,
         )
         if self.tp:  # padding rows of the last vocabulary block: zero (their logits are masked anyway)
@@ -94,6 +99,8 @@ class ModelRunner:
         self.cache: KVCache | None = None
         self._cache_ptr: int | None = None
         self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
+        # block-table columns: past max_model_len, the steps a multi-step launch may overrun point at scratch block 0
+        self.table_width = blocks_for(max_model_len + decode_steps, block_size)
         self._alloc_row_buffers()
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._graph_pool = None
@@ -150,13 +157,17 @@ class ModelRunner:
 
     # -- memory --------------------------------------------------------------------------------
     def _alloc_row_buffers(self) -> None:
-        S, M, dev = self.max_num_seqs, self.max_blocks_per_seq, self.device
+        S, M, N, dev = self.max_num_seqs, self.table_width, self.decode_steps, self.device
         self.buf_ids = torch.zeros(S, dtype=torch.long, device=dev)
         self.buf_pos = torch.zeros(S, dtype=torch.long, device=dev)  # position of the input token
         self.buf_seeds = torch.zeros(S, dtype=torch.long, device=dev)
         self.buf_tables = torch.zeros(S, M, dtype=torch.int32, device=dev)  # row 0-filled = scratch block
         self.out_tok = torch.zeros(S, dtype=torch.long, device=dev)
         self.out_lp = torch.zeros(S, dtype=torch.float32, device=dev)
+        self.steps_tok = torch.zeros(N, S, dtype=torch.long, device=dev)  # every step of one launch
+        self.steps_lp = torch.zeros(N, S, dtype=torch.float32, device=dev)
+        self.row_ids = torch.arange(S, device=dev)
+        self.n_active = torch.zeros((), dtype=torch.long, device=dev)  # rows [0, n_active) advance; padding stays
 
     def _num_blocks(self) -> int:
         cfg, m = self.hf_config, self.model
@@ -226,7 +237,7 @@ class ModelRunner:
         a step's results are read while the next step is already queued)."""
         pin = self.device.type == "cuda"
         S = self.max_num_seqs
-        self.host_out = [torch.empty(2, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self.host_out = [torch.empty(2, self.decode_steps, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.step_count = 0
 
     def prefill(
@@ -283,7 +294,7 @@ class ModelRunner:
         G, T = len(tokens), max(lens)
         ids = torch.zeros(G, T, dtype=torch.long)
         positions = torch.zeros(G, T, dtype=torch.long)
-        table = torch.zeros(G, self.max_blocks_per_seq, dtype=torch.int32)
+        table = torch.zeros(G, self.table_width, dtype=torch.int32)
         slots, valid = [], []
         for i, (new, start, blocks) in enumerate(zip(tokens, starts, tables)):
             ids[i, : lens[i]] = torch.tensor(new)
@@ -311,7 +322,7 @@ class ModelRunner:
         self.buf_ids[r] = first_tokens
         self.buf_pos[r] = torch.tensor(positions, device=dev)
         self.buf_seeds[r] = torch.tensor(seeds, device=dev)
-        table = torch.zeros(len(tables), self.max_blocks_per_seq, dtype=torch.int32)
+        table = torch.zeros(len(tables), self.table_width, dtype=torch.int32)
         for j, t in enumerate(tables):
             table[j, : len(t)] = torch.tensor(t, dtype=torch.int32)
         self.buf_tables[r] = table.to(dev)
@@ -332,24 +343,36 @@ class ModelRunner:
         self.buf_tables[n:B] = 0
 
     def decode(self, B: int, mode):
-        """Queue one decode step of rows [0, B) on the device (no sync) and the copy of its tokens
-        and log-probs to a pinned host buffer; the rows' next input is the sampled token. Returns
-        (host buffer, event to wait on before reading it; None on CPU)."""
+        """Queue `decode_steps` decode steps of rows [0, B) on the device (no sync; one CUDA graph
+        replay) and the copy of their tokens and log-probs to a pinned host buffer; each step's
+        input is the previous step's token. Returns (host buffer (2, steps, S): tokens and
+        log-probs, event to wait on before reading it; None on CPU)."""
         Bp = next(s for s in self.ladder if s >= B)
+        N = self.decode_steps
+        self.n_active.fill_(B)
         if self.use_graphs:
             self._graph(Bp, mode).replay()
         else:
-            self._decode_forward(Bp, mode)
+            self._decode_steps(Bp, mode)
         host = self.host_out[self.step_count % 2]
-        host[0, :B].copy_(self.out_tok[:B], non_blocking=True)
-        host[1, :B].copy_(self.out_lp[:B], non_blocking=True)
+        host[0, :, :B].copy_(self.steps_tok[:N, :B], non_blocking=True)
+        host[1, :, :B].copy_(self.steps_lp[:N, :B], non_blocking=True)
         event = torch.cuda.Event() if self.device.type == "cuda" else None
         if event is not None:
             event.record()
-        self.buf_ids[:B] = self.out_tok[:B]  # the next step's input
-        self.buf_pos[:B] += 1
         self.step_count += 1
         return host, event
+
+    def _decode_steps(self, Bp: int, mode) -> None:
+        """`decode_steps` tokens for rows [0, Bp), each step's token the next one's input; the
+        rows past n_active (batch padding) keep their position."""
+        active = (self.row_ids[:Bp] < self.n_active).long()
+        for s in range(self.decode_steps):
+            self._decode_forward(Bp, mode)
+            self.steps_tok[s, :Bp] = self.out_tok[:Bp]
+            self.steps_lp[s, :Bp] = self.out_lp[:Bp]
+            self.buf_ids[:Bp] = self.out_tok[:Bp]  # the next step's input
+            self.buf_pos[:Bp] += active
 
     def _decode_forward(self, Bp: int, mode) -> None:
         """One token for rows [0, Bp): reads the row buffers, writes out_tok / out_lp."""
@@ -392,7 +415,10 @@ class ModelRunner:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                self._decode_forward(Bp, mode)
+                saved = self.buf_ids.clone(), self.buf_pos.clone()  # the warm-up advances the rows: undo it
+                self._decode_steps(Bp, mode)
+                self.buf_ids.copy_(saved[0])
+                self.buf_pos.copy_(saved[1])
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             kw = {}
@@ -402,7 +428,7 @@ class ModelRunner:
                 torch.cuda.synchronize(self.device)
                 kw["capture_error_mode"] = "thread_local"
             with torch.cuda.graph(graph, pool=self._graph_pool, **kw):
-                self._decode_forward(Bp, mode)
+                self._decode_steps(Bp, mode)
             self.graphs[key] = graph
         return self.graphs[key]
 

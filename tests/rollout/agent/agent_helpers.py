@@ -45,6 +45,7 @@ def chat_tokenizer():
 
 
 TOK = chat_tokenizer()
+DECODE_STEPS = 1  # decode steps per launch of the engines these tests build (test_agent_loop.py runs 1 and 5)
 EOS = TOK.eos_token_id
 
 
@@ -83,6 +84,7 @@ def chat_prompts(questions, extra=None):
 def engine_for(model, **kw):
     kw.setdefault("max_model_len", 1024)
     kw.setdefault("block_size", 4)
+    kw.setdefault("decode_steps_per_sync", DECODE_STEPS)
     return NativeRolloutEngine.from_hf_model(model, TOK, **kw)
 
 

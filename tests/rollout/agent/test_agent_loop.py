@@ -3,6 +3,7 @@ masks, log-probs across appended tool tokens, ordering, failing tools, budgets, 
 
 import asyncio
 
+import agent_helpers
 import pytest
 import torch
 from agent_helpers import EOS, TOK, ScriptedPolicy, chat_prompts, engine_for, tiny_model, turn
@@ -13,6 +14,14 @@ from hybridrl.rollout import SamplingParams
 from hybridrl.rollout.agent.loop import AgentOptions
 from hybridrl.rollout.agent.rollout import AgentRollout
 from hybridrl.rollout.agent.tool import Tool, ToolResult
+
+
+@pytest.fixture(autouse=True, params=[1, 5], ids=["1-step", "5-step"])
+def decode_steps(request, monkeypatch):
+    """Every test with one decode step per launch and with five (turns then end mid-launch)."""
+    monkeypatch.setattr(agent_helpers, "DECODE_STEPS", request.param)
+    return request.param
+
 
 SAMPLE = SamplingParams(n=1, temperature=1.0, max_new_tokens=300)
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'

@@ -271,7 +271,7 @@ class RolloutConfig:
         None,
         "native: decode steps launched together (one CUDA-graph replay) before the host reads their tokens; a "
         "sequence that ends mid-launch runs the rest as wasted steps (dropped). The same tokens at any value. "
-        "null = 8 on a GPU (the host's per-step work then overlaps the device's), 1 on CPU.",
+        "null = 1 (on an H200 host, 8 was no faster: the host already keeps up one step ahead; BENCHMARKS.md).",
     )
     tensor_model_parallel_size: int = option(
         1,

@@ -71,3 +71,19 @@ def test_top_k_top_p_under_graphs_equal_eager(setup):
     a = NativeRolloutEngine.from_hf_model(model, tok, **kw).generate(prompts(), s, seeds=seeds)
     b = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw).generate(prompts(), s, seeds=seeds)
     assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])
+
+
+def test_eight_steps_per_graph_replay_equal_one_step_eager(setup):
+    """Several decode steps captured in one graph (the CUDA default) against one eager step per
+    launch, float32: the same tokens, with EOS and the length limit falling mid-launch."""
+    model, tok, prompts, _ = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=4)
+    s = SamplingParams(n=3, temperature=1.0, max_new_tokens=29)
+    seeds = list(range(15))
+    many = NativeRolloutEngine.from_hf_model(model, tok, decode_steps_per_sync=8, **kw)
+    one = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, decode_steps_per_sync=1, **kw)
+    assert many.use_graphs and many.runner.decode_steps == 8
+    a, b = many.generate(prompts(), s, seeds=seeds), one.generate(prompts(), s, seeds=seeds)
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES]) and torch.equal(a[K.RESPONSE_MASK], b[K.RESPONSE_MASK])
+    torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=0)
+    assert many.cache.allocator.num_free == many.cache.allocator.usable

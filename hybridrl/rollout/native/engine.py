@@ -42,7 +42,7 @@ from hybridrl.rollout.native.tp import TensorParallel
 __all__ = ["BLOCK_SIZE", "NativeRolloutEngine", "canonical_name"]
 
 BLOCK_SIZE = 16
-DECODE_STEPS_CUDA = 8  # decode steps per launch on CUDA (benchmarks/rollout.py --steps compares)
+DECODE_STEPS_CUDA = 1  # decode steps per launch on CUDA: 8 measured no faster on an H200 host (BENCHMARKS.md)
 
 
 class NativeRolloutEngine:

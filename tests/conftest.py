@@ -44,3 +44,4 @@ def arith_data(tmp_path_factory):
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).parent / "api"))
 sys.path.insert(0, str(Path(__file__).parent / "rollout" / "agent"))
+sys.path.insert(0, str(Path(__file__).parent / "workers"))

@@ -241,10 +241,11 @@ def cmd_eval(args) -> int:
         if "flexible_accuracy" in m:
             line += f"; strict {m['accuracy']:.4f}, flexible (last number) {m['flexible_accuracy']:.4f}"
         print(line)
-    if multi_turn.enable:  # the last batch's agent metrics: turns, tool calls and errors, waiting on tools
-        agent = {k: v for k, v in engine.last_metrics.items() if k.startswith(("agent/", "perf/"))}
-        print("multi-turn (last batch): " + ", ".join(f"{k.split('/', 1)[1]} {v:.4g}" for k, v in agent.items()))
-        summary = {**summary, "rollout": agent}
+    # the last batch's engine metrics: tokens/s; multi-turn: turns, tool calls and errors, waiting on tools
+    engine_metrics = {k: v for k, v in engine.last_metrics.items() if k.startswith(("agent/", "perf/"))}
+    if engine_metrics:
+        print("rollout (last batch): " + ", ".join(f"{k.split('/', 1)[1]} {v:.4g}" for k, v in engine_metrics.items()))
+        summary = {**summary, "rollout": engine_metrics}
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     return 0

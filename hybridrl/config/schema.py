@@ -169,6 +169,13 @@ class ActorConfig:
         None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
     )
     ppo_epochs: int = option(1, "Passes over each step's rollouts.")
+    reuse_on_policy_log_prob: bool = option(
+        False,
+        "On-policy steps (one mini-batch per step, ppo_epochs=1) skip the old log-prob pass: pi_old is the update's "
+        "own forward, detached, which it equals (ratio 1; the same loss and gradient up to float rounding). Not "
+        "used with algorithm.use_kl_in_reward, a rollout correction or trainer.mode other than sync (they read "
+        "pi_old before the update); then the pass runs. verl calls reusing log-probs 'bypass'.",
+    )
     shuffle: bool = option(False, "Shuffle the rollouts before splitting them into mini-batches.")
     clip_ratio: float = option(0.2, "PPO clip range epsilon for the importance ratio.")
     clip_ratio_low: float | None = option(None, "Lower clip range (1 - low); null = clip_ratio.")

@@ -38,7 +38,9 @@ def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, fl
     m["perf/total_num_tokens"] = float(response_len.sum() + prompt_len.sum())
     # Trainer vs engine probabilities of the same sampled tokens: a mismatch means the engine
     # samples from other weights (a missed weight sync) or numerics that drift from training.
-    diff = (batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs()  # (B, R)
-    m["training/rollout_probs_diff_mean"] = float(masked_mean(diff, mask))
-    m["training/rollout_probs_diff_max"] = float(diff[valid].max()) if valid.any() else 0.0
+    # (Without OLD_LOG_PROBS, actor.reuse_on_policy_log_prob, the update reports the mean itself.)
+    if K.OLD_LOG_PROBS in batch:
+        diff = (batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs()  # (B, R)
+        m["training/rollout_probs_diff_mean"] = float(masked_mean(diff, mask))
+        m["training/rollout_probs_diff_max"] = float(diff[valid].max()) if valid.any() else 0.0
     return m

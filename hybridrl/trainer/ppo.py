@@ -62,6 +62,7 @@ class PPOTrainer(Trainer):
             run = self.run
             self.sampler = OffPolicyRollouts(cfg, self.sampler, run.loader.next_batch, lambda: run.global_step, run.total_steps)
         self.correction = staleness_correction(cfg)
+        self.reuse_log_prob = reuses_on_policy_log_prob(cfg, self.correction)
 
     def step(self, prompts: Batch) -> dict:
         """One RL step on a batch of prompts; returns its metrics."""
@@ -110,6 +111,8 @@ class PPOTrainer(Trainer):
         """OLD_LOG_PROBS, recomputed by the trainer or (rollout_correction.bypass_mode) the engine's
         own; then the train/rollout mismatch correction when one is configured (trainer/mismatch.py)."""
         rc = self.correction
+        if self.reuse_log_prob:  # on-policy: the update's own forward is pi_old (actor.reuse_on_policy_log_prob)
+            return batch, {}
         if rc.bypass_mode:
             batch[K.OLD_LOG_PROBS] = batch[K.ROLLOUT_LOG_PROBS]
         else:
@@ -159,3 +162,12 @@ class PPOTrainer(Trainer):
 
     def state_dict(self) -> dict:
         return {"kl_ctrl": self.kl_ctrl.state_dict()}
+
+
+def reuses_on_policy_log_prob(cfg: Config, correction) -> bool:
+    """actor.reuse_on_policy_log_prob applies: a step is one optimizer step of one epoch (the update's
+    log-probs are then pi_old's) and nothing reads pi_old before the update."""
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    one_step = a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.data.train_batch_size
+    before_update = cfg.algorithm.use_kl_in_reward or correction_enabled(correction) or correction.bypass_mode
+    return a.reuse_on_policy_log_prob and one_step and not before_update and cfg.trainer.mode == "sync"

@@ -197,7 +197,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
         a = self.arr.actor
         # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
         extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
-        batch = batch.select([*seq_keys(batch), K.OLD_LOG_PROBS, K.ADVANTAGES, *extra])
+        # no OLD_LOG_PROBS (actor.reuse_on_policy_log_prob): the loss takes its own log-probs as pi_old
+        # and compares them with the engine's
+        extra += [K.OLD_LOG_PROBS] if K.OLD_LOG_PROBS in batch else [K.ROLLOUT_LOG_PROBS]
+        batch = batch.select([*seq_keys(batch), K.ADVANTAGES, *extra])
         start = self.engine.perf_start()
         split = Split(
             self.plan.actor.micro_batch,

@@ -70,8 +70,9 @@ class PPOPolicyLoss:
         norm = dict(loss_agg_mode=a.loss_agg_mode, **norms)
         # the loss registered as policy_loss.loss_mode (vanilla: the PPO clip); with
         # algorithm.rollout_correction.rollout_is, weighted by the train/rollout mismatch weights
+        on_policy = K.OLD_LOG_PROBS not in micro  # actor.reuse_on_policy_log_prob: this forward is pi_old
         pg = get_policy_loss(a.policy_loss.loss_mode)(
-            old_log_prob=micro[K.OLD_LOG_PROBS],
+            old_log_prob=log_prob.detach() if on_policy else micro[K.OLD_LOG_PROBS],
             log_prob=log_prob,
             advantages=micro[K.ADVANTAGES],
             response_mask=mask,
@@ -92,6 +93,9 @@ class PPOPolicyLoss:
             "actor/ppo_kl": pg["ppo_kl"],
             "actor/entropy": (entropy.detach() * mask).sum() / mask.sum().clamp(min=1),
         }
+        if on_policy:  # what the old log-prob pass would have reported: trainer vs engine probabilities
+            diff = (log_prob.detach().exp() - micro[K.ROLLOUT_LOG_PROBS].exp()).abs()
+            metrics["training/rollout_probs_diff_mean"] = (diff * mask).sum() / mask.sum().clamp(min=1)
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
             kl_loss = agg_loss(kl, mask, **norm)

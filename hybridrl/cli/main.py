@@ -151,7 +151,11 @@ def cmd_data(args) -> int:
     if args.dataset == "gsm8k":
         if not args.input or not args.output:
             raise UsageError("hybridrl data gsm8k needs --input FILE.jsonl and --output FILE.parquet|.jsonl")
-        n = convert_gsm8k(args.input, args.output, split=args.split)
+        tools = [t for t in (args.tools or "").split(",") if t]
+        try:
+            n = convert_gsm8k(args.input, args.output, split=args.split, tools=tools, interaction=args.interaction)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         print(f"wrote {n} rows to {args.output}")
     elif args.dataset == "rm-pairs":
         from hybridrl.data.preference import rm_pairs_from_samples
@@ -398,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", help="gsm8k: the source JSONL (question/answer rows); rm-pairs: `hybridrl eval --output` rows")
     s.add_argument("--output", help="gsm8k: output .parquet or .jsonl; arith, arith-pref: output directory")
     s.add_argument("--split", default=None, help="gsm8k: split name stored in extra_info (default: from the file name)")
+    s.add_argument(
+        "--tools", default=None, help="gsm8k: rows for the multi-turn tool recipe, e.g. --tools python (docs/agents.md)"
+    )
+    s.add_argument("--interaction", default=None, help="gsm8k: rows for an interaction, e.g. --interaction gsm8k")
     s.add_argument("--seed", type=int, default=0, help="arith, arith-pref: problem sampling seed; rm-pairs: pairing seed")
     s.add_argument("--pairs-per-prompt", type=int, default=1, help="rm-pairs: most (chosen, rejected) pairs per prompt")
     s.set_defaults(fn=cmd_data)

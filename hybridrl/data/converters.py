@@ -121,7 +121,20 @@ def _guess_split(path: str | os.PathLike) -> str:
     return "test" if "test" in name else "train"
 
 
-def _gsm8k_row(record: Any, index: int, split: str, where: str) -> dict[str, Any]:
+# The system message of the tool recipe (`--tools python`): the model may run code in the code
+# format of the agent loop (multi_turn.format=code), sees what it prints, then answers.
+GSM8K_TOOL_SYSTEM = (
+    "You are a helpful assistant that solves math problems. You can run Python: write code in a ```python "
+    "block and print() what you need; you will see its output before you answer. Finish with the final "
+    "answer on its own line as '#### <number>'."
+)
+GSM8K_TOOLS = ("python",)
+GSM8K_INTERACTIONS = ("gsm8k",)
+
+
+def _gsm8k_row(
+    record: Any, index: int, split: str, where: str, tools: tuple[str, ...] = (), interaction: str | None = None
+) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key in ("question", "answer"):
@@ -131,12 +144,21 @@ def _gsm8k_row(record: Any, index: int, split: str, where: str) -> dict[str, Any
     match = _GSM8K_ANSWER.search(answer)
     if match is None:
         raise ValueError(f"{where}: 'answer' has no final '#### <number>'")
+    truth = match.group(1).replace(",", "")
+    prompt = [{"role": "user", "content": question + GSM8K_INSTRUCTION}]
+    extra = {"split": split, "index": index, "answer": answer, "question": question}
+    if tools:  # verl's multi-turn row fields: per-tool creation arguments
+        prompt.insert(0, {"role": "system", "content": GSM8K_TOOL_SYSTEM})
+        extra["need_tools_kwargs"] = True
+        extra["tools_kwargs"] = {t: {"create_kwargs": {"ground_truth": truth}} for t in tools}
+    if interaction:
+        extra["interaction_kwargs"] = {"name": interaction, "query": question, "ground_truth": truth}
     return {
         "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": question + GSM8K_INSTRUCTION}],
+        "prompt": prompt,
         "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": match.group(1).replace(",", "")},
-        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": extra,
     }
 
 
@@ -144,12 +166,24 @@ def convert_gsm8k(
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
     split: str | None = None,
+    tools: tuple[str, ...] | list[str] = (),
+    interaction: str | None = None,
 ) -> int:
     """Convert GSM8K JSONL (``{"question", "answer": "... #### 72"}`` per line)
     into prompt rows at ``output_path`` (.jsonl or .parquet). ``split`` defaults
     to "test" if the input file name contains "test", else "train". Returns the
-    number of rows written."""
+    number of rows written.
+
+    ``tools=("python",)``: the multi-turn tool recipe's rows (a system message that offers a
+    ```python block, ``extra_info.tools_kwargs``); ``interaction="gsm8k"``: rows for the gsm8k
+    interaction (``extra_info.interaction_kwargs``), verl's multi-turn row shapes."""
     _suffix(output_path)  # fail on a bad extension before reading anything
+    tools = tuple(tools)
+    for t in tools:
+        if t not in GSM8K_TOOLS:
+            raise ValueError(f"--tools {t}: the GSM8K recipe knows the tool(s) {', '.join(GSM8K_TOOLS)}")
+    if interaction is not None and interaction not in GSM8K_INTERACTIONS:
+        raise ValueError(f"--interaction {interaction}: the GSM8K recipe knows {', '.join(GSM8K_INTERACTIONS)}")
     split = split or _guess_split(input_path)
     rows = []
     with open(input_path, encoding="utf-8") as f:
@@ -161,7 +195,7 @@ def convert_gsm8k(
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: invalid JSON ({e})") from None
-            rows.append(_gsm8k_row(record, len(rows), split, where))
+            rows.append(_gsm8k_row(record, len(rows), split, where, tools, interaction))
     return write_rows(rows, output_path)
 
 

@@ -22,6 +22,20 @@ def explain(cfg_or_path: Config | str | Path | None = None, overrides: Sequence[
     return explain_text(cfg)
 
 
+def _multi_turn_rows(cfg: Config) -> list[str]:
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return []
+    parts = [f"format {mt.format}"]
+    if mt.tool_config_path:
+        parts.append(f"tools from {mt.tool_config_path}")
+    if mt.interaction_config_path:
+        parts.append(f"interaction from {mt.interaction_config_path}")
+    turns = f"up to {mt.max_assistant_turns or 'any number of'} model turn(s)"
+    budget = f"{cfg.data.max_response_length} response tokens in all (model + tool/user tokens)"
+    return [f"  multi-turn rollouts (rollout.multi_turn): {', '.join(parts)}; {turns}, {budget}"]
+
+
 def explain_text(cfg: Config) -> str:
     """The batch plan of a valid config as a table; raises ConfigError when it has none."""
     p = plan_batches(cfg)
@@ -39,6 +53,7 @@ def explain_text(cfg: Config) -> str:
             p.sequences_per_device,
             f"generated in {p.generation_rounds} round(s) of up to {p.max_num_seqs} (rollout.max_num_seqs)",
         ),
+        *_multi_turn_rows(cfg),
         "",
         "actor (actor_rollout_ref.actor)",
         *_role_rows(cfg, p, p.actor, a.actor.ppo_micro_batch_size_per_gpu),

@@ -183,3 +183,23 @@ def test_make_arith_uses_the_whole_space(tmp_path):
 def test_make_arith_rejects_unknown_ops(tmp_path):
     with pytest.raises(ValueError, match="ops"):
         make_arith(tmp_path, ops="*")
+
+
+def test_convert_gsm8k_for_the_tool_recipe_and_an_interaction(tmp_path):
+    from hybridrl.data.converters import GSM8K_TOOL_SYSTEM
+
+    src = _write_jsonl(tmp_path / "test.jsonl", GSM8K_LINES)
+    out = tmp_path / "tool.jsonl"
+    assert convert_gsm8k(src, out, tools=["python"], interaction="gsm8k") == 3
+    row = read_rows(out)[0]
+    assert row["prompt"] == [
+        {"role": "system", "content": GSM8K_TOOL_SYSTEM},
+        {"role": "user", "content": GSM8K_LINES[0]["question"] + GSM8K_INSTRUCTION},
+    ]
+    extra = row["extra_info"]
+    assert extra["tools_kwargs"] == {"python": {"create_kwargs": {"ground_truth": "7"}}} and extra["need_tools_kwargs"]
+    assert extra["interaction_kwargs"] == {"name": "gsm8k", "query": GSM8K_LINES[0]["question"], "ground_truth": "7"}
+    with pytest.raises(ValueError, match="--tools shell: the GSM8K recipe knows the tool"):
+        convert_gsm8k(src, tmp_path / "x.jsonl", tools=["shell"])
+    with pytest.raises(ValueError, match="--interaction judge"):
+        convert_gsm8k(src, tmp_path / "x.jsonl", interaction="judge")

@@ -19,6 +19,8 @@ VOLATILE = (
     "perf/samples_per_s",
     "perf/rollout_tokens_per_s",
     "rollout/decode_ms_per_step",
+    "agent/tool_wait_share",
+    "agent/tool_latency_s",
 )  # wall-clock numbers differ between runs
 
 

@@ -155,3 +155,12 @@ def test_malformed_interaction_configs(tmp_path, text, message):
     p.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_interaction_config(p)
+
+
+def test_shipped_tool_and_interaction_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "configs"
+    tools = {p.name: [t.name for t in load_tool_config(p)] for p in sorted((root / "tools").glob("*.yaml"))}
+    assert tools == {"calculator.yaml": ["calculator"], "python.yaml": ["python"]}
+    assert list(load_interaction_config(root / "interactions" / "gsm8k.yaml")) == ["gsm8k"]

@@ -14,7 +14,8 @@ mkdir -p "$OUT/data"
 for split in train test; do
   [[ -f $OUT/data/$split.parquet ]] || python -m hybridrl data gsm8k --tools python --input "$DATA/$split.jsonl" --output "$OUT/data/$split.parquet"
 done
-TOOLS=(--tool-config configs/tools/python.yaml --multi-turn-format code --max-assistant-turns 3)
+TOOL_CONFIG=${TOOL_CONFIG:-configs/tools/python.yaml}  # e.g. a copy with sandbox_fusion_url or allow_unsafe_fallback
+TOOLS=(--tool-config "$TOOL_CONFIG" --multi-turn-format code --max-assistant-turns 3)
 evaluate() {  # $1 model dir, $2 name, then extra flags
   local model=$1 name=$2; shift 2
   python -m hybridrl eval --model "$model" --data "$OUT/data/test.parquet" --max-response-length 1024 --batch-size 512 \
@@ -27,6 +28,7 @@ case $STAGE in
   train)
     python -m hybridrl train configs/gsm8k_tool_grpo.yaml \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$OUT/data/train.parquet" data.val_files=null \
+      actor_rollout_ref.rollout.multi_turn.tool_config_path="$TOOL_CONFIG" \
       trainer.max_wall_time_s=480 trainer.save_freq=-1 trainer.default_local_dir="$OUT/run" trainer.log_samples=2 \
       "$@" ;;
   after) evaluate "$OUT/run/checkpoints/$(cat "$OUT/run/checkpoints/latest")/actor" after_tool "${TOOLS[@]}" ;;

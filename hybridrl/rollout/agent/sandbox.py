@@ -25,9 +25,7 @@ What contains it, and how (docs/sandbox.md has the table):
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -130,15 +128,6 @@ class SandboxResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-_LIBC: list = []
-
-
-def _libc():
-    if not _LIBC:  # loaded in the parent: a forked child must not take the loader's locks
-        _LIBC.append(ctypes.CDLL(None, use_errno=True))
-    return _LIBC[0]
-
-
 def _processes_of(uid: int) -> int:
     """How many processes `uid` runs now (RLIMIT_NPROC counts them all, not one snippet's)."""
     n = 0
@@ -155,18 +144,14 @@ def namespaces_available() -> str | None:
     """None when a child can get new user, PID and network namespaces here, else why not."""
     import subprocess
 
-    libc = _libc()
-
-    def enter():
-        if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) != 0:
-            os._exit(100 + ctypes.get_errno() % 100)
-
+    argv = _setup_argv("pass", SandboxConfig(max_concurrency=1), _processes_of(os.geteuid()) + 4, True)
     try:
-        r = subprocess.run([sys.executable, "-I", "-c", "pass"], preexec_fn=enter, timeout=30)  # noqa: PLW1509
+        r = subprocess.run(argv, capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
     except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     if r.returncode != 0:
-        return f"unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) failed (errno {r.returncode - 100})"
+        why = r.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) failed ({why[-1] if why else f'exit {r.returncode}'})"
     return None
 
 
@@ -206,19 +191,13 @@ class LocalSandbox:
                 f.write(code)
             launcher = _LAUNCHER.format(allow_net=False, max_forks=c.max_processes)
             nproc = _processes_of(os.geteuid()) + c.max_processes
-            libc = _libc()
             proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-c",
-                _init_code() if self.isolated else launcher,
-                *([launcher] if self.isolated else []),
+                *_setup_argv(launcher, c, nproc, self.isolated),
                 cwd=workdir,
                 env={"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1"},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                preexec_fn=lambda: _enter(c, nproc, libc if self.isolated else None),  # noqa: PLW1509
                 start_new_session=True,
             )
             out, err, truncated = bytearray(), bytearray(), [False]
@@ -254,34 +233,56 @@ class LocalSandbox:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _init_code() -> str:
-    """PID 1 of the new PID namespace is the launcher's first child: this parent forks it, waits,
-    and passes its exit status on. When PID 1 exits, the kernel kills the whole namespace."""
-    return (
-        "import os, sys\n"
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    os.execv(sys.executable, [sys.executable, '-I', '-c', sys.argv[1]])\n"
-        "_, status = os.waitpid(pid, 0)\n"
-        "sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))\n"
-    )
-
-
-def _enter(c: SandboxConfig, nproc: int, libc) -> None:
-    """In the child, before exec: limits, the unprivileged user, the namespaces (with `libc`)."""
-    try:
-        mb = 1 << 20
-        resource.setrlimit(resource.RLIMIT_CPU, (c.cpu_s, c.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (c.memory_mb * mb, c.memory_mb * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (c.max_file_mb * mb, c.max_file_mb * mb))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (c.max_open_files, c.max_open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))  # root is exempt: the audit hook counts forks
-        if libc is not None and libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) != 0:
+# The sandbox's first process (started without a preexec_fn, so the trainer -- gigabytes resident,
+# a CUDA context -- is never fork()ed: vfork + exec costs the same at any parent size). It applies
+# the limits to itself, enters new user, PID and network namespaces, then forks PID 1 of the new PID
+# namespace, which execs the launcher; it passes PID 1's exit status on. When PID 1 exits, the
+# kernel kills everything left in the namespace. argv: launcher source, limits as JSON.
+_SETUP = r"""
+import json, os, resource, sys
+_launcher, _p = sys.argv[1], json.loads(sys.argv[2])
+try:
+    _mb = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (_p["cpu_s"], _p["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (_p["memory_mb"] * _mb, _p["memory_mb"] * _mb))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_p["max_file_mb"] * _mb, _p["max_file_mb"] * _mb))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_p["max_open_files"], _p["max_open_files"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (_p["nproc"], _p["nproc"]))  # root is exempt: the audit hook counts forks
+    if _p["isolate"]:
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+        if _libc.unshare(_p["flags"]) != 0:
             raise OSError(ctypes.get_errno(), "unshare failed")
-    except BaseException as e:  # report and exit: never run the snippet half-isolated
-        os.write(2, f"sandbox setup failed: {type(e).__name__}: {e}\n".encode())
-        os._exit(EXIT_SETUP_FAILED)
+except BaseException as e:  # report and exit: never run the snippet half-isolated
+    os.write(2, ("sandbox setup failed: %s: %s\n" % (type(e).__name__, e)).encode())
+    os._exit(EXIT_SETUP_FAILED)
+_argv = [sys.executable, "-I", "-c", _launcher]
+if not _p["isolate"]:
+    os.execv(sys.executable, _argv)
+_pid = os.fork()
+if _pid == 0:
+    os.execv(sys.executable, _argv)
+_, _status = os.waitpid(_pid, 0)
+sys.exit(os.waitstatus_to_exitcode(_status) if os.WIFEXITED(_status) else 128 + os.WTERMSIG(_status))
+""".replace("EXIT_SETUP_FAILED", str(EXIT_SETUP_FAILED))
+
+NAMESPACE_FLAGS = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+
+
+def _setup_argv(launcher: str, c: SandboxConfig, nproc: int, isolate: bool) -> list[str]:
+    import json
+
+    limits = {
+        "cpu_s": c.cpu_s,
+        "memory_mb": c.memory_mb,
+        "max_file_mb": c.max_file_mb,
+        "max_open_files": c.max_open_files,
+        "nproc": nproc,
+        "isolate": isolate,
+        "flags": NAMESPACE_FLAGS,
+    }
+    return [sys.executable, "-I", "-c", _SETUP, launcher, json.dumps(limits)]
 
 
 async def _feed(proc, data: bytes) -> None:

@@ -20,6 +20,7 @@ VOLATILE = (
     "perf/rollout_tokens_per_s",
     "rollout/decode_ms_per_step",
     "agent/tool_wait_share",
+    "rollout/extend_",  # wall-clock, and how answers arrive (which ones rejoin together)
     "agent/tool_latency_s",
 )  # wall-clock numbers differ between runs
 

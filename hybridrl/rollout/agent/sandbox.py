@@ -86,7 +86,14 @@ del _hook
 sys.argv = ["snippet.py"]
 with open("snippet.py") as f:
     _code = compile(f.read(), "snippet.py", "exec")
-exec(_code, {{"__name__": "__main__", "__builtins__": __builtins__}})
+try:
+    exec(_code, {{"__name__": "__main__", "__builtins__": __builtins__}})
+except SystemExit:
+    raise
+except BaseException as _e:  # the snippet's traceback without this launcher's frame
+    import traceback
+    traceback.print_exception(type(_e), _e, _e.__traceback__.tb_next)
+    sys.exit(1)
 """
 
 

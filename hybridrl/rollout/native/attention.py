@@ -114,11 +114,21 @@ class ExtendAttention:
 
     owns_rope = False
 
-    def __init__(self, cache: KVCache, slots: torch.Tensor, valid: torch.Tensor, tables: torch.Tensor, positions: torch.Tensor):
+    def __init__(
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        valid: torch.Tensor,
+        tables: torch.Tensor,
+        positions: torch.Tensor,
+        context: int | None = None,
+    ):
+        """`context`: the longest row's context after the new tokens (max position + 1), given by
+        the host to spare a device sync."""
         self.cache, self.slots, self.valid = cache, slots, valid  # slots (N,), valid (B*T,) flat indices
         self.tables, self.positions = tables, positions  # (B, M) int32 block tables, (B, T) positions
         bs = cache.block_size
-        context = int(positions.max()) + 1
+        context = int(positions.max()) + 1 if context is None else context
         self.nb = -(-context // bs)
         keys = torch.arange(self.nb * bs, device=positions.device)
         self.mask = keys[None, None, :] <= positions[:, :, None]  # (B, T, C): causal over the whole context

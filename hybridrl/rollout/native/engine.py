@@ -45,6 +45,9 @@ BLOCK_SIZE = 16
 DECODE_STEPS_CUDA = 1  # decode steps per launch on CUDA: 8 measured no faster on an H200 host (BENCHMARKS.md)
 
 
+RESUME_WAIT_STEPS = 16  # see NativeRolloutEngine(resume_wait_steps=)
+
+
 class NativeRolloutEngine:
     def __init__(
         self,
@@ -64,10 +67,14 @@ class NativeRolloutEngine:
         eos_token_ids: list[int] | None = None,
         tp: TensorParallel | None = None,
         decode_steps_per_sync: int | None = None,
+        resume_wait_steps: int = RESUME_WAIT_STEPS,
     ):
         """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device).
         `decode_steps_per_sync`: decode steps launched together (one CUDA graph replay) before the
-        host reads their tokens; None = DECODE_STEPS_CUDA on CUDA, 1 on CPU."""
+        host reads their tokens; None = DECODE_STEPS_CUDA on CUDA, 1 on CPU.
+        `resume_wait_steps` (multi-turn): sequences whose tool or user turn has answered wait up to
+        this many decode steps to rejoin the batch together (one extend pass over their appended
+        tokens instead of one per answer); 0 = each rejoins as soon as its answer arrives."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -91,6 +98,7 @@ class NativeRolloutEngine:
             if decode_steps_per_sync is not None
             else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
         )
+        self.resume_wait_steps = resume_wait_steps
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
@@ -220,6 +228,7 @@ class NativeRolloutEngine:
             agent.begin(prompts, n, max_new)
             self.limit[:] = [agent.turn_limit(row, 0) for row in range(total)]
         stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0)
+        self.stats = stats
         t0 = time.perf_counter()
         # Decode runs one step ahead of the host: step k is launched before the results of step
         # k-1 are read, so the host's bookkeeping overlaps the GPU's work. A sequence that ended
@@ -261,6 +270,9 @@ class NativeRolloutEngine:
         if agent is not None:
             out = agent.finish(out)
             self.last_metrics.update(agent.metrics(elapsed, stats["tool_wait_s"]))
+            self.last_metrics["rollout/extend_passes"] = float(self.extend_passes)
+            self.last_metrics["rollout/extend_rows_mean"] = self.extend_rows / max(self.extend_passes, 1)
+            self.last_metrics["rollout/extend_s"] = self.extend_s
             self.agent = None
         return out
 
@@ -295,6 +307,8 @@ class NativeRolloutEngine:
             self.notified = np.zeros(total, dtype=bool)
             self.paused: dict[int, tuple] = {}  # out row -> (sequence, tokens cached)
             self.ready: deque = deque()  # (out row, tokens to append or None)
+            self.ready_since: int | None = None  # decode steps run when the oldest ready answer came
+            self.extend_passes, self.extend_rows, self.extend_s = 0, 0, 0.0
 
     def _record(self, out_rows: np.ndarray, toks: np.ndarray, lps: np.ndarray, max_new: int) -> np.ndarray:
         """Store one new token for each of `out_rows`; returns which of them are now finished."""
@@ -442,8 +456,18 @@ class NativeRolloutEngine:
     def _resume(self, sched: Scheduler, mode, max_new: int) -> None:
         """Apply the agent's answers: end trajectories, or append tokens and rejoin the batch."""
         self.ready.extend(self.agent.poll(block=False))
+        if not self.ready:
+            return
+        steps = self.stats["steps"]
+        if self.ready_since is None:
+            self.ready_since = steps
+        running = len(sched.running)
+        # Rejoin together: each extend pass is an eager forward and a host sync, whatever its size.
+        # Wait (a few decode steps at most) while others still decode and few answers are in.
+        if running and len(self.ready) < max(1, running // 2) and steps - self.ready_since < self.resume_wait_steps:
+            return
         rows, seqs, inputs, starts = [], [], [], []
-        budget = self.max_num_seqs - len(sched.running)
+        budget = self.max_num_seqs - running
         while self.ready and len(rows) < budget:
             row, tokens = self.ready.popleft()
             seq, cached = self.paused.pop(row)
@@ -465,14 +489,18 @@ class NativeRolloutEngine:
             seqs.append(seq)
             inputs.append(full[cached:].tolist())
             starts.append(cached)
+        self.ready_since = steps if self.ready else None
         if not rows:
             return
+        t = time.perf_counter()
         out_rows = np.array(rows)
         self.turn_start[out_rows] = self.lengths[out_rows]
         self.limit[out_rows] = [self.agent.turn_limit(int(r), int(self.lengths[r])) for r in rows]
         self.done[out_rows] = self.left[out_rows] = self.notified[out_rows] = False
         tok, lp = self.runner.extend(inputs, starts, [s.blocks for s in seqs], [s.seed for s in seqs], mode)
         finished = self._record(out_rows, tok.cpu().numpy(), lp.cpu().numpy(), max_new)
+        self.extend_passes, self.extend_rows = self.extend_passes + 1, self.extend_rows + len(rows)
+        self.extend_s += time.perf_counter() - t
         for j in np.nonzero(finished)[0]:  # the turn ended on its first token
             self._pause(seqs[j], starts[j] + len(inputs[j]))
         keep = np.nonzero(~finished)[0]

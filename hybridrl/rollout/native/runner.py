@@ -292,19 +292,21 @@ class ModelRunner:
         dev, bs = self.device, self.block_size
         lens = [len(t) for t in tokens]
         G, T = len(tokens), max(lens)
-        ids = torch.zeros(G, T, dtype=torch.long)
-        positions = torch.zeros(G, T, dtype=torch.long)
-        table = torch.zeros(G, self.table_width, dtype=torch.int32)
-        slots, valid = [], []
-        for i, (new, start, blocks) in enumerate(zip(tokens, starts, tables)):
-            ids[i, : lens[i]] = torch.tensor(new)
-            positions[i] = start + torch.arange(T).clamp(max=lens[i] - 1)  # padding repeats the last position
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + lens[i])]
-            valid += range(i * T, i * T + lens[i])
-        positions = positions.to(dev)
-        slots_t, valid_t = torch.tensor(slots, device=dev), torch.tensor(valid, device=dev)
-        attn = ExtendAttention(self.cache, slots_t, valid_t, table.to(dev), positions)
+        table = np.zeros((G, self.table_width), dtype=np.int32)
+        ids_np = np.zeros((G, T), dtype=np.int64)
+        for i, (new, blocks) in enumerate(zip(tokens, tables)):
+            ids_np[i, : lens[i]] = new
+            table[i, : len(blocks)] = blocks
+        lens_np, starts_np = np.asarray(lens), np.asarray(starts)
+        pos_np = starts_np[:, None] + np.minimum(np.arange(T)[None, :], lens_np[:, None] - 1)  # padding repeats the last position
+        valid_np = np.arange(T)[None, :] < lens_np[:, None]
+        p = pos_np[valid_np]  # positions of the new tokens, row by row
+        slots = table[np.repeat(np.arange(G), lens_np), p // bs].astype(np.int64) * bs + p % bs
+        ids, positions = torch.from_numpy(ids_np), torch.from_numpy(pos_np).to(dev)
+        slots_t = torch.from_numpy(slots).to(dev)
+        valid_t = torch.from_numpy(np.flatnonzero(valid_np)).to(dev)
+        context = int((starts_np + lens_np).max())
+        attn = ExtendAttention(self.cache, slots_t, valid_t, torch.from_numpy(table).to(dev), positions, context)
         hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
         logits = self.model.logits(last)

@@ -244,3 +244,20 @@ def test_multi_turn_needs_the_native_engine():
 
 def test_eos_is_the_only_turn_end():
     assert EOS == TOK.eos_token_id
+
+
+def test_answered_rows_rejoin_together_with_the_same_tokens():
+    """Rows whose tools answered wait a few decode steps to rejoin in one extend pass (each pass is
+    an eager forward and a host sync): fewer passes, and the same trajectories as rejoining at once."""
+    plans = {40 + i: [turn(CALL, free=2 * i), turn(free=3), turn(f"#### {i}")] for i in range(8)}
+    outs, passes = [], []
+    for wait in (0, 1000):
+        out, policy, engine, _ = run({s: [list(t) for t in p] for s, p in plans.items()}, engine={"resume_wait_steps": wait})
+        outs.append(out)
+        passes.append(policy.extend_calls)
+        assert engine.last_metrics["rollout/extend_passes"] == policy.extend_calls
+        assert engine.last_metrics["rollout/extend_rows_mean"] * policy.extend_calls == 8  # each row rejoined once
+    assert passes[1] < passes[0], passes
+    for key in (K.RESPONSES, K.RESPONSE_MASK, K.RESPONSE_ATTENTION_MASK):
+        assert torch.equal(outs[0][key], outs[1][key]), key
+    torch.testing.assert_close(outs[0][K.ROLLOUT_LOG_PROBS], outs[1][K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)

@@ -40,6 +40,9 @@ def test_prints_and_exit_codes():
     assert (r.stdout, r.exit_code, r.timed_out, r.ok) == ("42\n", 0, False, True)
     r = run("import sys; print('bad', file=sys.stderr); sys.exit(3)")
     assert r.exit_code == 3 and "bad" in r.stderr and not r.ok
+    r = run("x = 1\nprint(y)")  # the model sees its own traceback, not the launcher's frames
+    assert r.exit_code == 1 and 'File "snippet.py", line 2' in r.stderr and "NameError" in r.stderr
+    assert "<string>" not in r.stderr and r.stderr.count("File ") == 1
 
 
 def test_infinite_loop_is_killed_at_the_wall_timeout():

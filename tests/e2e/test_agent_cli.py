@@ -85,6 +85,40 @@ def test_multi_turn_with_an_interaction_trains_and_resumes_exactly(tiny_model_di
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_multi_turn_on_two_ray_workers(tiny_model_dir, arith_data, tmp_path):
+    """The same multi-turn setup with the actor on 2 Ray worker processes (gloo, FSDP2): each
+    worker runs its share of the trajectories through its own engine and agent loop."""
+    (tmp_path / "teacher_env.py").write_text(TEACHER)
+    (tmp_path / "reward.py").write_text(LAST_LINE_REWARD)
+    (tmp_path / "interactions.yaml").write_text("interaction:\n  - name: teacher\n    class_name: teacher_env.RetryTeacher\n")
+    overrides = {
+        "actor_rollout_ref.model.random_init": "true",
+        "data.max_response_length": 16,
+        "actor_rollout_ref.rollout.multi_turn.enable": "true",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path": tmp_path / "interactions.yaml",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns": 1,
+        "custom_reward_function.path": tmp_path / "reward.py",
+        "trainer.n_gpus_per_node": 2,
+        "trainer.total_training_steps": 2,
+        "trainer.test_freq": -1,
+        "trainer.logger": "[console,jsonl]",
+    }
+    out = tmp_path / "run"
+    run = cli(
+        "train",
+        _write_empty_yaml(tmp_path),
+        *base_overrides(tiny_model_dir, arith_data, out, **overrides),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert "Ray, device cpu (colocated: 2 ranks)" in run.stdout
+    train = [r for r in metrics(out) if r["step"] > 0]
+    assert len(train) == 2
+    assert_all_finite(train)
+    assert max(r["agent/user_turns_mean"] for r in train) > 0 and max(r["agent/turns_mean"] for r in train) > 1
+    assert min(r["reward/agent/mean"] for r in train) < 0
+    assert max(r["training/rollout_probs_diff_max"] for r in train) < 1e-4
+
+
 def test_multi_turn_config_errors(tiny_model_dir, arith_data, tmp_path):
     cfg = _write_empty_yaml(tmp_path)
     out = tmp_path / "run"

@@ -18,6 +18,8 @@ prompts of 256 random tokens), both engines generate 512 new tokens per prompt w
   kept for the baseline, listed beside it);
 - switch time: an fp32 "trainer" model on the same GPU; wake() + load_weights(all parameters,
   fp32 -> bf16 copy in place) + sleep(), median of 5.
+- `--prompt-len`, `--new-tokens`: other shapes, e.g. `--new-tokens 4096` or 16384 for R1-style
+  response lengths (with `--no-hf`);
 - `--steps 1 8`: the native engine with 1 and with 8 decode steps per launch
   (`rollout.decode_steps_per_sync`), each a row (baseline in the same run).
 Prints a table and writes rollout_bench.json to --out.
@@ -246,11 +248,14 @@ def main():
         help="also profile a STEPS-token generate per row (with and without CUDA graphs): kernel tables "
         "in --out, device-busy share of the wall time",
     )
+    ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 256; 16 with --tiny)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="tokens generated per prompt (default 512; 32 with --tiny)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     models = args.models or (["tiny"] if args.tiny else ["Qwen2.5-0.5B", "Qwen2.5-1.5B"])
     batches = args.batches or ([4, 8] if args.tiny else [64, 256])
     prompt_len, new_tokens = (16, 32) if args.tiny else (256, 512)
+    prompt_len, new_tokens = args.prompt_len or prompt_len, args.new_tokens or new_tokens
     Path(args.out).mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(device)
     results = dict(
@@ -294,6 +299,7 @@ def main():
                 )
                 row["floor_ms"] = floor_ms(engine, b, prompt_len + new_tokens / 2, bw)
                 row["kv_cache_gb"] = engine.cache.data.numel() * engine.cache.data.element_size() / 1e9
+                row["kv_used_gb"] = engine.last_metrics["rollout/kv_cache_usage"] * row["kv_cache_gb"]  # at the peak
                 print(f"{name} x{b} steps/launch {row['steps']}: native {row['native']}", flush=True)
                 if args.profile:
                     tag = f"{name}_x{b}_s{row['steps']}"

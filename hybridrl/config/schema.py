@@ -280,6 +280,13 @@ class RolloutConfig:
         "sequence that ends mid-launch runs the rest as wasted steps (dropped). The same tokens at any value. "
         "null = 1 (on an H200 host, 8 was no faster: the host already keeps up one step ahead; BENCHMARKS.md).",
     )
+    enable_prefix_caching: bool = option(
+        False,
+        "native (TP=1): a prompt whose first full KV blocks (16 tokens each) equal those of a prompt already in the "
+        "cache -- a shared system prompt -- shares them and prefills only the rest, within one generation (the "
+        "weights change between them). The same tokens; log-probs equal to float precision. Metric "
+        "rollout/prefix_cache_hit_rate (share of prompt tokens not recomputed).",
+    )
     tensor_model_parallel_size: int = option(
         1,
         "native: ranks per rollout replica. The actor's ranks generate as world / tp replicas of tp consecutive "

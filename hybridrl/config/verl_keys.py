@@ -61,7 +61,6 @@ IGNORED: dict[str, str] = {
             "pipeline_model_parallel_size",
             "max_model_len",
             "enable_chunked_prefill",
-            "enable_prefix_caching",
             "logprobs_mode",
             "scheduling_policy",
             "load_format",

@@ -52,6 +52,7 @@ def make_rollout_engine(
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 enforce_eager=rollout.enforce_eager,
                 decode_steps_per_sync=rollout.decode_steps_per_sync,
+                prefix_caching=rollout.enable_prefix_caching,
                 tp=TensorParallel.of(tp_group) if tp_size > 1 else None,
             )
         if tp_size > 1:

@@ -241,3 +241,35 @@ def test_the_scheduler_owns_its_queues_and_blocks():
     sched.postprocess([seqs[0]], [4])
     sched.keep_rows([])
     assert sched.idle and alloc.num_free == 11 and sched.committed == 0
+
+
+@pytest.mark.parametrize("max_num_seqs", [64, 5])
+def test_prefix_caching_gives_the_same_samples_and_skips_the_shared_prefix(max_num_seqs):
+    """Prompts with a shared system-prompt-like prefix: with prefix caching, later prompts share
+    its full KV blocks and compute only the rest, and the samples are those of a full prefill (same
+    tokens, log-probs to float precision). Some prompts are the prefix itself (the last block is
+    recomputed: its last token's logits are needed) or diverge inside a block. max_num_seqs=5
+    admits the groups in waves: hits on blocks of groups still running, and blocks forgotten when
+    their last sequence ends; every block goes back to the allocator."""
+    shared = "(12+34)*56-78=(9*8)+"  # 20 characters: 5 full blocks of 4
+    texts = [shared + "1=", shared + "22*3=", shared, shared[:18] + "7-7=", "5+5=", shared + "(4+4)*(2+2)="]
+    sampling = SamplingParams(n=3, temperature=1.0, max_new_tokens=10)
+    model = hf_model()
+    outs, engines = [], []
+    for caching in (False, True):
+        engine = engine_for(model, max_num_seqs=max_num_seqs, prefix_caching=caching)
+        outs.append(engine.generate(prompts(texts), sampling, seeds=list(range(3 * len(texts)))))
+        engines.append(engine)
+        assert engine.cache.allocator.num_free == engine.cache.allocator.usable
+    plain, cached = outs
+    assert torch.equal(plain[K.RESPONSES], cached[K.RESPONSES])
+    assert torch.equal(plain[K.RESPONSE_MASK], cached[K.RESPONSE_MASK])
+    torch.testing.assert_close(plain[K.ROLLOUT_LOG_PROBS], cached[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+    assert "rollout/prefix_cache_hit_rate" not in engines[0].last_metrics
+    rate = engines[1].last_metrics["rollout/prefix_cache_hit_rate"]
+    total = sum(len(t) for t in texts)
+    # at most: every prompt after the first reuses the shared blocks it starts with
+    best = (0 + 20 + 16 + 16 + 0 + 20) / total  # the prefix itself recomputes its last block; one diverges in block 5
+    assert 0 < rate <= best + 1e-9, (rate, best)
+    if max_num_seqs == 64:  # one wave: every later prompt hits all its shared full blocks
+        assert rate == pytest.approx(best)

@@ -68,13 +68,17 @@ class NativeRolloutEngine:
         tp: TensorParallel | None = None,
         decode_steps_per_sync: int | None = None,
         resume_wait_steps: int = RESUME_WAIT_STEPS,
+        prefix_caching: bool = False,
     ):
         """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device).
         `decode_steps_per_sync`: decode steps launched together (one CUDA graph replay) before the
         host reads their tokens; None = DECODE_STEPS_CUDA on CUDA, 1 on CPU.
         `resume_wait_steps` (multi-turn): sequences whose tool or user turn has answered wait up to
         this many decode steps to rejoin the batch together (one extend pass over their appended
-        tokens instead of one per answer); 0 = each rejoins as soon as its answer arrives."""
+        tokens instead of one per answer); 0 = each rejoins as soon as its answer arrives.
+        `prefix_caching`: prompts that start with the same full KV blocks as a prompt already in
+        the cache (a shared system prompt) share those blocks and compute only the rest, within
+        one generate call (scheduler.py); single-device engines only (ignored with `tp`)."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -99,6 +103,7 @@ class NativeRolloutEngine:
             else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
         )
         self.resume_wait_steps = resume_wait_steps
+        self.prefix_caching = prefix_caching and (tp is None or tp.size == 1)
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
@@ -218,7 +223,9 @@ class NativeRolloutEngine:
             raise ValueError(f"seeds: need one per output sequence ({total}), got {len(seeds)}")
         self.wake()
         mode = (0.0 if sampling.greedy else float(sampling.temperature), sampling.top_k, sampling.top_p)
-        sched = Scheduler(self.cache.allocator, self.block_size, self.max_num_seqs, self.max_num_batched_tokens)
+        sched = Scheduler(
+            self.cache.allocator, self.block_size, self.max_num_seqs, self.max_num_batched_tokens, self.prefix_caching
+        )
         for i in range(len(prompts)):
             rows = list(range(i * n, (i + 1) * n))
             sched.add(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
@@ -267,6 +274,8 @@ class NativeRolloutEngine:
             "rollout/decode_steps": stats["steps"],
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
         }
+        if self.prefix_caching:
+            self.last_metrics["rollout/prefix_cache_hit_rate"] = sched.hit_rate
         if agent is not None:
             out = agent.finish(out)
             self.last_metrics.update(agent.metrics(elapsed, stats["tool_wait_s"]))
@@ -343,21 +352,30 @@ class NativeRolloutEngine:
         return finished
 
     def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int) -> None:
-        """Prompt forward pass of the admitted groups, their first tokens, and their new rows."""
-        seqs, copies = [], []
-        for g in groups:
-            group_seqs, group_copies = sched.start_group(g, max_new)
-            seqs += group_seqs
-            copies += group_copies
-        firsts = np.cumsum([0] + [len(g.out_rows) for g in groups[:-1]])  # each group's first sequence
-        tok, lp = self.runner.prefill(
-            [g.prompt for g in groups],
-            [seqs[i].blocks for i in firsts],
-            [len(g.out_rows) for g in groups],
-            copies,
-            [s.seed for s in seqs],
-            mode,
-        )
+        """Prompt forward pass of the admitted groups, their first tokens, and their new rows.
+        Groups that found their prompt's first blocks in the prefix cache compute only the rest
+        (an extend pass over the cached blocks), after the others: their hits may be blocks the
+        others are writing now."""
+        started = [(g, *sched.start_group(g, max_new)) for g in groups]
+        fresh = [x for x in started if not x[0].cached]
+        cached = [x for x in started if x[0].cached]
+        for part in (fresh, cached):
+            if not part:
+                continue
+            seqs = [s for _, group_seqs, _ in part for s in group_seqs]
+            copies = [c for _, _, group_copies in part for c in group_copies]
+            args = ([s.blocks for _, (s, *_), _ in part], [s.seed for s in seqs], mode)
+            samples = [len(g.out_rows) for g, _, _ in part]
+            if part is fresh:
+                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], args[0], samples, copies, *args[1:])
+            else:
+                tok, lp = self.runner.extend(
+                    [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part], *args, samples, copies
+                )
+            self._start_sequences(sched, seqs, tok, lp, max_new)
+
+    def _start_sequences(self, sched: Scheduler, seqs: list, tok: torch.Tensor, lp: torch.Tensor, max_new: int) -> None:
+        """Record the first tokens of newly prefilled sequences; those not finished take rows."""
         toks, lps = tok.cpu().numpy(), lp.cpu().numpy()
         out_rows = np.array([s.out_row for s in seqs])
         finished = self._record(out_rows, toks, lps, max_new)

@@ -283,12 +283,24 @@ class ModelRunner:
         return tok, lp
 
     def extend(
-        self, tokens: list[list[int]], starts: list[int], tables: list[list[int]], seeds: list[int], mode
+        self,
+        tokens: list[list[int]],
+        starts: list[int],
+        tables: list[list[int]],
+        seeds: list[int],
+        mode,
+        samples: list[int] | None = None,
+        copies: list[tuple[int, int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `tokens[i]` to sequence i, which has `starts[i]` tokens cached in blocks
         `tables[i]` (already long enough for the new ones): their K/V go into the cache, and the
         sequence's next token is sampled after the last of them (at position starts[i] + len).
-        Returns device tensors (tokens, log-probs), one per sequence."""
+        Returns device tensors (tokens, log-probs), one per sequence.
+
+        `samples[i]` > 1 (a prompt's remainder after a prefix-cache hit): `samples[i]` sequences
+        sample their first tokens from row i's logits (with their own seeds: `seeds` has one per
+        sequence), and `copies` are (source, destination) blocks copied once the K/V are written,
+        as in `prefill`."""
         dev, bs = self.device, self.block_size
         lens = [len(t) for t in tokens]
         G, T = len(tokens), max(lens)
@@ -310,8 +322,14 @@ class ModelRunner:
         hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
         logits = self.model.logits(last)
-        pos_t = torch.tensor([s + n for s, n in zip(starts, lens)], device=dev)  # the sampled token's position
-        tok, lp = torch.empty(G, dtype=torch.long, device=dev), torch.empty(G, device=dev)
+        samples = samples or [1] * G
+        if any(n != 1 for n in samples):
+            logits = logits.repeat_interleave(torch.tensor(samples, device=dev), dim=0)
+        if copies:
+            self.cache.copy_blocks([a for a, _ in copies], [b for _, b in copies])
+        k = sum(samples)
+        pos_t = torch.tensor([s + n for s, n, m in zip(starts, lens, samples) for _ in range(m)], device=dev)  # next position
+        tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
         self._sample_into(logits, torch.tensor(seeds, device=dev), pos_t, mode, tok, lp)
         return tok, lp
 

@@ -11,6 +11,13 @@ block), `postprocess` (finished sequences give their blocks back) and `keep_rows
 that go on running once finished ones leave, in order: row i of `running` is row i of the
 device buffers).
 
+Prefix caching (`prefix_caching=True`): every full prompt block is registered under a hash of
+all the tokens up to its end, and a group admitted later whose prompt starts with the same full
+blocks shares them (a shared system prompt, say) instead of recomputing them; its prefill then
+computes only the rest, over the cached blocks. A registered block is forgotten when its last
+sequence releases it, so sharing lasts while some sequence holds the block (within one generate
+call: the weights may change between calls).
+
 Admission reserves each group's worst case (prompt + max_new_tokens blocks per sample) against
 the free blocks, and blocks are then allocated lazily as sequences grow. A running sequence can
 therefore always get its next block: no preemption or recomputation is ever needed, at the
@@ -20,7 +27,7 @@ price of admitting fewer sequences than an optimistic scheduler when responses e
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridrl.rollout.native.cache import BlockAllocator, CacheFullError, blocks_for
 
@@ -32,6 +39,8 @@ class Group:
     prompt: list[int]
     out_rows: list[int]
     seeds: list[int]
+    cached: int = 0  # prompt tokens found in the prefix cache at admission (a multiple of the block size)
+    hashes: list[int] = field(default_factory=list)  # per full prompt block: hash of the tokens up to its end
 
 
 @dataclass
@@ -45,15 +54,48 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefix_caching: bool = False,
+    ):
         self.allocator, self.block_size = allocator, block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.waiting: deque[Group] = deque()
         self.running: list[Sequence] = []  # index = row of the device buffers
         self.committed = 0  # blocks promised to running sequences, not yet allocated
+        self.prefix_caching = prefix_caching
+        self.prefix: dict[int, int] = {}  # hash of a full prompt block's tokens (and all before) -> block
+        self.block_hash: dict[int, int] = {}  # the reverse, for blocks in `prefix`
+        self.prompt_tokens = self.cached_tokens = 0  # per prompt (not per sample): the hit rate's terms
 
     def add(self, group: Group) -> None:
+        if self.prefix_caching:
+            bs, h, group.hashes = self.block_size, 0, []
+            for i in range(len(group.prompt) // bs):
+                h = hash((h, tuple(group.prompt[i * bs : (i + 1) * bs])))
+                group.hashes.append(h)
         self.waiting.append(group)
+
+    def _hits(self, group: Group) -> list[int]:
+        """The cached blocks the group's prompt starts with; at least its last token is left to compute."""
+        hits = []
+        for h in group.hashes:
+            b = self.prefix.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        if len(hits) * self.block_size >= len(group.prompt):
+            hits.pop()
+        return hits
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of the prompt tokens admitted so far that came from the prefix cache."""
+        return self.cached_tokens / max(self.prompt_tokens, 1)
 
     @property
     def idle(self) -> bool:
@@ -64,7 +106,8 @@ class Scheduler:
         """Worst-case blocks of a group: shared full prompt blocks + each sample's own blocks."""
         L, bs = len(group.prompt), self.block_size
         per_seq = blocks_for(L + max_new_tokens - 1, bs)  # the last sampled token is never cached
-        return L // bs + len(group.out_rows) * (per_seq - L // bs)
+        shared = L // bs - (len(self._hits(group)) if self.prefix_caching else 0)
+        return shared + len(group.out_rows) * (per_seq - L // bs)
 
     def schedule(self, max_new_tokens: int) -> list[Group]:
         """Groups to prefill now: they fit in free rows, free blocks and the prefill token budget."""
@@ -101,8 +144,20 @@ class Scheduler:
         """
         L, bs, a = len(group.prompt), self.block_size, self.allocator
         per_seq = blocks_for(L + max_new_tokens - 1, bs)
-        first = [a.allocate() for _ in range(blocks_for(L, bs))]
+        hits = self._hits(group) if self.prefix_caching else []
+        for b in hits:
+            a.share(b)
+        first = hits + [a.allocate() for _ in range(blocks_for(L, bs) - len(hits))]
         full = first[: L // bs]
+        group.cached = len(hits) * bs
+        self.prompt_tokens += L
+        self.cached_tokens += group.cached
+        # registered now, before their K/V are written: the engine runs the groups that compute
+        # them before the groups that read them (and within one pass each layer writes, then reads)
+        for h, b in zip(group.hashes, full):
+            if h not in self.prefix:
+                self.prefix[h] = b
+                self.block_hash[b] = h
         seqs = [Sequence(group.out_rows[0], L, group.seeds[0], first, per_seq - len(first))]
         copies: list[tuple[int, int]] = []
         for row, seed in zip(group.out_rows[1:], group.seeds[1:]):
@@ -147,6 +202,8 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         for b in seq.blocks:
             self.allocator.release(b)
+            if self.allocator.refcount[b] == 0 and b in self.block_hash:  # free again: forget its tokens
+                del self.prefix[self.block_hash.pop(b)]
         self.committed -= seq.reserved
         seq.reserved = 0
         seq.blocks = []

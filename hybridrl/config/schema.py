@@ -287,6 +287,12 @@ class RolloutConfig:
         "weights change between them). The same tokens; log-probs equal to float precision. Metric "
         "rollout/prefix_cache_hit_rate (share of prompt tokens not recomputed).",
     )
+    enable_chunked_prefill: bool = option(
+        False,
+        "native (TP=1): prefill a prompt longer than max_num_batched_tokens in chunks of that many tokens, one chunk "
+        "between decode steps, so running sequences keep decoding (without it a long prompt is prefilled in one "
+        "pass while they wait). The same tokens; log-probs equal to float precision. Metric rollout/prefill_chunks.",
+    )
     tensor_model_parallel_size: int = option(
         1,
         "native: ranks per rollout replica. The actor's ranks generate as world / tp replicas of tp consecutive "

@@ -60,7 +60,6 @@ IGNORED: dict[str, str] = {
             "expert_parallel_size",
             "pipeline_model_parallel_size",
             "max_model_len",
-            "enable_chunked_prefill",
             "logprobs_mode",
             "scheduling_policy",
             "load_format",

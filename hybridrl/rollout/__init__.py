@@ -53,6 +53,7 @@ def make_rollout_engine(
                 enforce_eager=rollout.enforce_eager,
                 decode_steps_per_sync=rollout.decode_steps_per_sync,
                 prefix_caching=rollout.enable_prefix_caching,
+                chunked_prefill=rollout.enable_chunked_prefill,
                 tp=TensorParallel.of(tp_group) if tp_size > 1 else None,
             )
         if tp_size > 1:

@@ -273,3 +273,36 @@ def test_prefix_caching_gives_the_same_samples_and_skips_the_shared_prefix(max_n
     assert 0 < rate <= best + 1e-9, (rate, best)
     if max_num_seqs == 64:  # one wave: every later prompt hits all its shared full blocks
         assert rate == pytest.approx(best)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_chunked_prefill_gives_the_same_samples_and_lets_others_decode(prefix_caching):
+    """Prompts longer than max_num_batched_tokens (8) are prefilled 8 tokens at a time, one chunk
+    between decode steps: the samples are those of a whole-prompt prefill, and sequences already
+    running decode between the chunks."""
+    long_a, long_b = "(12+34)*56-78=(9*8)+1=", "(12+34)*56-78=(9*8)+(4+4)*(2+2)="  # 22 and 32 characters
+    texts = ["1+2=", long_a, "7*8=", long_b, "99-1="]
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=10)
+    model = hf_model()
+    outs, calls = [], []
+    for chunked in (False, True):
+        engine = engine_for(model, max_num_batched_tokens=8, chunked_prefill=chunked, prefix_caching=prefix_caching)
+        log = []
+        extend, decode = engine.runner.extend, engine.runner.decode
+        engine.runner.extend = lambda *a, **k: log.append("chunk" if k.get("sample") is False else "extend") or extend(*a, **k)
+        engine.runner.decode = lambda *a, **k: log.append("decode") or decode(*a, **k)
+        outs.append(engine.generate(prompts(texts), sampling, seeds=list(range(2 * len(texts)))))
+        calls.append(log)
+        assert engine.cache.allocator.num_free == engine.cache.allocator.usable
+    whole, chunked = outs
+    assert torch.equal(whole[K.RESPONSES], chunked[K.RESPONSES])
+    assert torch.equal(whole[K.RESPONSE_MASK], chunked[K.RESPONSE_MASK])
+    torch.testing.assert_close(whole[K.ROLLOUT_LOG_PROBS], chunked[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+    assert "chunk" not in calls[0]
+    log = calls[1]
+    assert log.count("chunk") >= 2  # 22 tokens: 2 chunks and a last one that samples; 32: 3 and 1 (fewer with hits)
+    first, last = log.index("chunk"), len(log) - 1 - log[::-1].index("chunk")
+    assert "decode" in log[first:last]  # the short prompts decoded while the long ones were prefilled
+    # every chunk pass, the sampling last ones included (which are the only other extends without prefix hits)
+    chunks = engine.last_metrics["rollout/prefill_chunks"]
+    assert chunks == log.count("chunk") + log.count("extend") if not prefix_caching else chunks > log.count("chunk")

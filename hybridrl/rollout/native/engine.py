@@ -69,6 +69,7 @@ class NativeRolloutEngine:
         decode_steps_per_sync: int | None = None,
         resume_wait_steps: int = RESUME_WAIT_STEPS,
         prefix_caching: bool = False,
+        chunked_prefill: bool = False,
     ):
         """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device).
         `decode_steps_per_sync`: decode steps launched together (one CUDA graph replay) before the
@@ -78,7 +79,10 @@ class NativeRolloutEngine:
         tokens instead of one per answer); 0 = each rejoins as soon as its answer arrives.
         `prefix_caching`: prompts that start with the same full KV blocks as a prompt already in
         the cache (a shared system prompt) share those blocks and compute only the rest, within
-        one generate call (scheduler.py); single-device engines only (ignored with `tp`)."""
+        one generate call (scheduler.py); single-device engines only (ignored with `tp`).
+        `chunked_prefill`: a prompt longer than `max_num_batched_tokens` is prefilled in chunks of
+        that many tokens, one chunk between decode steps, so running sequences go on decoding
+        (single-device engines only)."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -104,6 +108,7 @@ class NativeRolloutEngine:
         )
         self.resume_wait_steps = resume_wait_steps
         self.prefix_caching = prefix_caching and (tp is None or tp.size == 1)
+        self.prefill_chunk = max_num_batched_tokens if chunked_prefill and (tp is None or tp.size == 1) else None
         self.last_metrics: dict[str, float] = {}
 
     @classmethod
@@ -247,6 +252,8 @@ class NativeRolloutEngine:
             new = sched.schedule(max_new) if sched.waiting else []
             if new:
                 self._prefill(sched, new, mode, max_new)
+            if self.prefilling:
+                self._prefill_chunk(sched, mode, max_new)
             t = time.perf_counter()
             stats["peak_usage"] = max(stats["peak_usage"], self.cache.usage)
             launched = self._launch_step(sched, mode, max_new)
@@ -276,6 +283,8 @@ class NativeRolloutEngine:
         }
         if self.prefix_caching:
             self.last_metrics["rollout/prefix_cache_hit_rate"] = sched.hit_rate
+        if self.prefill_chunk:
+            self.last_metrics["rollout/prefill_chunks"] = float(self.prefill_chunks)
         if agent is not None:
             out = agent.finish(out)
             self.last_metrics.update(agent.metrics(elapsed, stats["tool_wait_s"]))
@@ -305,6 +314,8 @@ class NativeRolloutEngine:
         self.run_out_row, self.run_cached, self.run_launched = (np.zeros(S, dtype=np.int64) for _ in range(3))
         self.eos_np = np.array(self.eos_token_ids if not self.ignore_eos else [], dtype=np.int64)
         self.runner.start_run()
+        self.prefilling: deque = deque()  # [group, sequences, block copies, prompt tokens cached] of long prompts
+        self.prefill_chunks = 0
         # Multi-turn (agent) state per output row: which response tokens the environment wrote,
         # where the current turn started, whether the row has left the batch and how many of its
         # tokens are cached then; paused sequences (holding their blocks) and ready continuations.
@@ -357,6 +368,12 @@ class NativeRolloutEngine:
         (an extend pass over the cached blocks), after the others: their hits may be blocks the
         others are writing now."""
         started = [(g, *sched.start_group(g, max_new)) for g in groups]
+        if self.prefill_chunk:  # long prompts: a chunk at a time, between decode steps
+            long = [x for x in started if len(x[0].prompt) - x[0].cached > self.prefill_chunk]
+            for g, seqs, copies in long:
+                self.prefilling.append([g, seqs, copies, g.cached])
+                sched.prefilling_rows += len(seqs)
+            started = [x for x in started if len(x[0].prompt) - x[0].cached <= self.prefill_chunk]
         fresh = [x for x in started if not x[0].cached]
         cached = [x for x in started if x[0].cached]
         for part in (fresh, cached):
@@ -373,6 +390,24 @@ class NativeRolloutEngine:
                     [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part], *args, samples, copies
                 )
             self._start_sequences(sched, seqs, tok, lp, max_new)
+
+    def _prefill_chunk(self, sched: Scheduler, mode, max_new: int) -> None:
+        """The next chunk of the oldest long prompt being prefilled (an extend pass over the
+        chunks before it); after its last chunk its samples sample their first tokens and start."""
+        entry = self.prefilling[0]
+        g, seqs, copies, done = entry
+        end = min(len(g.prompt), done + self.prefill_chunk)
+        self.prefill_chunks += 1
+        if end < len(g.prompt):
+            self.runner.extend([g.prompt[done:end]], [done], [seqs[0].blocks], [seqs[0].seed], mode, sample=False)
+            entry[3] = end
+            return
+        self.prefilling.popleft()
+        sched.prefilling_rows -= len(seqs)
+        tok, lp = self.runner.extend(
+            [g.prompt[done:]], [done], [seqs[0].blocks], [s.seed for s in seqs], mode, [len(seqs)], copies
+        )
+        self._start_sequences(sched, seqs, tok, lp, max_new)
 
     def _start_sequences(self, sched: Scheduler, seqs: list, tok: torch.Tensor, lp: torch.Tensor, max_new: int) -> None:
         """Record the first tokens of newly prefilled sequences; those not finished take rows."""

@@ -291,7 +291,8 @@ class ModelRunner:
         mode,
         samples: list[int] | None = None,
         copies: list[tuple[int, int]] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sample: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Append `tokens[i]` to sequence i, which has `starts[i]` tokens cached in blocks
         `tables[i]` (already long enough for the new ones): their K/V go into the cache, and the
         sequence's next token is sampled after the last of them (at position starts[i] + len).
@@ -300,7 +301,8 @@ class ModelRunner:
         `samples[i]` > 1 (a prompt's remainder after a prefix-cache hit): `samples[i]` sequences
         sample their first tokens from row i's logits (with their own seeds: `seeds` has one per
         sequence), and `copies` are (source, destination) blocks copied once the K/V are written,
-        as in `prefill`."""
+        as in `prefill`. `sample=False` (a chunk of a long prompt that is not its last): only the
+        K/V are written; returns None."""
         dev, bs = self.device, self.block_size
         lens = [len(t) for t in tokens]
         G, T = len(tokens), max(lens)
@@ -320,6 +322,8 @@ class ModelRunner:
         context = int((starts_np + lens_np).max())
         attn = ExtendAttention(self.cache, slots_t, valid_t, torch.from_numpy(table).to(dev), positions, context)
         hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        if not sample:
+            return None
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
         logits = self.model.logits(last)
         samples = samples or [1] * G

@@ -71,6 +71,7 @@ class Scheduler:
         self.prefix: dict[int, int] = {}  # hash of a full prompt block's tokens (and all before) -> block
         self.block_hash: dict[int, int] = {}  # the reverse, for blocks in `prefix`
         self.prompt_tokens = self.cached_tokens = 0  # per prompt (not per sample): the hit rate's terms
+        self.prefilling_rows = 0  # rows of admitted groups whose prompts are still being prefilled in chunks
 
     def add(self, group: Group) -> None:
         if self.prefix_caching:
@@ -100,7 +101,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing waits and nothing runs."""
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.prefilling_rows
 
     def group_need(self, group: Group, max_new_tokens: int) -> int:
         """Worst-case blocks of a group: shared full prompt blocks + each sample's own blocks."""
@@ -112,7 +113,7 @@ class Scheduler:
     def schedule(self, max_new_tokens: int) -> list[Group]:
         """Groups to prefill now: they fit in free rows, free blocks and the prefill token budget."""
         out: list[Group] = []
-        rows = len(self.running)
+        rows = len(self.running) + self.prefilling_rows
         budget = self.allocator.num_free - self.committed
         longest = 0
         while self.waiting:

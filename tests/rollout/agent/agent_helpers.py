@@ -117,11 +117,13 @@ class ScriptedPolicy:
             self.rows = len(seeds)
             return prefill(prompts, blocks, samples, copies, seeds, mode)
 
-        def wrapped_extend(tokens, starts, tables, seeds, mode):
+        def wrapped_extend(tokens, starts, tables, seeds, mode, *rest, **kw):
+            if kw.get("sample") is False:  # a chunk of a long prompt: nothing is sampled
+                return extend(tokens, starts, tables, seeds, mode, *rest, **kw)
             self.extend_calls += 1
-            next_turn(seeds)
+            next_turn(seeds)  # a turn starts: after tool tokens, or a prompt's rest after a prefix-cache hit
             self.rows = len(seeds)
-            return extend(tokens, starts, tables, seeds, mode)
+            return extend(tokens, starts, tables, seeds, mode, *rest, **kw)
 
         def wrapped_decode(B, mode):
             self.rows = B

@@ -81,9 +81,17 @@ def planned(turns):
     return [t for turn_ in turns for t in turn_]
 
 
-def test_token_in_token_out_and_masks():
+@pytest.mark.parametrize(
+    "engine",
+    [{}, {"prefix_caching": True, "chunked_prefill": True, "max_num_batched_tokens": 8}],
+    ids=["plain", "prefix-cache+chunked-prefill"],
+)
+def test_token_in_token_out_and_masks(engine):
+    """Also with prefix caching (the prompts share their chat-template head) and chunked prefill."""
     plans = {11: [turn(CALL), turn("#### 5")], 12: [turn("no tools")], 13: [turn(CALL, free=3), turn(CALL), turn("done")]}
-    out, policy, _, _ = run({s: [list(t) for t in p] for s, p in plans.items()})
+    out, policy, eng, _ = run({s: [list(t) for t in p] for s, p in plans.items()}, engine=dict(engine))
+    if engine:
+        assert eng.last_metrics["rollout/prefix_cache_hit_rate"] > 0 and eng.last_metrics["rollout/prefill_chunks"] > 0
     for row, seed in enumerate(sorted(plans)):
         ids, mask, lps = response(out, row)
         model_tokens = ids[mask.bool()].tolist()

@@ -225,6 +225,13 @@ def config_notices(cfg: Config) -> list[str]:
             "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
             "actor_rollout_ref.rollout.n=5"
         )
+    r = cfg.actor_rollout_ref.rollout
+    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if getattr(r, key) and (r.name in ("hf", "vllm") or r.tensor_model_parallel_size > 1):
+            out.append(
+                f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
+                f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
+            )
     return out
 
 

@@ -38,7 +38,7 @@ def test_verls_whole_default_tree_is_accepted():
     ]
     cfg = verl(*overrides, f"{R}.name=vllm")
     (ignored,) = [n for n in cfg.notices if n.startswith("ignored, no effect here: ")]
-    assert "actor_rollout_ref.rollout.enable_chunked_prefill" in ignored and "(vLLM/SGLang/TRT-LLM engine knob" in ignored
+    assert "actor_rollout_ref.rollout.max_model_len" in ignored and "(vLLM/SGLang/TRT-LLM engine knob" in ignored
     assert "actor_rollout_ref.model.use_shm" in ignored and "(shm model loading)" in ignored
     assert ignored.count("actor_rollout_ref.rollout.load_format") == 1
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2  # verl's default, honoured (native engine)
@@ -73,6 +73,9 @@ def test_no_config_defaults_are_verls_for_every_shared_key():
         "critic.ulysses_sequence_parallel_size": (1, None),
         "reward_model.model.path": ("~/models/FsfairX-LLaMA3-RM-v0.1", None),  # read only with reward_model.enable
         "reward_model.model.use_remove_padding": (False, True),  # padding-free scoring: the same scores, faster
+        # the native engine's versions: the same tokens, off until their speed is measured on a GPU (docs/rollout.md)
+        "actor_rollout_ref.rollout.enable_chunked_prefill": (True, False),
+        "actor_rollout_ref.rollout.enable_prefix_caching": (True, False),
     }
     assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
     assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8
@@ -190,3 +193,13 @@ def test_critic_follows_the_actors_dynamic_batching_and_loss_aggregation():
     c = verl(f"{A}.use_dynamic_bsz=true", f"{A}.loss_agg_mode=seq-mean-token-mean").critic
     assert (c.use_dynamic_bsz, c.loss_agg_mode, c.ppo_max_token_len_per_gpu) == (True, "seq-mean-token-mean", 32768)
     assert verl(f"{A}.use_dynamic_bsz=true", "critic.use_dynamic_bsz=false").critic.use_dynamic_bsz is False
+
+
+def test_prefix_caching_and_chunked_prefill_are_ours_and_say_where_they_do_nothing():
+    """verl scripts set enable_prefix_caching / enable_chunked_prefill (vLLM knobs): the native
+    engine implements them at TP=1; elsewhere the run says they do nothing."""
+    cfg = verl(f"{R}.enable_prefix_caching=True", f"{R}.enable_chunked_prefill=True", f"{R}.name=native")
+    assert cfg.actor_rollout_ref.rollout.enable_prefix_caching and cfg.actor_rollout_ref.rollout.enable_chunked_prefill
+    assert not any("does nothing" in n or "do nothing" in n for n in cfg.notices)
+    cfg = verl(f"{R}.enable_prefix_caching=True", f"{R}.name=hf")
+    assert any(n.startswith(f"{R}.enable_prefix_caching=true applies to the native engine") for n in cfg.notices)

@@ -243,6 +243,13 @@ def test_the_scheduler_owns_its_queues_and_blocks():
     assert sched.idle and alloc.num_free == 11 and sched.committed == 0
 
 
+def assert_same_samples(a, b):
+    """The same tokens and masks; log-probs equal to float precision (another attention path)."""
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])
+    assert torch.equal(a[K.RESPONSE_MASK], b[K.RESPONSE_MASK])
+    torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("max_num_seqs", [64, 5])
 def test_prefix_caching_gives_the_same_samples_and_skips_the_shared_prefix(max_num_seqs):
     """Prompts with a shared system-prompt-like prefix: with prefix caching, later prompts share
@@ -261,10 +268,7 @@ def test_prefix_caching_gives_the_same_samples_and_skips_the_shared_prefix(max_n
         outs.append(engine.generate(prompts(texts), sampling, seeds=list(range(3 * len(texts)))))
         engines.append(engine)
         assert engine.cache.allocator.num_free == engine.cache.allocator.usable
-    plain, cached = outs
-    assert torch.equal(plain[K.RESPONSES], cached[K.RESPONSES])
-    assert torch.equal(plain[K.RESPONSE_MASK], cached[K.RESPONSE_MASK])
-    torch.testing.assert_close(plain[K.ROLLOUT_LOG_PROBS], cached[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+    assert_same_samples(*outs)
     assert "rollout/prefix_cache_hit_rate" not in engines[0].last_metrics
     rate = engines[1].last_metrics["rollout/prefix_cache_hit_rate"]
     total = sum(len(t) for t in texts)
@@ -279,9 +283,10 @@ def test_prefix_caching_gives_the_same_samples_and_skips_the_shared_prefix(max_n
 def test_chunked_prefill_gives_the_same_samples_and_lets_others_decode(prefix_caching):
     """Prompts longer than max_num_batched_tokens (8) are prefilled 8 tokens at a time, one chunk
     between decode steps: the samples are those of a whole-prompt prefill, and sequences already
-    running decode between the chunks."""
+    running decode between the chunks. With prefix caching, a short prompt admitted while a long one
+    is still being prefilled must not read its blocks before they are written."""
     long_a, long_b = "(12+34)*56-78=(9*8)+1=", "(12+34)*56-78=(9*8)+(4+4)*(2+2)="  # 22 and 32 characters
-    texts = ["1+2=", long_a, "7*8=", long_b, "99-1="]
+    texts = ["1+2=", long_a, "7*8=", long_a[:-2] + "5=", long_b, "99-1="]
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=10)
     model = hf_model()
     outs, calls = [], []
@@ -294,10 +299,7 @@ def test_chunked_prefill_gives_the_same_samples_and_lets_others_decode(prefix_ca
         outs.append(engine.generate(prompts(texts), sampling, seeds=list(range(2 * len(texts)))))
         calls.append(log)
         assert engine.cache.allocator.num_free == engine.cache.allocator.usable
-    whole, chunked = outs
-    assert torch.equal(whole[K.RESPONSES], chunked[K.RESPONSES])
-    assert torch.equal(whole[K.RESPONSE_MASK], chunked[K.RESPONSE_MASK])
-    torch.testing.assert_close(whole[K.ROLLOUT_LOG_PROBS], chunked[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+    assert_same_samples(*outs)
     assert "chunk" not in calls[0]
     log = calls[1]
     assert log.count("chunk") >= 2  # 22 tokens: 2 chunks and a last one that samples; 32: 3 and 1 (fewer with hits)

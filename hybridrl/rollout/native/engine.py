@@ -240,7 +240,6 @@ class NativeRolloutEngine:
             agent.begin(prompts, n, max_new)
             self.limit[:] = [agent.turn_limit(row, 0) for row in range(total)]
         stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0)
-        self.stats = stats
         t0 = time.perf_counter()
         # Decode runs one step ahead of the host: step k is launched before the results of step
         # k-1 are read, so the host's bookkeeping overlaps the GPU's work. A sequence that ended
@@ -248,7 +247,7 @@ class NativeRolloutEngine:
         pending = None
         while True:
             if agent is not None:
-                self._resume(sched, mode, max_new)
+                self._resume(sched, mode, max_new, stats["steps"])
             new = sched.schedule(max_new) if sched.waiting else []
             if new:
                 self._prefill(sched, new, mode, max_new)
@@ -365,30 +364,31 @@ class NativeRolloutEngine:
     def _prefill(self, sched: Scheduler, groups: list[Group], mode, max_new: int) -> None:
         """Prompt forward pass of the admitted groups, their first tokens, and their new rows.
         Groups that found their prompt's first blocks in the prefix cache compute only the rest
-        (an extend pass over the cached blocks), after the others: their hits may be blocks the
-        others are writing now."""
-        started = [(g, *sched.start_group(g, max_new)) for g in groups]
-        if self.prefill_chunk:  # long prompts: a chunk at a time, between decode steps
-            long = [x for x in started if len(x[0].prompt) - x[0].cached > self.prefill_chunk]
-            for g, seqs, copies in long:
-                self.prefilling.append([g, seqs, copies, g.cached])
+        (an extend pass over the cached blocks) after the others, whose blocks they may read. A
+        group's blocks are offered to later prompts once nothing can read them before they are
+        written: at once here (the writing pass runs first, and within one pass each layer writes,
+        then reads), after the last chunk for a prompt prefilled in chunks."""
+        fresh, cached = [], []
+        for g in groups:
+            seqs, copies = sched.start_group(g, max_new)
+            if self.prefill_chunk and len(g.prompt) - g.cached > self.prefill_chunk:
+                self.prefilling.append([g, seqs, copies, g.cached])  # a chunk at a time, between decode steps
                 sched.prefilling_rows += len(seqs)
-            started = [x for x in started if len(x[0].prompt) - x[0].cached <= self.prefill_chunk]
-        fresh = [x for x in started if not x[0].cached]
-        cached = [x for x in started if x[0].cached]
+                continue
+            sched.register(g, seqs[0].blocks)
+            (cached if g.cached else fresh).append((g, seqs, copies))
         for part in (fresh, cached):
             if not part:
                 continue
             seqs = [s for _, group_seqs, _ in part for s in group_seqs]
             copies = [c for _, _, group_copies in part for c in group_copies]
-            args = ([s.blocks for _, (s, *_), _ in part], [s.seed for s in seqs], mode)
-            samples = [len(g.out_rows) for g, _, _ in part]
+            tables, samples = [group_seqs[0].blocks for _, group_seqs, _ in part], [len(g.out_rows) for g, _, _ in part]
+            seeds = [s.seed for s in seqs]
             if part is fresh:
-                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], args[0], samples, copies, *args[1:])
+                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], tables, samples, copies, seeds, mode)
             else:
-                tok, lp = self.runner.extend(
-                    [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part], *args, samples, copies
-                )
+                tokens, starts = [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part]
+                tok, lp = self.runner.extend(tokens, starts, tables, seeds, mode, samples, copies)
             self._start_sequences(sched, seqs, tok, lp, max_new)
 
     def _prefill_chunk(self, sched: Scheduler, mode, max_new: int) -> None:
@@ -407,6 +407,7 @@ class NativeRolloutEngine:
         tok, lp = self.runner.extend(
             [g.prompt[done:]], [done], [seqs[0].blocks], [s.seed for s in seqs], mode, [len(seqs)], copies
         )
+        sched.register(g, seqs[0].blocks)
         self._start_sequences(sched, seqs, tok, lp, max_new)
 
     def _start_sequences(self, sched: Scheduler, seqs: list, tok: torch.Tensor, lp: torch.Tensor, max_new: int) -> None:
@@ -506,12 +507,12 @@ class NativeRolloutEngine:
             self.agent.end_turn(int(row), turn.tolist(), bool(np.isin(turn[-1:], self.eos_np).any()))
         self.ready.extend(self.agent.poll(block=False))
 
-    def _resume(self, sched: Scheduler, mode, max_new: int) -> None:
-        """Apply the agent's answers: end trajectories, or append tokens and rejoin the batch."""
+    def _resume(self, sched: Scheduler, mode, max_new: int, steps: int) -> None:
+        """Apply the agent's answers: end trajectories, or append tokens and rejoin the batch.
+        `steps`: decode steps run so far in this call (how long answers have waited)."""
         self.ready.extend(self.agent.poll(block=False))
         if not self.ready:
             return
-        steps = self.stats["steps"]
         if self.ready_since is None:
             self.ready_since = steps
         running = len(sched.running)

@@ -153,12 +153,6 @@ class Scheduler:
         group.cached = len(hits) * bs
         self.prompt_tokens += L
         self.cached_tokens += group.cached
-        # registered now, before their K/V are written: the engine runs the groups that compute
-        # them before the groups that read them (and within one pass each layer writes, then reads)
-        for h, b in zip(group.hashes, full):
-            if h not in self.prefix:
-                self.prefix[h] = b
-                self.block_hash[b] = h
         seqs = [Sequence(group.out_rows[0], L, group.seeds[0], first, per_seq - len(first))]
         copies: list[tuple[int, int]] = []
         for row, seed in zip(group.out_rows[1:], group.seeds[1:]):
@@ -171,6 +165,14 @@ class Scheduler:
             seqs.append(Sequence(row, L, seed, blocks, per_seq - len(blocks)))
         self.committed += sum(s.reserved for s in seqs)
         return seqs, copies
+
+    def register(self, group: Group, blocks: list[int]) -> None:
+        """Offer the group's full prompt blocks (`blocks`: its first sequence's) to later prompts.
+        The caller registers them once no later reader can run before their K/V are written."""
+        for h, b in zip(group.hashes, blocks[: len(group.prompt) // self.block_size]):
+            if h not in self.prefix:
+                self.prefix[h] = b
+                self.block_hash[b] = h
 
     def run(self, seqs: list[Sequence]) -> int:
         """`seqs` start decoding in the next free rows; returns the first of them."""

@@ -91,6 +91,13 @@ class ModelConfig:
     packed_attn_backend: str = option(
         "auto", "Attention kernel of packed passes: auto (fastest measured: varlen on GPU, sdpa on CPU), varlen, flex, sdpa."
     )
+    share_prompts: bool = option(
+        True,
+        "Packed passes (update, old and reference log-probs) compute a prompt that several sequences of a micro-batch "
+        "repeat (GRPO's n samples, DPO's pairs) once: its tokens enter the row once and attention still reads them for "
+        "every sequence. The same math as unshared (float rounding aside); token budgets count the prompt once "
+        "(docs/performance.md). Off under sequence parallelism.",
+    )
     lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
     lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
     lora_adapter_path: str | None = option(
@@ -265,7 +272,11 @@ class RolloutConfig:
     top_p: float = option(1.0, "Nucleus sampling mass.")
     top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.")
     do_sample: bool = option(True, "Sample (true) or decode greedily (false).")
-    max_num_seqs: int = option(256, "Sequences one device generates together.")
+    max_num_seqs: int = option(
+        1024,
+        "Sequences one device generates together (native: admitted as the KV cache allows; the samples are the same at "
+        "any value). verl's is 256; a step's samples in one wave are faster (BENCHMARKS.md: GSM8K, 512 samples).",
+    )
     gpu_memory_utilization: float = option(
         0.5,
         "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
@@ -352,6 +363,7 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass to save memory.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the value model over several devices.")
     use_remove_padding: bool = option(True, "Padding-free value and update passes (see actor_rollout_ref.model).")
+    share_prompts: bool = option(True, "Packed value passes compute a repeated prompt once (see actor_rollout_ref.model).")
 
 
 @dataclass

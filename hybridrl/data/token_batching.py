@@ -77,16 +77,63 @@ def balance_across_ranks(lengths, world_size: int) -> list[list[int]]:
     return [sorted(g) for g in out]
 
 
+def partition_by_prompt(
+    lengths, prompt_lens, first, max_tokens: int, min_parts: int = 1, what: str = "max_token_len_per_gpu"
+) -> list[list[int]]:
+    """`partition_by_tokens` for packed passes that share prompts (`models/packing.pack`): rows
+    with the same prompt (`first`: each row's first row with that prompt) stay in one group,
+    which costs the prompt once plus every response, so they are computed together; a group
+    over the budget is cut into pieces that fit. Falls back to single rows when `min_parts`
+    asks for more groups than there are pieces."""
+    lengths, prompt_lens, first = [int(x) for x in lengths], [int(x) for x in prompt_lens], [int(x) for x in first]
+    members: dict[int, list[int]] = {}
+    for i, f in enumerate(first):
+        members.setdefault(f, []).append(i)
+    units, costs = [], []
+    for rows in members.values():
+        unit, cost = [], 0
+        for i in rows:
+            add = lengths[i] - prompt_lens[i] if unit else lengths[i]
+            if unit and cost + add > max_tokens:
+                units.append(unit)
+                costs.append(cost)
+                unit, cost, add = [], 0, lengths[i]
+            unit.append(i)
+            cost += add
+        units.append(unit)
+        costs.append(cost)
+    if min_parts > len(units):
+        return partition_by_tokens(lengths, max_tokens, min_parts, what)
+    parts = partition_by_tokens(costs, max_tokens, min_parts, what)
+    return [sorted(i for u in part for i in units[u]) for part in parts]
+
+
 def micro_batches(
-    batch: Batch, *, micro_size: int, dynamic: bool, max_tokens: int, what: str, min_parts: int = 1
+    batch: Batch,
+    *,
+    micro_size: int,
+    dynamic: bool,
+    max_tokens: int,
+    what: str,
+    min_parts: int = 1,
+    share_prompts: bool = False,
 ) -> tuple[list[Batch], list[int]]:
     """The micro-batches of `batch` and the row order they come in (concatenated).
 
-    Fixed: consecutive chunks of `micro_size` rows. Dynamic: token-budget groups.
+    Fixed: consecutive chunks of `micro_size` rows. Dynamic: token-budget groups; with
+    `share_prompts`, rows that repeat a prompt kept together and its tokens counted once.
     """
     if not dynamic:
         return batch.split(micro_size), list(range(len(batch)))
-    groups = partition_by_tokens(sequence_lengths(batch).tolist(), max_tokens, min_parts, what)
+    lengths = sequence_lengths(batch).tolist()
+    if share_prompts:
+        from hybridrl.models.packing import first_of_prompt
+
+        prompt_lens = batch[K.PROMPT_MASK].sum(-1).tolist()
+        first = first_of_prompt(batch[K.PROMPTS], batch[K.PROMPT_MASK]).tolist()
+        groups = partition_by_prompt(lengths, prompt_lens, first, max_tokens, min_parts, what)
+    else:
+        groups = partition_by_tokens(lengths, max_tokens, min_parts, what)
     return [batch.index(g) for g in groups], [i for g in groups for i in g]
 
 

@@ -14,6 +14,15 @@ runs packed without model code of our own:
 
 Only positions that predict a response token leave the backbone: their final hidden states
 are gathered before the LM head (`fused_log_probs`) or the value head.
+
+Shared prompts (`pack(..., share_prompts=True)`): the n samples of a GRPO group (or a DPO pair)
+repeat one prompt. Its tokens then enter the row once, followed by every member's response, so
+the projections and MLPs (nearly all of the FLOPs) run once per prompt instead of once per
+sample. Attention still sees each sequence whole: inside the attention call q, k and v are
+gathered into the unshared layout (the prompt's keys copied in front of each response; a few
+MB), attended per sequence as before, and each packed token takes its output back. The math is
+that of the unshared pass (the tests compare in float64, values and gradients); the gradient of
+a shared prompt token is the sum over the sequences that read it, as it is unshared.
 """
 
 from __future__ import annotations
@@ -55,10 +64,29 @@ class Packed:
     cols: torch.Tensor  # (M,) its column in the (b, R) response layout
     labels: torch.Tensor  # (M,) the response tokens
     shape: tuple[int, int]  # (b, R)
+    # Shared prompts: cu_seqlens / max_len then describe the unshared row (V tokens) that
+    # attention runs on; `prompt_gather` (V,) is the packed token at each of its positions and
+    # `prompt_take` (N,) the unshared position whose attention output each packed token takes.
+    prompt_gather: torch.Tensor | None = None
+    prompt_take: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the projections and MLPs compute (N)."""
         return self.input_ids.shape[1]
+
+    @property
+    def attn_tokens(self) -> int:
+        """Tokens of the unshared row (V): the sequences' own lengths summed."""
+        return self.num_tokens if self.prompt_gather is None else self.prompt_gather.shape[0]
+
+    def attention_kwargs(self) -> dict:
+        """What the packed attention hook reads from the forward's kwargs."""
+        cu, longest = self.cu_seqlens, self.max_len
+        kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        if self.prompt_gather is not None:
+            kw.update(prompt_gather=self.prompt_gather, prompt_take=self.prompt_take)
+        return kw
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(M,) per-response-token values -> (b, R), zero outside the response mask."""
@@ -67,8 +95,17 @@ class Packed:
         return out
 
 
-def pack(prompts, prompt_mask, responses, response_mask) -> Packed:
-    """Strip the padding of left-padded prompts (b, P) and right-padded responses (b, R)."""
+def first_of_prompt(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """For each row of left-padded prompts (b, P): the first row with the same prompt, (b,)."""
+    b = prompts.shape[0]
+    _, inverse = torch.unique(prompts.masked_fill(~prompt_mask.bool(), -1), dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1 if b else 0,), b, dtype=torch.long, device=prompts.device)
+    return first.scatter_reduce(0, inverse, torch.arange(b, device=prompts.device), "amin")[inverse]
+
+
+def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = False) -> Packed:
+    """Strip the padding of left-padded prompts (b, P) and right-padded responses (b, R); with
+    `share_prompts`, rows with the same prompt carry its tokens once (see the module docstring)."""
     seq = torch.cat([prompts, responses], dim=1)  # (b, T)
     keep = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)  # (b, T)
     lens = keep.sum(1)  # (b,)
@@ -77,6 +114,10 @@ def pack(prompts, prompt_mask, responses, response_mask) -> Packed:
         raise ValueError("packing needs at least one prompt token per sequence (the first response token's context)")
     cu = F.pad(lens.cumsum(0), (1, 0))  # (b + 1,)
     positions = keep.long().cumsum(1) - 1  # (b, T)
+    if share_prompts:
+        first = first_of_prompt(prompts, prompt_mask)
+        if bool((first != torch.arange(len(first), device=first.device)).any()):
+            return _pack_shared(seq, keep, positions, lens, cu, responses, response_mask, first, prompts.shape[1])
     rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major = packed order
     # Response token j of sequence i sits at cu[i] + prompt_len[i] + j; the output one before predicts it.
     target = cu[rows] + prompt_lens[rows] + cols - 1
@@ -90,6 +131,36 @@ def pack(prompts, prompt_mask, responses, response_mask) -> Packed:
         cols=cols,
         labels=responses[rows, cols],
         shape=tuple(responses.shape),
+    )
+
+
+def _pack_shared(seq, keep, positions, lens, cu, responses, response_mask, first, P: int) -> Packed:
+    """`pack` where rows repeat prompts: each prompt's tokens once (at its first row), every row's
+    response; attention runs on the unshared row (`keep`'s tokens in row-major order)."""
+    b, T = keep.shape
+    leader = first == torch.arange(b, device=keep.device)
+    own = keep.clone()
+    own[:, :P] &= leader[:, None]  # (b, T) the tokens this row puts into the packed row
+    n = int(own.sum())
+    index = torch.full((b, T), -1, dtype=torch.long, device=keep.device)
+    index[own] = torch.arange(n, device=keep.device)
+    index[:, :P] = index[first, :P]  # a repeated prompt's tokens are its first row's
+    virtual = torch.full((b, T), -1, dtype=torch.long, device=keep.device)
+    virtual[keep] = torch.arange(int(lens.sum()), device=keep.device)
+    rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major
+    # The token before response column c sits at column P + c - 1 (the last prompt token for c = 0).
+    return Packed(
+        input_ids=seq[own][None],
+        position_ids=positions[own][None],
+        cu_seqlens=cu.to(torch.int32),
+        max_len=int(lens.max()),
+        target_index=index[rows, P + cols - 1],
+        rows=rows,
+        cols=cols,
+        labels=responses[rows, cols],
+        shape=tuple(responses.shape),
+        prompt_gather=index[keep],
+        prompt_take=virtual[own],
     )
 
 
@@ -198,19 +269,26 @@ def packed_attention_forward(
         # dtype (SDPA gets the same cast from autocast itself).
         dt = torch.get_autocast_dtype(dev)
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    gather, take = kwargs.get("prompt_gather"), kwargs.get("prompt_take")  # shared prompts (`pack`)
     if backend == "flex":
         if kwargs.get("ulysses_group") is not None:
             raise NotImplementedError("sequence parallelism runs the varlen or sdpa packed backend; set packed_attn_backend=auto")
+        if gather is not None:
+            query, key, value = (x[:, :, gather] for x in (query, key, value))
         out = _flex_attention()(
             query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
         )  # (1, Hq, N, D)
-        return out.transpose(1, 2), None
+        return (out if take is None else out[:, :, take]).transpose(1, 2), None
     # (1, H, N, D) -> (N, H, D)
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     fn = _varlen if backend == "varlen" else _sdpa_padded
     group = kwargs.get("ulysses_group")
     if group is None:
-        return fn(q, k, v, cu, max_len, scaling)[None], None  # (1, N, Hq, D)
+        if gather is None:
+            return fn(q, k, v, cu, max_len, scaling)[None], None  # (1, N, Hq, D)
+        return fn(q[gather], k[gather], v[gather], cu, max_len, scaling)[take][None], None
+    if gather is not None:
+        raise NotImplementedError("shared prompts and sequence parallelism do not combine (pack without share_prompts)")
     # Sequence parallel: this rank's N/sp tokens x all heads -> all N tokens x H/sp heads, and back.
     from hybridrl.models import sequence_parallel as ulysses
 
@@ -279,11 +357,9 @@ def packed_hidden(backbone, packed: Packed, sp_group=None) -> torch.Tensor:
         )
     if sp_group is not None:
         return _sequence_parallel_hidden(backbone, packed, sp_group)
-    kwargs = dict(
-        cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens, max_length_q=packed.max_len, max_length_k=packed.max_len
-    )
+    kwargs = packed.attention_kwargs()
     if config._attn_implementation == attn_name("flex"):
-        mask = document_block_mask(packed.cu_seqlens, packed.num_tokens)
+        mask = document_block_mask(packed.cu_seqlens, packed.attn_tokens)
     else:
         # A 4-D placeholder: transformers passes a ready 4-D mask through untouched, so no
         # (N, N) packed-sequence mask is built; the attention hook ignores it.
@@ -298,6 +374,8 @@ def _sequence_parallel_hidden(backbone, packed: Packed, group) -> torch.Tensor:
     states of the whole row are gathered before picking the response-predicting positions."""
     from hybridrl.models import sequence_parallel as ulysses
 
+    if packed.prompt_gather is not None:
+        raise NotImplementedError("shared prompts and sequence parallelism do not combine (pack without share_prompts)")
     if backbone.config._attn_implementation == attn_name("flex"):
         raise NotImplementedError("sequence parallelism runs the varlen or sdpa packed backend; set packed_attn_backend=auto")
     n, sp, rank = packed.num_tokens, ulysses.group_size(group), ulysses.group_rank(group)

@@ -46,10 +46,13 @@ def model_shape(model) -> dict[str, int]:
     }
 
 
-def pass_flops(shape: dict[str, int], seq_lens: torch.Tensor, targets: int, *, lm_head: bool = True) -> float:
-    """Forward FLOPs of one pass over sequences of `seq_lens` tokens with `targets` scored positions."""
+def pass_flops(
+    shape: dict[str, int], seq_lens: torch.Tensor, targets: int, *, lm_head: bool = True, shared_tokens: int = 0
+) -> float:
+    """Forward FLOPs of one pass over sequences of `seq_lens` tokens with `targets` scored
+    positions; `shared_tokens` of them repeat a prompt computed once (models/packing.py)."""
     lens = seq_lens.double()
-    flops = 2.0 * shape["dense"] * float(lens.sum())
+    flops = 2.0 * shape["dense"] * (float(lens.sum()) - shared_tokens)
     flops += 2.0 * shape["layers"] * shape["d_attn"] * float((lens**2).sum())
     if lm_head:
         flops += 2.0 * shape["vocab"] * shape["hidden"] * targets
@@ -65,12 +68,20 @@ def max_memory_allocated_gb(device: torch.device) -> float | None:
 
 
 def update_metrics(
-    model, seq_lens: torch.Tensor, targets: int, passes: float, seconds: float, device: torch.device, role: str
+    model,
+    seq_lens: torch.Tensor,
+    targets: int,
+    passes: float,
+    seconds: float,
+    device: torch.device,
+    role: str,
+    shared_tokens: int = 0,
 ) -> dict[str, float]:
     """`perf/mfu/<role>` (`passes` x the forward FLOPs over `seconds`) and
     `perf/max_memory_allocated_gb`, each only where the device reports it."""
     out = {}
-    value = mfu(passes * pass_flops(model_shape(model), seq_lens, targets), seconds, device_peak_flops(device))
+    flops = pass_flops(model_shape(model), seq_lens, targets, shared_tokens=shared_tokens)
+    value = mfu(passes * flops, seconds, device_peak_flops(device))
     if value is not None:
         out[f"perf/mfu/{role}"] = value
     mem = max_memory_allocated_gb(device)

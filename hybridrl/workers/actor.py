@@ -84,6 +84,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             self.policy.load(model_path, random_init),
             remove_padding=m.use_remove_padding,
             attn_backend=m.packed_attn_backend,
+            share_prompts=m.share_prompts,
             checkpointing=m.enable_gradient_checkpointing,
             compile_layers=a.use_torch_compile,
             param_offload=a.fsdp_config.param_offload,

@@ -44,6 +44,7 @@ class CriticWorker(ProfiledWorker):
             hooks_on=backbone,
             remove_padding=c.model.use_remove_padding,
             attn_backend=m.packed_attn_backend,
+            share_prompts=c.model.share_prompts,
             checkpointing=c.model.enable_gradient_checkpointing,
             param_offload=c.model.fsdp_config.param_offload,
             forward_methods=("response_values", "packed_response_values"),

@@ -63,6 +63,7 @@ class Split:
     dynamic: bool = False
     max_tokens: int = 0
     what: str = ""
+    share_prompts: bool = False  # budgets count a shared prompt once and keep its rows together
 
 
 def dp_micro_batches(batch: Batch, split: Split) -> tuple[list[Batch], list[int]]:
@@ -133,6 +134,8 @@ class TrainEngine:
         self.nonfinite_in_a_row = 0
         self.steps_taken = 0  # optimizer steps that changed the weights (any optimizer): weight sync reads it
         self.slots = 0  # token slots computed (padding included) since the last reset: pad_fraction
+        self.share_prompts = False  # packed passes compute a repeated prompt once (models/packing.py)
+        self.shared = 0  # token positions not computed since the last reset, their prompt shared
 
     # -- setup -----------------------------------------------------------------------------------
     def place(
@@ -147,9 +150,11 @@ class TrainEngine:
         forward_methods: tuple[str, ...] = (),
         hooks_on=None,
         train: bool = True,
+        share_prompts: bool = False,
     ):
         """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
-        in train mode, or frozen (eval mode, no gradients) with `train=False`."""
+        in train mode, or frozen (eval mode, no gradients) with `train=False`. `share_prompts`:
+        packed passes compute a prompt that several rows repeat once."""
         self.model, self.packing = parallelize(
             model,
             self.device,
@@ -161,6 +166,7 @@ class TrainEngine:
             forward_methods=forward_methods,
             hooks_on=hooks_on,
         )
+        self.share_prompts = share_prompts and self.packing is not None
         if train:
             self.model.train()
         else:
@@ -197,9 +203,14 @@ class TrainEngine:
         """`fn(micro)` (default: the forward, `run`) of every micro-batch (moved to the device), on
         the host and concatenated in the batch's row order (token-budget micro-batches come
         reordered). The caller picks the train/eval mode."""
-        micros, order = dp_micro_batches(batch, split)
+        micros, order = dp_micro_batches(batch, self._split(split))
         outs = [(fn or self.run)(micro.to(self.device)).cpu() for micro in micros]
         return restore_order(torch.cat(outs), order)
+
+    def _split(self, split: Split) -> Split:
+        """Token budgets that count a shared prompt once, when this engine's passes share them
+        (and sequence parallelism, which does not, is off)."""
+        return replace(split, share_prompts=True) if self.share_prompts and split.dynamic and active().sp == 1 else split
 
     # -- update ----------------------------------------------------------------------------------
     def update(
@@ -232,7 +243,7 @@ class TrainEngine:
         Each micro-batch's loss is its share of the mini-batch loss (`objective.norms` are the
         whole mini-batch's counts), so the gradient does not depend on the split."""
         norms = objective.norms(mini)
-        micros, _ = dp_micro_batches(mini, split)
+        micros, _ = dp_micro_batches(mini, self._split(split))
         parts = []
         for micro in micros:
             loss, m = objective(self.run, micro.to(self.device), norms)
@@ -277,7 +288,7 @@ class TrainEngine:
     # -- perf ------------------------------------------------------------------------------------
     def perf_start(self) -> float:
         """Start timing an update (and counting its token slots)."""
-        self.slots = 0
+        self.slots = self.shared = 0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -285,13 +296,24 @@ class TrainEngine:
 
     def perf_metrics(self, batch: Batch, start: float, epochs: int, passes: float) -> dict[str, float]:
         """perf/mfu/<role> (useful model FLOPs of `passes` forwards per row per epoch,
-        tracking/perf.py), peak memory, <role>/pad_fraction (padding among the computed slots)."""
+        tracking/perf.py), peak memory, <role>/pad_fraction (padding among the computed slots),
+        <role>/shared_prompt_fraction (token positions of repeated prompts computed once)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
+        shared = self.shared // max(epochs, 1)  # per pass over the batch
         out = perf.update_metrics(
-            self.model, lengths, int(batch[K.RESPONSE_MASK].sum()), passes * epochs, seconds, self.device, role=self.role
+            self.model,
+            lengths,
+            int(batch[K.RESPONSE_MASK].sum()),
+            passes * epochs,
+            seconds,
+            self.device,
+            role=self.role,
+            shared_tokens=shared,
         )
         out[f"{self.role}/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self.slots, 1)
+        if self.share_prompts:
+            out[f"{self.role}/shared_prompt_fraction"] = self.shared / max(self.slots, 1)
         return out

@@ -36,6 +36,15 @@ def context_mask(micro: Batch, key: str = K.RESPONSES) -> torch.Tensor:
     return micro[MASK_OF[key]]
 
 
+def _pack(engine, seqs):
+    """The packed micro-batch, its prompts shared where the engine shares them (not under
+    sequence parallelism); counts the token slots attention sees and the positions saved."""
+    packed = pack(*seqs, share_prompts=engine.share_prompts and sp_group() is None)
+    engine.slots += packed.attn_tokens
+    engine.shared += packed.attn_tokens - packed.num_tokens
+    return packed
+
+
 def _autocast(engine):
     return torch.autocast(engine.device.type, dtype=engine.amp, enabled=engine.amp is not None)
 
@@ -56,8 +65,7 @@ def log_probs(
     seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], context_mask(micro, key))
     with _autocast(engine):
         if engine.packing:
-            packed = pack(*seqs)
-            engine.slots += packed.num_tokens
+            packed = _pack(engine, seqs)
             # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
             return run_as_forward(
                 model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy, sp_group=sp_group()
@@ -95,5 +103,5 @@ def values(engine, model, micro: Batch) -> torch.Tensor:
     seqs = [micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[K.RESPONSES], context_mask(micro)]
     with _autocast(engine):
         if engine.packing:
-            return model.packed_response_values(pack(*seqs), sp_group())
+            return model.packed_response_values(_pack(engine, seqs), sp_group())
         return model.response_values(*seqs)

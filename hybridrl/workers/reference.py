@@ -33,6 +33,7 @@ class Reference:
             model,
             remove_padding=m.use_remove_padding,
             attn_backend=m.packed_attn_backend,
+            share_prompts=m.share_prompts,
             compile_layers=self.arr.actor.use_torch_compile,
             param_offload=self.arr.ref.fsdp_config.param_offload,
             train=False,
@@ -58,6 +59,7 @@ class Reference:
         if self.arr.actor.use_torch_compile and self.engine.device.type == "cuda":
             compile_decoder_layers(ref)
         self.engine.model, self.engine.packing = ref, policy.packing  # the copy has the policy's hooks
+        self.engine.share_prompts = policy.share_prompts
         self.engine.freeze()
 
     @contextmanager

@@ -25,17 +25,21 @@ def load(*overrides, check=True):
 # --------------------------------------------------------------------------- batch plan by hand
 
 
+ARGS_128 = (
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=128",
+    f"{R}.n=8",
+    f"{A}.ppo_mini_batch_size=32",
+    f"{A}.ppo_micro_batch_size_per_gpu=16",
+)
+
+
 def test_plan_single_device_grpo():
-    cfg = load(
-        "algorithm.adv_estimator=grpo",
-        "data.train_batch_size=128",
-        f"{R}.n=8",
-        f"{A}.ppo_mini_batch_size=32",
-        f"{A}.ppo_micro_batch_size_per_gpu=16",
-    )
+    cfg = load(*ARGS_128)
     p = plan_batches(cfg)
     assert (p.dp, p.prompts_per_step, p.sequences_per_step, p.sequences_per_device) == (1, 128, 1024, 1024)
-    assert p.generation_rounds == 4  # 1024 sequences, 256 at a time
+    assert p.generation_rounds == 1  # 1024 sequences, up to 1024 at a time (rollout.max_num_seqs)
+    assert plan_batches(load(*ARGS_128, f"{R}.max_num_seqs=256")).generation_rounds == 4
     a = p.actor
     assert (a.mini_batch_prompts, a.mini_batch_sequences, a.per_device_mini_batch) == (32, 256, 256)
     assert (a.micro_batch, a.grad_accum) == (16, 16)

@@ -3,7 +3,15 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.data.token_batching import balance_across_ranks, micro_batches, partition_by_tokens, restore_order, sequence_lengths
+from hybridrl.data.token_batching import (
+    balance_across_ranks,
+    micro_batches,
+    partition_by_prompt,
+    partition_by_tokens,
+    restore_order,
+    sequence_lengths,
+)
+from hybridrl.models.packing import pack
 
 
 def test_partition_fits_budget_uses_fewest_parts_and_balances():
@@ -54,3 +62,62 @@ def test_micro_batches_restore_the_original_order():
     assert torch.equal(restore_order(out, order), batch[K.RESPONSES].float())
     fixed, order = micro_batches(batch, micro_size=4, dynamic=False, max_tokens=0, what="x")
     assert [len(m) for m in fixed] == [4, 4, 1] and order == list(range(n))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_shared_prompt_micro_batches_keep_groups_and_fit_the_budget_as_packed(seed):
+    """GRPO-shaped batches (groups of n rows with one prompt, shuffled): each micro-batch holds
+    whole groups unless a group alone is over budget, and what `pack` computes for it (the
+    prompt once) fits the budget; every row appears once and the order restores."""
+    g = torch.Generator().manual_seed(seed)
+    groups, n, P, R = 6, 5, 12, 10
+    prompt_lens = torch.randint(1, P + 1, (groups,), generator=g).repeat_interleave(n)
+    prompts = torch.randint(2, 50, (groups, P), generator=g).repeat_interleave(n, 0)
+    prompt_mask = (torch.arange(P)[None] >= P - prompt_lens[:, None]).long()
+    resp_len = torch.randint(1, R + 1, (groups * n,), generator=g)
+    perm = torch.randperm(groups * n, generator=g)
+    batch = Batch(
+        {
+            K.PROMPTS: prompts * prompt_mask,
+            K.PROMPT_MASK: prompt_mask,
+            K.RESPONSES: torch.randint(2, 50, (groups * n, R), generator=g),
+            K.RESPONSE_MASK: (torch.arange(R)[None] < resp_len[:, None]).float(),
+        }
+    ).index(perm)
+    budget = 60
+    micros, order = micro_batches(batch, micro_size=1, dynamic=True, max_tokens=budget, what="x", share_prompts=True)
+    assert sorted(order) == list(range(groups * n))
+    group_of = {int(i): int(perm[i]) // n for i in range(groups * n)}  # batch row -> its group
+    parts_of = {}
+    for k, (m, rows) in enumerate(zip(micros, _chunks(order, [len(m) for m in micros]))):
+        packed = pack(m[K.PROMPTS], m[K.PROMPT_MASK], m[K.RESPONSES], m[K.RESPONSE_MASK], share_prompts=True)
+        assert packed.num_tokens <= budget
+        for r in rows:
+            parts_of.setdefault(group_of[r], set()).add(k)
+    for grp, parts in parts_of.items():  # a group is split only when it alone is over budget
+        rows = [r for r in range(groups * n) if group_of[r] == grp]
+        whole = int(batch[K.PROMPT_MASK][rows[0]].sum()) + int(batch[K.RESPONSE_MASK][rows].sum())
+        assert len(parts) == 1 or whole > budget
+    # fewer micro-batches than counting every prompt n times
+    assert len(micros) <= len(micro_batches(batch, micro_size=1, dynamic=True, max_tokens=budget, what="x")[0])
+    out = torch.cat([m[K.RESPONSES] for m in micros])
+    assert torch.equal(restore_order(out, order), batch[K.RESPONSES])
+
+
+def _chunks(seq, sizes):
+    out, i = [], 0
+    for s in sizes:
+        out.append(seq[i : i + s])
+        i += s
+    return out
+
+
+def test_partition_by_prompt_cuts_an_oversized_group_and_honours_min_parts():
+    # one prompt of 4 tokens, 6 rows of 4 + 6 tokens: 4 + 36 = 40 tokens shared
+    lengths, prompt_lens, first = [10] * 6, [4] * 6, [0] * 6
+    parts = partition_by_prompt(lengths, prompt_lens, first, max_tokens=20, what="x")
+    assert sorted(i for p in parts for i in p) == list(range(6))
+    assert all(4 + 6 * len(p) <= 20 for p in parts) and len(parts) == 3  # 4 + 6 + 6 = 16 per part
+    assert len(partition_by_prompt(lengths, prompt_lens, first, max_tokens=100, what="x")) == 1
+    # more parts asked than pieces: single rows, the unshared partition
+    assert len(partition_by_prompt(lengths, prompt_lens, first, max_tokens=100, min_parts=4, what="x")) == 4

@@ -116,3 +116,100 @@ def test_saved_config_does_not_mention_the_hook(tmp_path):
     enable_packing(model, "sdpa", torch.device("cpu"))
     model.config.save_pretrained(tmp_path)
     assert "hybridrl" not in (tmp_path / "config.json").read_text()
+
+
+# -- shared prompts ------------------------------------------------------------------------------
+def grouped_batch(seed: int, groups=(4, 1, 3, 2), P=7, R=9):
+    """Rows in groups that repeat one prompt (GRPO's n samples), fresh random prompts, ragged
+    prompt and response lengths; one group appears twice, not adjacent (the same prompt drawn
+    again). Responses are right-padded, prompts left-padded."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, prompt_mask = [], []
+    for size in groups:
+        length = int(torch.randint(1, P + 1, (1,), generator=g))
+        row = torch.zeros(P, dtype=torch.long)
+        row[P - length :] = torch.randint(2, 50, (length,), generator=g)
+        mask = (torch.arange(P) >= P - length).long()
+        prompts += [row] * size
+        prompt_mask += [mask] * size
+    prompts.append(prompts[0])  # the first prompt again, last
+    prompt_mask.append(prompt_mask[0])
+    b = len(prompts)
+    responses = torch.randint(2, 50, (b, R), generator=g)
+    response_lens = torch.randint(1, R + 1, (b,), generator=g)
+    response_mask = (torch.arange(R)[None] < response_lens[:, None]).double()
+    return torch.stack(prompts), torch.stack(prompt_mask), responses, response_mask
+
+
+def assert_same_gradients(shared, unshared):
+    """Per parameter, relative to its norm. Hugging Face's RMSNorm and rotary tables compute in
+    float32 even in a float64 model, so gradients summed in another order differ at ~1e-7
+    (measured: <= 6e-8); dropping one sequence's share of a shared prompt moves them by ~0.3."""
+    for a, b in zip(shared, unshared):
+        assert float((a - b).norm()) <= 1e-6 * float(b.norm()) + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shared_prompts_give_the_unshared_log_probs_entropy_and_gradients(seed):
+    model = tiny("qwen2" if seed % 2 else "llama")
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    seqs = grouped_batch(seed)
+    params = list(model.parameters())
+    unshared, shared = pack(*seqs), pack(*seqs, share_prompts=True)
+    prompt_tokens = seqs[1].sum(1)
+    # Groups of 4, 1, 3 and 2 rows, the first prompt drawn a second time: 5 distinct prompts of 11 rows.
+    saved = int(prompt_tokens.sum()) - int(prompt_tokens[[0, 4, 5, 8, 10]].sum()) + int(prompt_tokens[10])
+    assert shared.num_tokens == unshared.num_tokens - saved and shared.attn_tokens == unshared.num_tokens
+    w = torch.randn(seqs[2].shape, dtype=torch.float64)
+    outs = []
+    for packed in (unshared, shared):
+        logp, ent, hit = packed_log_probs(model, packed, temperature=0.8, with_entropy=True)
+        loss = (w * logp).sum() + (ent * seqs[3]).sum()
+        outs.append((logp, ent * seqs[3], hit, torch.autograd.grad(loss, params)))
+    (l0, e0, h0, g0), (l1, e1, h1, g1) = outs
+    torch.testing.assert_close(l1, l0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(e1, e0, rtol=0, atol=1e-12)
+    assert torch.equal(h1, h0)
+    assert_same_gradients(g1, g0)
+
+
+def test_shared_prompts_give_the_unshared_values_and_gradients():
+    critic = ValueModel(tiny("qwen2", backbone=True)).double()
+    enable_packing(critic.backbone, "sdpa", torch.device("cpu"))
+    seqs = grouped_batch(5)
+    params = list(critic.parameters())
+    v0 = critic.packed_response_values(pack(*seqs))
+    g0 = torch.autograd.grad((v0**2).sum(), params)
+    v1 = critic.packed_response_values(pack(*seqs, share_prompts=True))
+    torch.testing.assert_close(v1, v0, rtol=0, atol=1e-12)
+    assert_same_gradients(torch.autograd.grad((v1**2).sum(), params), g0)
+
+
+def test_shared_packing_layout():
+    """Each prompt enters the row once, at its first row; positions continue after the prompt
+    in every response; the unshared row rebuilt from the packed tokens is `pack`'s."""
+    seqs = grouped_batch(3, groups=(3, 2), P=5, R=4)
+    unshared, shared = pack(*seqs), pack(*seqs, share_prompts=True)
+    assert torch.equal(shared.input_ids[0, shared.prompt_gather], unshared.input_ids[0])
+    assert torch.equal(shared.position_ids[0, shared.prompt_gather], unshared.position_ids[0])
+    assert torch.equal(shared.prompt_gather[shared.prompt_take], torch.arange(shared.num_tokens))
+    # the token before each response token, in both layouts
+    assert torch.equal(shared.input_ids[0, shared.target_index], unshared.input_ids[0, unshared.target_index])
+    assert torch.equal(shared.labels, unshared.labels) and torch.equal(shared.cu_seqlens, unshared.cu_seqlens)
+
+
+def test_distinct_prompts_pack_as_before():
+    seqs = ragged_batch()
+    a, b = pack(*seqs), pack(*seqs, share_prompts=True)
+    assert b.prompt_gather is None and torch.equal(a.input_ids, b.input_ids) and torch.equal(a.target_index, b.target_index)
+
+
+def test_shared_prompts_with_gradient_checkpointing():
+    model = tiny("qwen2")
+    enable_packing(model, "sdpa", torch.device("cpu"))
+    model.train()
+    seqs, params = grouped_batch(7), list(model.parameters())
+    g0 = torch.autograd.grad(packed_log_probs(model, pack(*seqs))[0].sum(), params)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    g1 = torch.autograd.grad(packed_log_probs(model, pack(*seqs, share_prompts=True))[0].sum(), params)
+    assert_same_gradients(g1, g0)

@@ -76,6 +76,8 @@ def test_no_config_defaults_are_verls_for_every_shared_key():
         # the native engine's versions: the same tokens, off until their speed is measured on a GPU (docs/rollout.md)
         "actor_rollout_ref.rollout.enable_chunked_prefill": (True, False),
         "actor_rollout_ref.rollout.enable_prefix_caching": (True, False),
+        # a step's samples decode in one wave: the same samples, faster (BENCHMARKS.md)
+        "actor_rollout_ref.rollout.max_num_seqs": (256, 1024),
     }
     assert ours[f"{A}.clip_ratio_low"] == ours[f"{A}.clip_ratio_high"] == 0.2
     assert ours["data.train_batch_size"] == 1024 and ours["trainer.n_gpus_per_node"] == 8

@@ -191,3 +191,27 @@ def test_reference_copy_runs_the_policys_passes(tiny_model_dir):
     worker.update_actor(batch)
     assert not torch.equal(worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS], policy)
     assert torch.equal(worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS], policy)
+
+
+@pytest.mark.parametrize("budget", [None, 40], ids=["fixed", "token-budget"])
+def test_shared_prompts_give_the_unshared_update_gradient(tiny_model_dir, budget):
+    """A GRPO-shaped batch (rows repeat their group's prompt, left-padded, ragged): the update's
+    gradient with actor_rollout_ref.model.share_prompts (the default) equals the one computed
+    without sharing (float64; HF's norms round in float32, hence 1e-6 of the norm), and the
+    shared passes computed fewer token positions."""
+    worker = make_worker(tiny_model_dir)
+    worker.model.double()
+    assert worker.engine.share_prompts
+    g = torch.Generator().manual_seed(11)
+    batch = random_batch(n=8, P=6, seed=4)
+    prompt_lens = torch.randint(1, 7, (4,), generator=g).repeat_interleave(2)
+    batch[K.PROMPT_MASK] = (torch.arange(6)[None] >= 6 - prompt_lens[:, None]).long()
+    batch[K.PROMPTS] = batch[K.PROMPTS][::2].repeat_interleave(2, 0) * batch[K.PROMPT_MASK]
+    worker.engine.shared = 0
+    shared = grads_for_split(worker, batch, micro=4, budget=budget)
+    assert worker.engine.shared == int(batch[K.PROMPT_MASK][::2].sum())  # each prompt's second copy
+    worker.engine.share_prompts = False
+    unshared = grads_for_split(worker, batch, micro=4, budget=budget)
+    assert sum(float(v.abs().sum()) for v in unshared.values()) > 0
+    for name in unshared:
+        assert float((shared[name] - unshared[name]).norm()) <= 1e-6 * float(unshared[name].norm()) + 1e-12, name

@@ -533,6 +533,13 @@ class RewardModelConfig:
         "per response in parallel processes (docs/algorithms.md).",
     )
     overlong_buffer: OverlongBufferConfig = option(OverlongBufferConfig, "DAPO overlong reward shaping.")
+    launch_reward_fn_async: bool = option(
+        False,
+        "Score the responses (the reward function, remote scorers) in a background thread while the old log-prob, "
+        "reference and value passes run; the step joins the scores before the advantages. The same scores; it saves "
+        "the scoring time up to those passes' time (timing_s/reward is then the wait, reward/score_s the scoring). "
+        "Not with algorithm.filter_groups or trainer.mode other than sync (they need the scores at once).",
+    )
 
 
 @dataclass

@@ -232,6 +232,13 @@ def config_notices(cfg: Config) -> list[str]:
                 f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
                 f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
             )
+    if cfg.reward_model.launch_reward_fn_async and (a.filter_groups.enable or cfg.trainer.mode != "sync"):
+        why = (
+            "algorithm.filter_groups.enable=true (which groups to keep needs the scores)"
+            if a.filter_groups.enable
+            else f"trainer.mode={cfg.trainer.mode} (the rollout producer scores)"
+        )
+        out.append(f"reward_model.launch_reward_fn_async=true: scoring runs in the foreground with {why}")
     return out
 
 

@@ -187,7 +187,6 @@ IGNORED: dict[str, str] = {
             "reward_loop_class_name",
         )
     },
-    "reward_model.launch_reward_fn_async": "reward scoring overlaps generation here already (reward pool)",
     "reward_model.sandbox_fusion.max_concurrent": "sandbox option; sandbox_fusion.url is unset",
     "reward_model.sandbox_fusion.memory_limit_mb": "sandbox option; sandbox_fusion.url is unset",
     "algorithm.pf_ppo.*": "used only with algorithm.use_pf_ppo=true",

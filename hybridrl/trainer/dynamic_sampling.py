@@ -14,7 +14,9 @@ train/num_groups_generated and train/num_groups_kept.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -37,10 +39,16 @@ class DynamicSamplingError(RuntimeError):
 class RolloutSampler:
     """generate -> score (reward manager) -> overlong shaping -> [keep groups whose metric varies, repeat]."""
 
-    def __init__(self, cfg, actor, compute_score, sampling, next_prompts: Callable[[], Batch]):
+    def __init__(self, cfg, actor, compute_score, sampling, next_prompts: Callable[[], Batch], defer: bool = False):
+        """`defer` (reward_model.launch_reward_fn_async): a round's scores are computed in a
+        background thread while the caller goes on; `join` adds them. Not with the group filter,
+        which needs them at once."""
         self.cfg, self.actor, self.compute_score, self.sampling = cfg, actor, compute_score, sampling
         self.next_prompts = next_prompts
         self.filter = cfg.algorithm.filter_groups
+        self.defer = defer and not self.filter.enable
+        self.pending: Future | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def sample(self, prompts: Batch, timer: StageTimer) -> tuple[Batch, Batch, dict, dict]:
         """(responses with TOKEN_LEVEL_SCORES, the prompts they answer, rollout metrics, reward metrics)."""
@@ -85,26 +93,59 @@ class RolloutSampler:
         return self.filter.metric or "acc"
 
     def _round(self, prompts: Batch, timer: StageTimer) -> tuple[Batch, dict, dict, dict]:
-        """One generation: (batch with TOKEN_LEVEL_SCORES, rollout metrics, reward metrics, the scorer's extras)."""
+        """One generation: (batch with TOKEN_LEVEL_SCORES, rollout metrics, reward metrics, the
+        scorer's extras). With `defer`, the scores are computed in the background: the batch
+        comes back without them and `join` adds them."""
         with timer("gen"):
             batch = self.actor.generate(prompts, self.sampling)
         rollout_metrics = batch.meta.pop(K.ROLLOUT_METRICS, {})
+        if self.defer:
+            # A view of its own: the step adds keys to the batch while the scorer reads it.
+            view = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
+            self.pending = self._pool().submit(self._timed_scores, view)
+            return batch, rollout_metrics, {}, {}
         with timer("reward"):
-            scores, reward_metrics, extras = score(batch, self.compute_score, with_extras=True)
-            if K.AGENT_REWARD in batch:  # multi-turn: what tools and interactions gave the trajectory
-                reward_metrics["reward/agent/mean"] = float(batch[K.AGENT_REWARD].mean())
-                scores = scores + batch[K.AGENT_REWARD]
-            ob = self.cfg.reward_model.overlong_buffer
-            if ob.enable:
-                lengths = batch[K.RESPONSE_MASK].sum(-1).long().tolist()
-                penalty = torch.tensor(overlong_penalty(lengths, self.cfg.data.max_response_length, ob.len, ob.penalty_factor))
-                if ob.log:
-                    reward_metrics["reward/overlong_reward/mean"] = float(penalty.mean())
-                    reward_metrics["reward/overlong/mean"] = float((penalty < 0).float().mean())
-                extras = {**extras, "acc": extras.get("acc", scores.tolist())}  # acc is the score before the penalty
-                scores = scores + penalty
-            batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(scores, batch[K.RESPONSE_MASK])
+            batch[K.TOKEN_LEVEL_SCORES], reward_metrics, extras = self._scores(batch)
         return batch, rollout_metrics, reward_metrics, extras
+
+    def _scores(self, batch: Batch) -> tuple[torch.Tensor, dict, dict]:
+        """(TOKEN_LEVEL_SCORES, reward metrics, the scorer's extras) of a generated batch."""
+        scores, reward_metrics, extras = score(batch, self.compute_score, with_extras=True)
+        if K.AGENT_REWARD in batch:  # multi-turn: what tools and interactions gave the trajectory
+            reward_metrics["reward/agent/mean"] = float(batch[K.AGENT_REWARD].mean())
+            scores = scores + batch[K.AGENT_REWARD]
+        ob = self.cfg.reward_model.overlong_buffer
+        if ob.enable:
+            lengths = batch[K.RESPONSE_MASK].sum(-1).long().tolist()
+            penalty = torch.tensor(overlong_penalty(lengths, self.cfg.data.max_response_length, ob.len, ob.penalty_factor))
+            if ob.log:
+                reward_metrics["reward/overlong_reward/mean"] = float(penalty.mean())
+                reward_metrics["reward/overlong/mean"] = float((penalty < 0).float().mean())
+            extras = {**extras, "acc": extras.get("acc", scores.tolist())}  # acc is the score before the penalty
+            scores = scores + penalty
+        return last_token_scores(scores, batch[K.RESPONSE_MASK]), reward_metrics, extras
+
+    # -- reward_model.launch_reward_fn_async ---------------------------------------------------
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridrl-reward")
+        return self._executor
+
+    def _timed_scores(self, batch: Batch):
+        t0 = time.perf_counter()
+        scores, metrics, _ = self._scores(batch)
+        return scores, metrics, time.perf_counter() - t0
+
+    def join(self, batch: Batch, timer: StageTimer) -> dict:
+        """The deferred scores of the last round into `batch` (TOKEN_LEVEL_SCORES); their reward
+        metrics, with reward/score_s (the scoring's own time; timing_s/reward is the wait).
+        A reward function's error is raised here. Nothing to do when scoring was not deferred."""
+        if self.pending is None:
+            return {}
+        pending, self.pending = self.pending, None
+        with timer("reward"):
+            batch[K.TOKEN_LEVEL_SCORES], metrics, seconds = pending.result()
+        return {**metrics, "reward/score_s": seconds}
 
     def _metric_values(self, batch: Batch, extras: dict) -> np.ndarray:
         """One value of filter_groups.metric per response."""

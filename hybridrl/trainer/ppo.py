@@ -56,7 +56,12 @@ class PPOTrainer(Trainer):
         self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length)
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
-        self.sampler = RolloutSampler(cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch)
+        # reward_model.launch_reward_fn_async: scores computed while the log-prob passes run (sync mode)
+        defer = cfg.reward_model.launch_reward_fn_async and cfg.trainer.mode == "sync"
+        self.rollouts = RolloutSampler(
+            cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch, defer=defer
+        )
+        self.sampler = self.rollouts
         self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
         if cfg.trainer.mode != "sync":  # generate ahead of the trainer; the loss corrects the staleness
             run = self.run
@@ -88,6 +93,7 @@ class PPOTrainer(Trainer):
         if run.critic is not None:
             with timer("values"):
                 batch[K.VALUES] = values.get()[K.VALUES]
+        reward_metrics.update(self.rollouts.join(batch, timer))  # scores computed meanwhile, if deferred
         metrics.update(self.reward_model.apply(batch, rm_scores, timer))  # score = RM x weight + rule x weight
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))

@@ -1,0 +1,137 @@
+"""reward_model.launch_reward_fn_async: the step's scores are computed in a background thread
+while the log-prob passes run, and are the same scores."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridrl.config import config_from_dict
+from hybridrl.config.validate import config_notices
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.rollout import SamplingParams
+from hybridrl.tracking.timer import StageTimer
+from hybridrl.trainer.dynamic_sampling import RolloutSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+
+def cfg_with(**reward_model):
+    return config_from_dict(
+        {
+            "data": {"train_files": "unused.jsonl", "train_batch_size": 2, "max_response_length": 3},
+            "actor_rollout_ref": {"model": {"path": "unused"}, "actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 2}},
+            "reward_model": reward_model,
+            "trainer": {"device": "cpu"},
+        }
+    )
+
+
+class FixedActor:
+    """`generate` returns a ready batch: 4 responses, the texts '0'..'3'."""
+
+    def generate(self, prompts, sampling):
+        b = 4
+        return Batch(
+            {
+                K.PROMPTS: torch.ones(b, 2, dtype=torch.long),
+                K.PROMPT_MASK: torch.ones(b, 2, dtype=torch.long),
+                K.RESPONSES: torch.ones(b, 3, dtype=torch.long),
+                K.RESPONSE_MASK: torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.float32),
+            },
+            {
+                K.DATA_SOURCE: ["x"] * b,
+                K.GROUND_TRUTH: ["2"] * b,
+                K.EXTRA_INFO: [{}] * b,
+                K.RESPONSE_TEXT: [str(i) for i in range(b)],
+                K.UID: ["a", "a", "b", "b"],
+            },
+            {K.PAD_TOKEN_ID: 0},
+        )
+
+
+def test_scores_are_computed_in_the_background_and_joined():
+    """The reward function blocks until the test, after `sample` returned, lets it go: `sample`
+    did not wait for it. `join` then writes the scores on each response's last token."""
+    release, started = threading.Event(), threading.Event()
+
+    def blocking_score(data_source, solution_str, ground_truth, extra_info):
+        started.set()
+        if not release.wait(timeout=30):
+            raise TimeoutError("sample() waited for the scores")
+        return float(solution_str == ground_truth) + 0.1 * int(solution_str)
+
+    cfg = cfg_with(launch_reward_fn_async=True)
+    sampler = RolloutSampler(cfg, FixedActor(), blocking_score, SamplingParams(n=2, max_new_tokens=3), None, defer=True)
+    timer = StageTimer()
+    batch, _, _, reward_metrics = sampler.sample(Batch({}), timer)
+    assert K.TOKEN_LEVEL_SCORES not in batch and reward_metrics == {}
+    assert started.wait(timeout=30)  # scoring is under way in its thread
+    batch[K.OLD_LOG_PROBS] = torch.zeros(4, 3)  # the step goes on meanwhile
+    release.set()
+    metrics = sampler.join(batch, timer)
+    want = torch.tensor([[0, 0, 0.0], [0.1, 0, 0], [0, 1.2, 0], [0, 0, 0.3]])
+    torch.testing.assert_close(batch[K.TOKEN_LEVEL_SCORES], want)
+    assert metrics["reward/errors"] == 0 and metrics["reward/score_s"] > 0
+    assert "timing_s/reward" in timer.metrics()
+    assert sampler.join(batch, timer) == {}  # nothing pending
+
+
+def test_a_failing_scorer_is_raised_at_the_join():
+    """A scorer that fails as a whole (not one sample's call, which scores 0 and is counted) raises
+    in the step, at the join, with its own message."""
+    from hybridrl.rewards.managers import ManagedScorer
+
+    class Broken(ManagedScorer):
+        def __init__(self):
+            pass
+
+        def score_batch(self, *args):
+            raise RuntimeError("scorer crashed")
+
+    scorer = Broken()
+    sampler = RolloutSampler(cfg_with(), FixedActor(), scorer, SamplingParams(n=2, max_new_tokens=3), None, defer=True)
+    batch, *_ = sampler.sample(Batch({}), StageTimer())
+    with pytest.raises(RuntimeError, match="scorer crashed"):
+        sampler.join(batch, StageTimer())
+
+
+def test_filter_groups_and_async_modes_score_in_the_foreground_with_a_notice():
+    cfg = cfg_with(launch_reward_fn_async=True)
+    cfg.algorithm.filter_groups.enable = True
+    assert RolloutSampler(cfg, FixedActor(), None, None, None, defer=True).defer is False
+    assert any("launch_reward_fn_async" in n and "filter_groups" in n for n in config_notices(cfg))
+    cfg = cfg_with(launch_reward_fn_async=True)
+    cfg.trainer.mode = "one_step_off"
+    assert any("launch_reward_fn_async" in n and "one_step_off" in n for n in config_notices(cfg))
+    assert not any("launch_reward_fn_async" in n for n in config_notices(cfg_with(launch_reward_fn_async=True)))
+
+
+def test_a_run_with_deferred_scores_logs_the_same_metrics(tiny_model_dir, arith_data, tmp_path):
+    """The CLI, GRPO with the KL loss, 3 steps: every metric but wall-clock ones is identical."""
+    from cli_helpers import cli, metrics, without_volatile
+    from test_cli import base_overrides
+
+    rows = {}
+    for deferred in (False, True):
+        out = tmp_path / str(deferred)
+        cli(
+            "train",
+            "configs/quickstart.yaml",
+            *base_overrides(tiny_model_dir, arith_data, out, **{"actor_rollout_ref.model.random_init": "true"}),
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "trainer.logger=[jsonl]",
+            f"reward_model.launch_reward_fn_async={str(deferred).lower()}",
+            "warmup.steps=0",
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        rows[deferred] = [without_volatile(r) for r in metrics(out)]
+    assert all("reward/score_s" in r for r in rows[True] if "critic/score/mean" in r)
+    stripped = [{k: v for k, v in r.items() if k != "reward/score_s"} for r in rows[True]]
+    assert stripped == rows[False]
+    assert any("critic/score/mean" in r for r in rows[False])

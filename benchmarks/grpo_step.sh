@@ -6,7 +6,7 @@
 # e.g. NAME=unshared actor_rollout_ref.model.share_prompts=false actor_rollout_ref.rollout.max_num_seqs=256
 set -euo pipefail
 MODEL=${1:?model dir}; DATA=${2:?gsm8k dir}; OUT=${3:?out dir}; NAME=${4:?variant name}; shift 4
-rm -rf "$OUT/$NAME"
+mkdir -p "$OUT" && rm -rf "${OUT:?}/$NAME"
 bash "$(dirname "$0")/gsm8k_grpo.sh" train "$MODEL" "$DATA" "$OUT" data.train_batch_size=32 actor_rollout_ref.rollout.n=16 \
   actor_rollout_ref.actor.ppo_mini_batch_size=16 \
   custom_reward_function.reward_kwargs="{format_score: 0.1, format_needs_work: true, flexible_score: 0.2}" \

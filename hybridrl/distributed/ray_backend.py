@@ -85,6 +85,10 @@ class WorkerHost:
         self.workers: dict = {}
         # Ray gives an actor with num_gpus=1 exactly one visible GPU: it is cuda:0 here.
         os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        if device_type == "cuda":  # before the first CUDA allocation (rollout/native/cache.py)
+            from hybridrl.rollout.native.cache import stable_cache_addresses
+
+            stable_cache_addresses()
         import random
 
         import numpy as np

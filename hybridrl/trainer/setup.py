@@ -29,6 +29,7 @@ from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_cu
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
 from hybridrl.rewards.remote import RemoteReward
+from hybridrl.rollout.native.cache import stable_cache_addresses
 from hybridrl.tracking.summary import end_of_run_summary
 from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
@@ -218,6 +219,8 @@ def build_run(
     resume_from = _find_resume(cfg)
     if resume_from is None:
         rundir.claim(out, cfg.trainer.overwrite)
+    if cfg.actor_rollout_ref.rollout.name in ("native", "auto") and cfg.trainer.device != "cpu":
+        stable_cache_addresses()  # the engine's CUDA graphs survive its cache being freed and re-allocated
     ckpt.seed_everything(cfg.trainer.seed)
     if cfg.trainer.deterministic:
         make_deterministic()

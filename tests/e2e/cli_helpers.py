@@ -22,6 +22,7 @@ VOLATILE = (
     "agent/tool_wait_share",
     "rollout/extend_",  # wall-clock, and how answers arrive (which ones rejoin together)
     "agent/tool_latency_s",
+    "rollout/graph_capture_s",
 )  # wall-clock numbers differ between runs
 
 

@@ -23,6 +23,8 @@ def test_lora_dynamic_bsz_run_logs_perf_metrics_and_saves_a_loadable_policy(tiny
         "actor_rollout_ref.model.random_init": "true",
         "actor_rollout_ref.model.lora_rank": 4,
         "actor_rollout_ref.actor.use_kl_loss": "true",
+        # the random model scores 0 on every sample (zero advantages): the entropy bonus is what moves the adapters
+        "actor_rollout_ref.actor.entropy_coeff": 0.01,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
         "actor_rollout_ref.actor.use_dynamic_bsz": "true",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 24,

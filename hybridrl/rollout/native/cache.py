@@ -13,6 +13,7 @@ copy of the partially filled last block, into which it then writes its own token
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -97,3 +98,20 @@ def write_kv(cache_k: torch.Tensor, cache_v: torch.Tensor, k: torch.Tensor, v: t
     nb, bs = cache_k.shape[:2]
     cache_k.view(nb * bs, *cache_k.shape[2:]).index_copy_(0, slots, k)
     cache_v.view(nb * bs, *cache_v.shape[2:]).index_copy_(0, slots, v)
+
+
+ALLOC_CONF_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def stable_cache_addresses() -> bool:
+    """Use PyTorch's expandable segments unless the allocator is configured already (either
+    variable set, even empty, wins). The engine frees its KV cache for the update and allocates
+    it again at wake-up; its CUDA graphs baked in the old address and are re-captured when the
+    new cache lands elsewhere. With the default allocator it landed elsewhere nearly every step
+    (2 graphs re-captured per step, 0.1-0.7 s, on an H100); with expandable segments the address
+    repeats after the first steps and nothing is re-captured (BENCHMARKS.md). Must run before the
+    process's first CUDA allocation; returns whether it set the variable."""
+    if any(k in os.environ for k in ALLOC_CONF_KEYS):
+        return False
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return True

@@ -280,6 +280,9 @@ class NativeRolloutEngine:
             "rollout/decode_steps": stats["steps"],
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
         }
+        if self.runner.use_graphs:  # captures happen on first use of a batch size, and after the cache moved
+            self.last_metrics["rollout/graph_captures"] = float(self.runner.captures)
+            self.last_metrics["rollout/graph_capture_s"] = self.runner.capture_s
         if self.prefix_caching:
             self.last_metrics["rollout/prefix_cache_hit_rate"] = sched.hit_rate
         if self.prefill_chunk:

@@ -17,6 +17,7 @@ that code runs.
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterable
 
 import numpy as np
@@ -104,6 +105,7 @@ class ModelRunner:
         self._alloc_row_buffers()
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._graph_pool = None
+        self.captures, self.capture_s = 0, 0.0  # graphs captured (and the time it took) since start_run
         self._inv_t: dict[tuple, torch.Tensor] = {}
         self.ladder = _ladder(max_num_seqs)
 
@@ -239,6 +241,7 @@ class ModelRunner:
         S = self.max_num_seqs
         self.host_out = [torch.empty(2, self.decode_steps, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.step_count = 0
+        self.captures, self.capture_s = 0, 0.0
 
     def prefill(
         self,
@@ -433,6 +436,7 @@ class ModelRunner:
     def _graph(self, Bp: int, mode) -> torch.cuda.CUDAGraph:
         key = (Bp, mode)
         if key not in self.graphs:
+            t0 = time.perf_counter()
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture.
@@ -454,6 +458,8 @@ class ModelRunner:
             with torch.cuda.graph(graph, pool=self._graph_pool, **kw):
                 self._decode_steps(Bp, mode)
             self.graphs[key] = graph
+            self.captures += 1
+            self.capture_s += time.perf_counter() - t0
         return self.graphs[key]
 
 

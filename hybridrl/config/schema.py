@@ -178,10 +178,12 @@ class ActorConfig:
     ppo_epochs: int = option(1, "Passes over each step's rollouts.")
     reuse_on_policy_log_prob: bool = option(
         False,
-        "On-policy steps (one mini-batch per step, ppo_epochs=1) skip the old log-prob pass: pi_old is the update's "
-        "own forward, detached, which it equals (ratio 1; the same loss and gradient up to float rounding). Not "
-        "used with algorithm.use_kl_in_reward, a rollout correction or trainer.mode other than sync (they read "
-        "pi_old before the update); then the pass runs. verl calls reusing log-probs 'bypass'.",
+        "Skip the old log-prob stage (ppo_epochs=1, shuffle=false): the first mini-batch's pi_old is the update's "
+        "own forward, detached, which it equals (ratio 1); the later mini-batches' pi_old is computed by the update "
+        "before its first optimizer step. The same loss and gradients up to float rounding, (k-1)/k of the pass for "
+        "k mini-batches (none for one). Not used with algorithm.use_kl_in_reward, a rollout correction or "
+        "trainer.mode other than sync (they read pi_old before the update); then the pass runs. verl calls reusing "
+        "log-probs 'bypass'.",
     )
     shuffle: bool = option(False, "Shuffle the rollouts before splitting them into mini-batches.")
     clip_ratio: float = option(0.2, "PPO clip range epsilon for the importance ratio.")

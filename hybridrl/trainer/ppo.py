@@ -171,9 +171,10 @@ class PPOTrainer(Trainer):
 
 
 def reuses_on_policy_log_prob(cfg: Config, correction) -> bool:
-    """actor.reuse_on_policy_log_prob applies: a step is one optimizer step of one epoch (the update's
-    log-probs are then pi_old's) and nothing reads pi_old before the update."""
+    """actor.reuse_on_policy_log_prob applies: one epoch over the mini-batches in order (the first
+    mini-batch's log-probs in the update are pi_old's; the update computes the later ones' before
+    its first optimizer step) and nothing reads pi_old before the update."""
     a = cfg.actor_rollout_ref.actor
-    one_step = a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.data.train_batch_size
+    one_pass = a.ppo_epochs == 1 and not a.shuffle
     before_update = cfg.algorithm.use_kl_in_reward or correction_enabled(correction) or correction.bypass_mode
-    return a.reuse_on_policy_log_prob and one_step and not before_update and cfg.trainer.mode == "sync"
+    return a.reuse_on_policy_log_prob and one_pass and not before_update and cfg.trainer.mode == "sync"

@@ -13,6 +13,7 @@ short delegation to the parts.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -202,6 +203,20 @@ class ActorRolloutRefWorker(ProfiledWorker):
         # and compares them with the engine's
         extra += [K.OLD_LOG_PROBS] if K.OLD_LOG_PROBS in batch else [K.ROLLOUT_LOG_PROBS]
         batch = batch.select([*seq_keys(batch), K.ADVANTAGES, *extra])
+        mini = self.plan.actor.per_device_mini_batch
+        parts = [batch]
+        if K.OLD_LOG_PROBS not in batch and len(batch) > mini and a.ppo_epochs == 1 and not a.shuffle:
+            # reuse_on_policy_log_prob with several mini-batches (one epoch, no shuffle): the first
+            # is on-policy, its own forward is pi_old; the later ones take pi_old from a pass over
+            # them now, before the first optimizer step moves the weights (the old log-prob
+            # stage's numbers, for (k-1)/k of its rows).
+            head, tail = batch.index(slice(0, mini)), batch.index(slice(mini, len(batch)))
+            with eval_mode(self.model):
+                split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
+                old = token_log_probs(self.engine, self.model, tail, split, self.temperature)
+            tail = tail.select([k for k in tail.tensors if k != K.ROLLOUT_LOG_PROBS])
+            tail[K.OLD_LOG_PROBS] = old
+            parts = [head, tail]
         start = self.engine.perf_start()
         split = Split(
             self.plan.actor.micro_batch,
@@ -209,14 +224,12 @@ class ActorRolloutRefWorker(ProfiledWorker):
             a.ppo_max_token_len_per_gpu,
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
         )
-        metrics = self.engine.update(
-            batch,
-            PPOPolicyLoss(a, self.temperature),
-            split,
-            epochs=a.ppo_epochs,
-            shuffle=a.shuffle,
-            mini_size=self.plan.actor.per_device_mini_batch,
-        )
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for part in parts:
+            for k, v in self.engine.update(
+                part, PPOPolicyLoss(a, self.temperature), split, epochs=a.ppo_epochs, shuffle=a.shuffle, mini_size=mini
+            ).items():
+                metrics[k].extend(v)
         out = self.engine.summarize(metrics)
         out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
         return out

@@ -81,6 +81,7 @@ def test_tool_tokens_are_context_in_packed_and_padded_passes(tiny_model_dir):
 def cfg(**kw):
     actor = {"ppo_mini_batch_size": kw.pop("mini", 8), "reuse_on_policy_log_prob": kw.pop("reuse", True)}
     actor["ppo_epochs"] = kw.pop("epochs", 1)
+    actor["shuffle"] = kw.pop("shuffle", False)
     return config_from_dict(
         {
             "data": {"train_files": "x.jsonl", "train_batch_size": 8},
@@ -95,11 +96,65 @@ def cfg(**kw):
     [
         (cfg(), True),
         (cfg(reuse=False), False),
-        (cfg(mini=4), False),  # two mini-batches: the second is off-policy
+        (cfg(mini=4), True),  # two mini-batches: the update computes the second's pi_old first
         (cfg(epochs=2), False),
+        (cfg(mini=4, shuffle=True), False),  # shuffled mini-batches: the first is not known beforehand
         (cfg(kl_in_reward=True), False),  # the reward's KL reads pi_old before the update
         (cfg(rollout_correction={"rollout_is": "token"}), False),
     ],
 )
 def test_reuse_applies_only_on_policy(c, reused):
     assert reuses_on_policy_log_prob(c, staleness_correction(c)) is reused
+
+
+@pytest.mark.parametrize("budget", [None, 20], ids=["fixed", "token-budget"])
+def test_several_mini_batches_take_pi_old_from_before_the_first_step(tmp_path, budget):
+    """Two mini-batches of 4 of 8 rows, without OLD_LOG_PROBS: the first is updated on-policy (no
+    pi_old given: its own forward, the gradient test above), the second with pi_old computed before
+    the first optimizer step, equal to the old log-prob stage's values for those rows."""
+    from hybridrl.config import plan_batches
+    from hybridrl.models.tiny import write_tiny_model_dir
+    from hybridrl.workers.actor import ActorRolloutRefWorker
+
+    model_dir = str(write_tiny_model_dir(tmp_path / "m", hidden_size=32, intermediate_size=64))
+    c = config_from_dict(
+        {
+            "data": {"train_files": "unused.jsonl", "train_batch_size": 8, "max_prompt_length": 4, "max_response_length": 6},
+            "actor_rollout_ref": {
+                "model": {"path": model_dir, "random_init": True},
+                "actor": {
+                    "ppo_mini_batch_size": 4,
+                    "ppo_micro_batch_size_per_gpu": 2,
+                    "use_dynamic_bsz": budget is not None,
+                    "ppo_max_token_len_per_gpu": budget or 16384,
+                    "reuse_on_policy_log_prob": True,
+                    "optim": {"lr": 1e-2},
+                },
+                "rollout": {"log_prob_micro_batch_size_per_gpu": 3},
+            },
+            "algorithm": {"adv_estimator": "grpo"},
+            "trainer": {"device": "cpu"},
+        }
+    )
+    torch.manual_seed(0)
+    w = ActorRolloutRefWorker(c, plan_batches(c), torch.device("cpu"))
+    w.init_model(model_dir, True, 10, need_ref=False)
+    batch = random_batch(n=8, seed=7)
+    batch = batch.select([k for k in batch.tensors if k not in (K.OLD_LOG_PROBS, K.REF_LOG_PROBS)])
+    batch[K.ROLLOUT_LOG_PROBS] = -torch.rand(batch[K.RESPONSES].shape)
+    want = w.compute_log_prob(batch.select(list(batch.tensors)))[K.OLD_LOG_PROBS]  # the stage, before the update
+    parts, update = [], w.engine.update
+
+    def recording(part, objective, split, **kw):
+        parts.append((part, kw["mini_size"]))
+        return update(part, objective, split, **kw)
+
+    w.engine.update = recording
+    before = [p.detach().clone() for p in w.model.parameters()]
+    metrics = w.update_actor(batch)
+    assert [(len(p), mini) for p, mini in parts] == [(4, 4), (4, 4)]
+    (head, _), (tail, _) = parts
+    assert K.OLD_LOG_PROBS not in head and K.ROLLOUT_LOG_PROBS in head  # on-policy, compared with the engine's
+    assert torch.equal(head[K.RESPONSES], batch[K.RESPONSES][:4]) and torch.equal(tail[K.RESPONSES], batch[K.RESPONSES][4:])
+    torch.testing.assert_close(tail[K.OLD_LOG_PROBS], want[4:], rtol=0, atol=1e-6)
+    assert metrics["actor/grad_norm"] > 0 and any(not torch.equal(a, b) for a, b in zip(before, w.model.parameters()))

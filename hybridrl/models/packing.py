@@ -114,16 +114,19 @@ def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = F
         raise ValueError("packing needs at least one prompt token per sequence (the first response token's context)")
     cu = F.pad(lens.cumsum(0), (1, 0))  # (b + 1,)
     positions = keep.long().cumsum(1) - 1  # (b, T)
+    rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major
+    own, gather, take = keep, None, None  # the tokens each row puts into the packed row
     if share_prompts:
         first = first_of_prompt(prompts, prompt_mask)
-        if bool((first != torch.arange(len(first), device=first.device)).any()):
-            return _pack_shared(seq, keep, positions, lens, cu, responses, response_mask, first, prompts.shape[1])
-    rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major = packed order
-    # Response token j of sequence i sits at cu[i] + prompt_len[i] + j; the output one before predicts it.
-    target = cu[rows] + prompt_lens[rows] + cols - 1
+        leader = first == torch.arange(len(first), device=first.device)
+        if not bool(leader.all()):
+            own, target, gather, take = _shared_layout(keep, lens, first, leader, rows, cols, prompts.shape[1])
+    if gather is None:
+        # Response token j of sequence i sits at cu[i] + prompt_len[i] + j; the output one before predicts it.
+        target = cu[rows] + prompt_lens[rows] + cols - 1
     return Packed(
-        input_ids=seq[keep][None],
-        position_ids=positions[keep][None],
+        input_ids=seq[own][None],
+        position_ids=positions[own][None],
         cu_seqlens=cu.to(torch.int32),
         max_len=int(lens.max()),
         target_index=target,
@@ -131,37 +134,25 @@ def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = F
         cols=cols,
         labels=responses[rows, cols],
         shape=tuple(responses.shape),
+        prompt_gather=gather,
+        prompt_take=take,
     )
 
 
-def _pack_shared(seq, keep, positions, lens, cu, responses, response_mask, first, P: int) -> Packed:
-    """`pack` where rows repeat prompts: each prompt's tokens once (at its first row), every row's
-    response; attention runs on the unshared row (`keep`'s tokens in row-major order)."""
+def _shared_layout(keep, lens, first, leader, rows, cols, P: int):
+    """Where rows repeat prompts: (the tokens each row puts into the packed row (b, T): a prompt
+    at its first row only; target_index (M,); prompt_gather (V,); prompt_take (N,)). Attention
+    runs on the unshared row, `keep`'s tokens in row-major order."""
     b, T = keep.shape
-    leader = first == torch.arange(b, device=keep.device)
     own = keep.clone()
-    own[:, :P] &= leader[:, None]  # (b, T) the tokens this row puts into the packed row
-    n = int(own.sum())
-    index = torch.full((b, T), -1, dtype=torch.long, device=keep.device)
-    index[own] = torch.arange(n, device=keep.device)
+    own[:, :P] &= leader[:, None]
+    index = torch.full((b, T), -1, dtype=torch.long, device=keep.device)  # packed position of each token
+    index[own] = torch.arange(int(own.sum()), device=keep.device)
     index[:, :P] = index[first, :P]  # a repeated prompt's tokens are its first row's
-    virtual = torch.full((b, T), -1, dtype=torch.long, device=keep.device)
+    virtual = torch.full((b, T), -1, dtype=torch.long, device=keep.device)  # unshared position
     virtual[keep] = torch.arange(int(lens.sum()), device=keep.device)
-    rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major
     # The token before response column c sits at column P + c - 1 (the last prompt token for c = 0).
-    return Packed(
-        input_ids=seq[own][None],
-        position_ids=positions[own][None],
-        cu_seqlens=cu.to(torch.int32),
-        max_len=int(lens.max()),
-        target_index=index[rows, P + cols - 1],
-        rows=rows,
-        cols=cols,
-        labels=responses[rows, cols],
-        shape=tuple(responses.shape),
-        prompt_gather=index[keep],
-        prompt_take=virtual[own],
-    )
+    return own, index[rows, P + cols - 1], index[keep], virtual[own]
 
 
 # -- the attention hook ----------------------------------------------------------------------

@@ -20,17 +20,11 @@ def test_shared_prompts_match_unshared_on_the_gpu(backend, compiled):
 
     from hybridrl.models.packing import enable_packing, pack, packed_log_probs
     from hybridrl.models.prepare import compile_decoder_layers
+    from hybridrl.models.tiny import tiny_qwen2_config
 
     torch.manual_seed(0)
     cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
+        **tiny_qwen2_config(64, hidden_size=256, intermediate_size=512, num_attention_heads=8, max_position_embeddings=256)
     )
     cfg._attn_implementation = "sdpa"
     model = Qwen2ForCausalLM(cfg).cuda()

@@ -540,7 +540,16 @@ class RewardModelConfig:
         "Score the responses (the reward function, remote scorers) in a background thread while the old log-prob, "
         "reference and value passes run; the step joins the scores before the advantages. The same scores; it saves "
         "the scoring time up to those passes' time (timing_s/reward is then the wait, reward/score_s the scoring). "
-        "Not with algorithm.filter_groups or trainer.mode other than sync (they need the scores at once).",
+        "Not with algorithm.filter_groups or trainer.mode other than sync (they need the scores at once). With the "
+        "native engine in-process (one device), each response is scored as it ends, while the others decode "
+        "(stream_reward_fn).",
+    )
+    stream_reward_fn: bool = option(
+        True,
+        "With launch_reward_fn_async, the native engine in-process and a custom reward file (custom_reward_function.path, "
+        "reward_manager naive or dapo): score each response in the reward processes as soon as it ends, while the others "
+        "decode (reward/streamed_fraction). The same scores; false scores after generation. The built-in scorers, fast "
+        "and run in threads of the trainer, are always scored after generation.",
     )
 
 

@@ -22,6 +22,7 @@ class Done:
 
 class LocalWorkerGroup:
     world_size = 1
+    in_process = True  # methods run in the caller's process: a callable argument is called, not sent
 
     def __init__(self, worker, role: str = "worker"):
         self.worker, self.role = worker, role

@@ -178,6 +178,8 @@ class RayWorkerGroup:
     """One role on one pool of hosts; calls are dispatched by the worker class's marks, DP
     methods split over the named dimension of the role's layout."""
 
+    in_process = False  # arguments are sent to the worker processes
+
     def __init__(self, role: str, cls, hosts: list, infos: list[dict], layout: ParallelLayout | None = None):
         self.role, self.cls, self.hosts, self.infos = role, cls, hosts, infos
         self.layout = layout or ParallelLayout(len(hosts))

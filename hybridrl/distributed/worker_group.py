@@ -28,6 +28,9 @@ class WorkerGroup(Protocol[W_co]):
     @property
     def world_size(self) -> int: ...
 
+    in_process: bool
+    """The methods run in the controller's process (callable arguments are called, not sent)."""
+
     def submit(self, name: str, *args: Any, **kwargs: Any) -> Result[Any]:
         """Start `name` on every rank without waiting (e.g. the critic beside the actor)."""
         ...

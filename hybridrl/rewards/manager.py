@@ -99,8 +99,14 @@ def score_batch(
         dict(data_source=data_sources[i], solution_str=solution_strs[i], ground_truth=ground_truths[i], extra_info=extra_infos[i])
         for i in range(n)
     ]
-    outcomes = compute_score.map(calls) if isinstance(compute_score, WorkerPool) else [_call(compute_score, c) for c in calls]
-    return outcomes_to_result(outcomes, data_sources)
+    return outcomes_to_result(call_each(compute_score, calls), data_sources)
+
+
+def call_each(compute_score: Callable[..., Any] | WorkerPool, calls: Sequence[dict]) -> list[Outcome]:
+    """`compute_score(**call)` for each call, in its `WorkerPool` when it is one: one `Outcome` each."""
+    if isinstance(compute_score, WorkerPool):
+        return compute_score.map(list(calls))
+    return [_call(compute_score, c) for c in calls]
 
 
 def outcomes_to_result(outcomes: Sequence[Outcome], data_sources: Sequence[str]) -> ScoreResult:

@@ -24,9 +24,11 @@ import torch.nn.functional as F
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.rewards.manager import ScoreResult
 from hybridrl.rewards.managers import overlong_penalty
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.scoring import last_token_scores, score
+from hybridrl.trainer.stream_scoring import StreamScorer, streamable
 
 _LEFT_PADDED = (K.PROMPTS, K.PROMPT_MASK)
 _PROMPT_FIELDS = (K.PROMPTS, K.PROMPT_MASK, K.UID, K.DATA_SOURCE, K.GROUND_TRUTH, K.EXTRA_INFO, K.RAW_PROMPT)
@@ -39,14 +41,27 @@ class DynamicSamplingError(RuntimeError):
 class RolloutSampler:
     """generate -> score (reward manager) -> overlong shaping -> [keep groups whose metric varies, repeat]."""
 
-    def __init__(self, cfg, actor, compute_score, sampling, next_prompts: Callable[[], Batch], defer: bool = False):
+    def __init__(
+        self,
+        cfg,
+        actor,
+        compute_score,
+        sampling,
+        next_prompts: Callable[[], Batch],
+        defer: bool = False,
+        decode: Callable[[list], list[str]] | None = None,
+    ):
         """`defer` (reward_model.launch_reward_fn_async): a round's scores are computed in a
         background thread while the caller goes on; `join` adds them. Not with the group filter,
-        which needs them at once."""
+        which needs them at once. With `decode` (the tokenizer's decoding of a response) and the
+        actor in this process, scoring starts during generation, as each response ends
+        (trainer/stream_scoring.py); the engines that do not report them are scored after."""
         self.cfg, self.actor, self.compute_score, self.sampling = cfg, actor, compute_score, sampling
         self.next_prompts = next_prompts
         self.filter = cfg.algorithm.filter_groups
         self.defer = defer and not self.filter.enable
+        self.stream = self.defer and decode is not None and getattr(actor, "in_process", False) and streamable(compute_score)
+        self.decode = decode
         self.pending: Future | None = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -96,21 +111,31 @@ class RolloutSampler:
         """One generation: (batch with TOKEN_LEVEL_SCORES, rollout metrics, reward metrics, the
         scorer's extras). With `defer`, the scores are computed in the background: the batch
         comes back without them and `join` adds them."""
-        with timer("gen"):
-            batch = self.actor.generate(prompts, self.sampling)
+        stream = StreamScorer(self.compute_score, prompts, self.sampling.n, self.decode) if self.stream else None
+        try:
+            with timer("gen"):
+                if stream is not None:
+                    batch = self.actor.generate(prompts, self.sampling, on_finish=stream.finished)
+                else:
+                    batch = self.actor.generate(prompts, self.sampling)
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            raise
         rollout_metrics = batch.meta.pop(K.ROLLOUT_METRICS, {})
         if self.defer:
             # A view of its own: the step adds keys to the batch while the scorer reads it.
             view = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
-            self.pending = self._pool().submit(self._timed_scores, view)
+            self.pending = self._pool().submit(self._timed_scores, view, stream)
             return batch, rollout_metrics, {}, {}
         with timer("reward"):
             batch[K.TOKEN_LEVEL_SCORES], reward_metrics, extras = self._scores(batch)
         return batch, rollout_metrics, reward_metrics, extras
 
-    def _scores(self, batch: Batch) -> tuple[torch.Tensor, dict, dict]:
-        """(TOKEN_LEVEL_SCORES, reward metrics, the scorer's extras) of a generated batch."""
-        scores, reward_metrics, extras = score(batch, self.compute_score, with_extras=True)
+    def _scores(self, batch: Batch, result: ScoreResult | None = None) -> tuple[torch.Tensor, dict, dict]:
+        """(TOKEN_LEVEL_SCORES, reward metrics, the scorer's extras) of a generated batch
+        (`result`: its scores, when they were computed while generating)."""
+        scores, reward_metrics, extras = score(batch, self.compute_score, with_extras=True, result=result)
         if K.AGENT_REWARD in batch:  # multi-turn: what tools and interactions gave the trajectory
             reward_metrics["reward/agent/mean"] = float(batch[K.AGENT_REWARD].mean())
             scores = scores + batch[K.AGENT_REWARD]
@@ -131,10 +156,16 @@ class RolloutSampler:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridrl-reward")
         return self._executor
 
-    def _timed_scores(self, batch: Batch):
+    def _timed_scores(self, batch: Batch, stream: StreamScorer | None = None):
         t0 = time.perf_counter()
-        scores, metrics, _ = self._scores(batch)
-        return scores, metrics, time.perf_counter() - t0
+        if stream is None:
+            scores, metrics, _ = self._scores(batch)
+            return scores, metrics, time.perf_counter() - t0
+        result, streamed = stream.result(batch)
+        t1 = time.perf_counter()
+        scores, metrics, _ = self._scores(batch, result)
+        metrics["reward/streamed_fraction"] = streamed / max(len(batch), 1)  # scored while generating
+        return scores, metrics, stream.busy_s + time.perf_counter() - t1
 
     def join(self, batch: Batch, timer: StageTimer) -> dict:
         """The deferred scores of the last round into `batch` (TOKEN_LEVEL_SCORES); their reward

@@ -27,6 +27,7 @@ from hybridrl.trainer.rm_scoring import RewardModelStage
 from hybridrl.trainer.rollout_log import log_val_samples
 from hybridrl.trainer.scoring import evaluate, score
 from hybridrl.trainer.setup import build_run
+from hybridrl.trainer.stream_scoring import decode_responses
 
 __all__ = ["NonFiniteError", "PPOTrainer"]
 
@@ -56,15 +57,22 @@ class PPOTrainer(Trainer):
         self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length)
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
-        # reward_model.launch_reward_fn_async: scores computed while the log-prob passes run (sync mode)
+        # reward_model.launch_reward_fn_async: scores computed while the log-prob passes run (sync
+        # mode), and in-process from the moment each response ends
         defer = cfg.reward_model.launch_reward_fn_async and cfg.trainer.mode == "sync"
+        run = self.run
         self.rollouts = RolloutSampler(
-            cfg, self.run.actor, self.run.compute_score, self.sampling, self.run.loader.next_batch, defer=defer
+            cfg,
+            run.actor,
+            run.compute_score,
+            self.sampling,
+            run.loader.next_batch,
+            defer,
+            decode_responses(run) if cfg.reward_model.stream_reward_fn else None,
         )
         self.sampler = self.rollouts
         self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
         if cfg.trainer.mode != "sync":  # generate ahead of the trainer; the loss corrects the staleness
-            run = self.run
             self.sampler = OffPolicyRollouts(cfg, self.sampler, run.loader.next_batch, lambda: run.global_step, run.total_steps)
         self.correction = staleness_correction(cfg)
         self.reuse_log_prob = reuses_on_policy_log_prob(cfg, self.correction)

@@ -11,7 +11,7 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptRecord, collate_prompts
-from hybridrl.rewards import score_batch
+from hybridrl.rewards import ScoreResult, score_batch
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.registry import diagnostic_metrics
 from hybridrl.rewards.remote import RemoteReward
@@ -28,19 +28,21 @@ def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
     return out * response_mask
 
 
-def score(batch: Batch, compute_score, with_extras: bool = False):
+def score(batch: Batch, compute_score, with_extras: bool = False, result: ScoreResult | None = None):
     """Scores (B,) of the batch's responses and the reward metrics (errors, extra keys); with
-    `with_extras`, also the reward function's other numeric keys, one list of values per key."""
-    # reward_model.reward_manager=batch|prime call the function their own way; naive and dapo: per sample
-    # and the remote scorer sends concurrent requests (hybridrl/rewards/remote.py)
-    batched = isinstance(compute_score, (ManagedScorer, RemoteReward))
-    scorer = compute_score.score_batch if batched else partial(score_batch, compute_score)
-    result = scorer(
-        list(batch[K.DATA_SOURCE]),
-        list(batch[K.RESPONSE_TEXT]),
-        list(batch[K.GROUND_TRUTH]),
-        list(batch[K.EXTRA_INFO]),
-    )
+    `with_extras`, also the reward function's other numeric keys, one list of values per key.
+    `result`: the batch's scores computed already (while generating, trainer/stream_scoring.py)."""
+    if result is None:
+        # reward_model.reward_manager=batch|prime call the function their own way; naive and dapo: per sample
+        # and the remote scorer sends concurrent requests (hybridrl/rewards/remote.py)
+        batched = isinstance(compute_score, (ManagedScorer, RemoteReward))
+        scorer = compute_score.score_batch if batched else partial(score_batch, compute_score)
+        result = scorer(
+            list(batch[K.DATA_SOURCE]),
+            list(batch[K.RESPONSE_TEXT]),
+            list(batch[K.GROUND_TRUTH]),
+            list(batch[K.EXTRA_INFO]),
+        )
     metrics = {"reward/errors": float(result.num_errors), "reward/timeouts": float(result.num_timeouts)}
     metrics.update({f"reward/{k}": float(v) for k, v in result.metrics.items()})
     for k, vals in result.extras.items():

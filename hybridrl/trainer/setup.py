@@ -79,6 +79,7 @@ class RunContext:
     global_step: int = 0
     trainer_state: dict[str, Any] = field(default_factory=dict)
     reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward_model.enable: scores responses
+    tokenizer: Any = None  # the policy's: decodes responses scored while generating (trainer/stream_scoring.py)
     closed: bool = False
     started: float = field(default_factory=time.perf_counter)  # trainer.max_wall_time_s counts from here
 
@@ -361,6 +362,7 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
         workers=workers,
         global_step=global_step,
         trainer_state=state,
+        tokenizer=tokenizer,
     )
 
 

@@ -144,9 +144,11 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
     # -- generation ----------------------------------------------------------------------------
     @register(Dispatch.DP, mesh="rollout")
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, on_finish=None) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT;
-        meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time."""
+        meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time. `on_finish`
+        (in-process callers only: it is called, not sent): the engine's per-sequence report, on
+        an engine that streams them (the native one, single-turn); ignored otherwise."""
         if self.tp_group is not None:  # TP pieces straight from the FSDP shards (distributed/reshard.py)
             tp_rank, tp = dist.get_rank(self.tp_group), dist.get_world_size(self.tp_group)
             metrics = self.sync.push_resharded(self.rollout, lambda: Reshard(self.model, self.model.config, tp_rank, tp))
@@ -154,7 +156,10 @@ class ActorRolloutRefWorker(ProfiledWorker):
             metrics = self.sync.push(self.rollout, lambda: self.policy.named_weights(self.model))
         self.rollout.wake()
         with self.sync.serving(self.rollout):
-            out = self.rollout.generate(prompts, sampling)
+            if on_finish is not None and getattr(self.rollout, "streams_finished", False):
+                out = self.rollout.generate(prompts, sampling, on_finish=on_finish)
+            else:
+                out = self.rollout.generate(prompts, sampling)
         if self.arr.rollout.free_cache_engine:
             self.rollout.sleep()
         metrics.update(self.rollout.last_metrics)

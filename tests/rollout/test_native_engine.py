@@ -308,3 +308,36 @@ def test_chunked_prefill_gives_the_same_samples_and_lets_others_decode(prefix_ca
     # every chunk pass, the sampling last ones included (which are the only other extends without prefix hits)
     chunks = engine.last_metrics["rollout/prefill_chunks"]
     assert chunks == log.count("chunk") + log.count("extend") if not prefix_caching else chunks > log.count("chunk")
+
+
+def test_on_finish_reports_each_sequence_once_as_it_ends():
+    """generate(on_finish=...) hands every output row to the caller exactly once, with the tokens
+    it ends up with in RESPONSES, from inside the decode loop: shorter responses are reported in
+    earlier calls than longer ones (what lets trainer/stream_scoring.py score during decoding)."""
+    model = hf_model("qwen2", seed=3)
+    texts = ["1+2=", "13+41+7=", "7=", "(2+3)*4-11=", "9-1=", "123456789+1="]
+    free_run = engine_for(model, ignore_eos=True).generate(prompts(texts), GREEDY)[K.RESPONSES]
+
+    def spread(v):  # the token whose first occurrence varies most: responses of mixed lengths
+        return len({row.tolist().index(v) if v in row.tolist() else -1 for row in free_run})
+
+    eng = engine_for(model)
+    eng.eos_token_ids = [max(range(len(TOK)), key=spread)]
+    calls = []
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
+    out = eng.generate(prompts(texts), sampling, on_finish=lambda rows, toks: calls.append((rows.tolist(), toks)))
+    lengths = out[K.RESPONSE_MASK].sum(-1).long().tolist()
+    reported = {}
+    for i, (rows, toks) in enumerate(calls):
+        for r, t in zip(rows, toks):
+            assert r not in reported, f"row {r} reported twice"
+            reported[r] = (i, t.tolist())
+    assert sorted(reported) == list(range(2 * len(texts)))
+    for r, (_, toks) in reported.items():
+        assert toks == out[K.RESPONSES][r, : lengths[r]].tolist()
+    assert len(set(lengths)) > 2 and len(calls) > 2  # mixed lengths, reported at different steps
+    for a in range(len(lengths)):
+        for b in range(len(lengths)):
+            if lengths[a] < lengths[b]:  # every row started at once: the shorter ended first
+                assert reported[a][0] <= reported[b][0]
+    assert eng.on_finish is None  # not kept past the call

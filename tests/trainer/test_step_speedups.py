@@ -114,10 +114,18 @@ def test_filter_groups_and_async_modes_score_in_the_foreground_with_a_notice():
 
 
 def test_a_run_with_deferred_scores_logs_the_same_metrics(tiny_model_dir, arith_data, tmp_path):
-    """The CLI, GRPO with the KL loss, 3 steps: every metric but wall-clock ones is identical."""
+    """The CLI, GRPO with the KL loss, 3 steps, the native engine in-process: every response is
+    scored as it ends, during generation (trainer/stream_scoring.py), and every metric but
+    wall-clock ones is identical to scoring after generation."""
     from cli_helpers import cli, metrics, without_volatile
     from test_cli import base_overrides
 
+    reward = tmp_path / "reward.py"  # a custom reward file: scored in worker processes, the case that streams
+    reward.write_text(
+        "from hybridrl.rewards import default_compute_score\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return default_compute_score(data_source, solution_str, ground_truth, extra_info)\n"
+    )
     rows = {}
     for deferred in (False, True):
         out = tmp_path / str(deferred)
@@ -126,14 +134,18 @@ def test_a_run_with_deferred_scores_logs_the_same_metrics(tiny_model_dir, arith_
             "configs/quickstart.yaml",
             *base_overrides(tiny_model_dir, arith_data, out, **{"actor_rollout_ref.model.random_init": "true"}),
             "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.rollout.name=native",
+            f"custom_reward_function.path={reward}",
             "trainer.logger=[jsonl]",
             f"reward_model.launch_reward_fn_async={str(deferred).lower()}",
             "warmup.steps=0",
             cwd=Path(__file__).resolve().parents[2],
         )
         rows[deferred] = [without_volatile(r) for r in metrics(out)]
-    assert all("reward/score_s" in r for r in rows[True] if "critic/score/mean" in r)
-    stripped = [{k: v for k, v in r.items() if k != "reward/score_s"} for r in rows[True]]
+    steps = [r for r in rows[True] if "critic/score/mean" in r]
+    assert all("reward/score_s" in r for r in steps)
+    assert [r["reward/streamed_fraction"] for r in steps] == [1.0] * 3  # all scored while generating
+    stripped = [{k: v for k, v in r.items() if k not in ("reward/score_s", "reward/streamed_fraction")} for r in rows[True]]
     assert stripped == rows[False]
     assert any("critic/score/mean" in r for r in rows[False])
 

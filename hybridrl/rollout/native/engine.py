@@ -110,6 +110,7 @@ class NativeRolloutEngine:
         self.prefix_caching = prefix_caching and (tp is None or tp.size == 1)
         self.prefill_chunk = max_num_batched_tokens if chunked_prefill and (tp is None or tp.size == 1) else None
         self.last_metrics: dict[str, float] = {}
+        self.on_finish = None  # the current generate call's per-sequence report
 
     @classmethod
     def from_hf_model(
@@ -195,11 +196,20 @@ class NativeRolloutEngine:
         self.runner.sleep()
 
     # -- generation ----------------------------------------------------------------------------
+    streams_finished = True  # generate(on_finish=...) reports each sequence as it ends
+
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None, agent=None) -> Batch:
+    def generate(
+        self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None, agent=None, on_finish=None
+    ) -> Batch:
         """PROMPTS/PROMPT_MASK (left-padded) -> the batch x n with RESPONSES, RESPONSE_MASK,
         ROLLOUT_LOG_PROBS, RESPONSE_TEXT. `seeds` gives each output sequence its seed; by default
         they are drawn from torch's global generator (so torch.manual_seed reproduces a call).
+
+        `on_finish(rows, tokens)`: called from the decode loop whenever sequences end, with their
+        output rows (int array) and each one's response tokens (a list of int64 arrays, copies),
+        so that a caller can score them while the others decode (trainer/stream_scoring.py). It
+        must only hand them on: the loop waits for it. Not with `agent` (a turn is not the end).
 
         `agent` (a `hybridrl.rollout.agent.loop.AgentSession`): multi-turn. A sequence whose turn
         ends (EOS or the turn's token limit) leaves the batch but keeps its KV blocks; the agent
@@ -235,6 +245,7 @@ class NativeRolloutEngine:
             rows = list(range(i * n, (i + 1) * n))
             sched.add(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
         self._start_run(total, max_new, agent)
+        self.on_finish = on_finish if agent is None else None
         if agent is not None:
             self.prompt_of = [ids[i // n][mask[i // n]].numpy() for i in range(total)]
             agent.begin(prompts, n, max_new)
@@ -294,6 +305,7 @@ class NativeRolloutEngine:
             self.last_metrics["rollout/extend_rows_mean"] = self.extend_rows / max(self.extend_passes, 1)
             self.last_metrics["rollout/extend_s"] = self.extend_s
             self.agent = None
+        self.on_finish = None
         return out
 
     def _replica_seeds(self, seeds: list[int]) -> list[int]:
@@ -421,6 +433,7 @@ class NativeRolloutEngine:
         ended = np.nonzero(finished)[0]
         if self.agent is None:
             sched.postprocess([seqs[j] for j in ended], [1] * len(ended))
+            self._report(out_rows[ended])
         else:  # the turn ended on its first token: the sequence waits with its prompt cached
             for j in ended:
                 self._pause(seqs[j], seqs[j].prompt_len)
@@ -494,6 +507,12 @@ class NativeRolloutEngine:
         ended = live[finished]
         if len(ended) and self.agent is None:
             sched.postprocess([seqs[r] for r in ended], self.lengths[out_rows[ended]].tolist())
+            self._report(out_rows[ended])
+
+    def _report(self, rows: np.ndarray) -> None:
+        """Hand finished output rows and their tokens to `on_finish`, if the caller gave one."""
+        if self.on_finish is not None and len(rows):
+            self.on_finish(rows.copy(), [self.tok_hist[r, : self.lengths[r]].copy() for r in rows])
 
     # -- multi-turn ------------------------------------------------------------------------------
     def _pause(self, seq, cached: int) -> None:

@@ -1,0 +1,161 @@
+"""Scoring responses as they end (trainer/stream_scoring.py): the same ScoreResult as scoring the
+finished batch, row for row, whatever order and grouping the rows are reported in."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.rewards import score_batch
+from hybridrl.rewards.managers import ManagedScorer
+from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.trainer.stream_scoring import StreamScorer, streamable
+
+N = 3  # samples per prompt
+WORDS = ["seven", "42", "x", "", "oops", "4", "nine", "13", "1e3", "7"]
+
+
+def scorer(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "oops":
+        raise ValueError("a scorer bug on one response")
+    return {"score": float(solution_str == ground_truth), "length": len(solution_str), "prompt": extra_info["i"]}
+
+
+def decode(tokens):
+    return [" ".join(WORDS[t] for t in toks) for toks in tokens]
+
+
+def batch_of(rng, prompts_n):
+    """A generated batch: `prompts_n` prompts x N responses of random token ids; its prompts."""
+    truths = [rng.choice(WORDS) for _ in range(prompts_n)]
+    prompts = Batch(
+        {},
+        {
+            K.DATA_SOURCE: ["arith"] * prompts_n,
+            K.GROUND_TRUTH: truths,
+            K.EXTRA_INFO: [{"i": i} for i in range(prompts_n)],
+        },
+    )
+    tokens = [np.array([rng.randrange(len(WORDS)) for _ in range(rng.randrange(1, 3))]) for _ in range(prompts_n * N)]
+    out = Batch(
+        {},
+        {
+            K.DATA_SOURCE: ["arith"] * (prompts_n * N),
+            K.GROUND_TRUTH: [truths[r // N] for r in range(prompts_n * N)],
+            K.EXTRA_INFO: [{"i": r // N} for r in range(prompts_n * N)],
+            K.RESPONSE_TEXT: decode(tokens),
+        },
+    )
+    return prompts, out, tokens
+
+
+def report(stream, tokens, rows, rng):
+    """Report `rows` in random groups, as the engine's decode loop would."""
+    rows = list(rows)
+    rng.shuffle(rows)
+    while rows:
+        k = rng.randrange(1, 6)
+        group, rows = rows[:k], rows[k:]
+        stream.finished(np.array(group), [tokens[r] for r in group])
+
+
+def whole(out, fn):
+    return score_batch(fn, out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
+
+
+@pytest.mark.parametrize("kind", ["function", "thread"])
+def test_the_streamed_result_is_the_whole_batchs(kind):
+    rng = random.Random(0)
+    prompts, out, tokens = batch_of(rng, 17)
+    fn = scorer if kind == "function" else WorkerPool(scorer, kind="thread", timeout_s=30)
+    stream = StreamScorer(fn, prompts, N, decode, min_rows=4, max_wait_s=0.001)
+    report(stream, tokens, range(len(tokens)), rng)
+    got, streamed = stream.result(out)
+    want = whole(out, scorer)
+    assert streamed == len(tokens)
+    assert got.scores == want.scores and got.extras == want.extras
+    assert got.num_errors == want.num_errors > 0  # the "oops" responses: scored 0 and counted, as in a batch
+    assert sum(got.scores) > 0  # some responses are right
+
+
+def test_rows_not_reported_or_decoded_differently_are_scored_at_the_join():
+    rng = random.Random(1)
+    prompts, out, tokens = batch_of(rng, 9)
+    stream = StreamScorer(scorer, prompts, N, decode, min_rows=1)
+    report(stream, tokens, range(5, len(tokens)), rng)  # rows 0-4 never reported (an engine that does not stream)
+    texts = list(out[K.RESPONSE_TEXT])
+    texts[7] = texts[7] + " and more"  # the batch's text of row 7 is not what was streamed
+    out[K.RESPONSE_TEXT] = texts
+    got, streamed = stream.result(out)
+    want = whole(out, scorer)
+    assert streamed == len(tokens) - 6
+    assert got.scores == want.scores and got.extras == want.extras and got.num_errors == want.num_errors
+
+
+def test_scoring_runs_before_the_join():
+    """The reported rows are scored while the caller goes on (the engine keeps decoding)."""
+    rng = random.Random(2)
+    prompts, out, tokens = batch_of(rng, 4)
+    seen = threading.Event()
+
+    def slow(**kw):
+        seen.set()
+        time.sleep(0.01)
+        return scorer(**kw) if kw["solution_str"] != "oops" else 0.0
+
+    stream = StreamScorer(slow, prompts, N, decode, min_rows=1)
+    stream.finished(np.array([0, 1]), tokens[:2])
+    assert seen.wait(timeout=30)  # called before result(), from the stream's thread
+    report(stream, tokens, range(2, len(tokens)), rng)
+    got, streamed = stream.result(out)
+    assert streamed == len(tokens) and stream.busy_s >= 0.01 * len(tokens)
+    assert not stream._thread.is_alive()
+
+
+def test_a_scorer_that_fails_as_a_whole_raises_at_the_join():
+    def gone(calls):
+        raise RuntimeError("the pool is gone")
+
+    rng = random.Random(3)
+    prompts, out, tokens = batch_of(rng, 3)
+    broken = WorkerPool(scorer, kind="thread")
+    broken.map = gone  # a pool whose every call fails
+    stream = StreamScorer(broken, prompts, N, decode, min_rows=1)
+    report(stream, tokens, range(len(tokens)), rng)
+    with pytest.raises(RuntimeError, match="the pool is gone"):
+        stream.result(out)
+
+
+def test_process_pool_scoring_streams_too(tmp_path):
+    """A custom reward file scored in worker processes (the trainer's default for custom code)."""
+    path = tmp_path / "reward.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return float(solution_str == ground_truth) + 0.5 * extra_info['i']\n"
+    )
+    rng = random.Random(4)
+    prompts, out, tokens = batch_of(rng, 6)
+    with WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=2, timeout_s=60) as pool:
+        stream = StreamScorer(pool, prompts, N, decode, min_rows=3)
+        report(stream, tokens, range(len(tokens)), rng)
+        got, streamed = stream.result(out)
+        want = whole(out, pool)
+    assert streamed == len(tokens) and got.scores == want.scores
+    assert max(got.scores) >= 2.5  # extra_info reached the worker: prompt 5's responses score >= 2.5
+
+
+def test_the_trainer_streams_only_scorers_in_worker_processes(tmp_path):
+    """In-process scorers (built-in, given in Python) would compete with the decode loop; the
+    batch managers take the whole batch."""
+    path = tmp_path / "reward.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n")
+    with WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=1) as pool:
+        assert streamable(pool)
+    assert not streamable(WorkerPool(scorer, kind="thread")) and not streamable(scorer)
+    assert not streamable(ManagedScorer("batch", scorer)) and not streamable(None)

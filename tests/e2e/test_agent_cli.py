@@ -79,8 +79,14 @@ def test_multi_turn_with_an_interaction_trains_and_resumes_exactly(tiny_model_di
     assert killed.returncode == -9, killed.stderr
     resumed = cli("train", cfg, *base_overrides(tiny_model_dir, arith_data, b, **common), env=env)
     assert "at step 2/4" in resumed.stdout
+
+    # the peak KV-cache use depends on when tool answers arrive (which sequences are paused
+    # together), as rollout/extend_* do: a wall-clock effect, not the run's
+    def same(row):
+        return {k: v for k, v in without_volatile(row).items() if k != "rollout/kv_cache_usage"}
+
     for x, y in zip(metrics(a), metrics(b)):
-        assert without_volatile(x) == without_volatile(y), f"step {x['step']} differs"
+        assert same(x) == same(y), f"step {x['step']} differs"
     wa, wb = weights(a / "checkpoints" / "step_4" / "actor"), weights(b / "checkpoints" / "step_4" / "actor")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -546,10 +546,12 @@ class RewardModelConfig:
     )
     stream_reward_fn: bool = option(
         True,
-        "With launch_reward_fn_async, the native engine in-process and a custom reward file (custom_reward_function.path, "
-        "reward_manager naive or dapo): score each response in the reward processes as soon as it ends, while the others "
-        "decode (reward/streamed_fraction). The same scores; false scores after generation. The built-in scorers, fast "
-        "and run in threads of the trainer, are always scored after generation.",
+        "With launch_reward_fn_async and the native engine in-process: score each response as soon as it ends, while "
+        "the others decode, when the scorer is a custom reward file (custom_reward_function.path, reward_manager naive "
+        "or dapo: its processes) or a scoring service (custom_reward_function.remote.url: its requests) "
+        "(reward/streamed_fraction). The same scores; false scores after generation. The built-in scorers, fast and run "
+        "in threads of the trainer, are always scored after generation. A service's request threads slow decoding "
+        "(docs/performance.md): for one that answers within the log-prob passes, false is faster.",
     )
 
 

@@ -180,18 +180,21 @@ class RemoteReward:
         """Every response scored, `max_concurrency` at a time; never raises for what the service does."""
         n = len(solution_strs)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
-        payloads = [
-            {
-                "data_source": data_sources[i],
-                "solution_str": solution_strs[i],
-                "ground_truth": ground_truths[i],
-                "extra_info": extra_infos[i],
-            }
-            for i in range(n)
-        ]
+        pending = [self.submit(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i]) for i in range(n)]
+        return self.collect(pending, data_sources)
+
+    def submit(self, data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Any = None) -> cf.Future:
+        """Start scoring one response on the request threads; `collect` reads the futures. The
+        trainer's stream (trainer/stream_scoring.py) submits responses as they end."""
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="hybridrl-remote-reward")
-        answers = list(self._pool.map(self._score_one, payloads))
+        payload = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+        return self._pool.submit(self._score_one, payload)
+
+    @staticmethod
+    def collect(pending: Sequence[cf.Future], data_sources: Sequence[str]) -> ScoreResult:
+        """The `ScoreResult` of submitted responses, in the order given, with the batch metrics."""
+        answers = [f.result() for f in pending]
         outcomes = [
             Outcome(error=str(v), timed_out=v.timed_out) if isinstance(v, _Failure) else Outcome(value=v) for v, _ in answers
         ]

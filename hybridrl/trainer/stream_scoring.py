@@ -1,17 +1,18 @@
 """Score responses while the rest of the batch is still decoding.
 
 With `reward_model.launch_reward_fn_async` and the actor in this process, the native engine
-reports each sequence as it ends (`NativeEngine.generate(on_finish=...)`). The report only queues
+reports each sequence as it ends (`NativeRolloutEngine.generate(on_finish=...)`). The report only queues
 the tokens: the decode loop never waits for a reward function. A background thread decodes the
-text and calls the reward function on whatever has ended since its last call, through the run's
-own `WorkerPool` (custom code in worker processes, the built-in scorers in a thread), so a slow
-scorer (code execution, a sandbox) runs during generation instead of after it.
+text and hands whatever has ended since its last call to the run's scorer: its `WorkerPool` (a
+custom reward file's worker processes), or the remote scorer's request threads (the requests start
+at once, the answers are read at the join). A slow scorer (code execution, a sandbox, a service)
+thus runs during generation instead of after it.
 
 The result is the same as scoring the finished batch: at the join, a row whose streamed text is
 not the batch's RESPONSE_TEXT, or that was never reported (an engine that does not stream), is
 scored then, and the outcomes are assembled in row order exactly as `score_batch` would.
-The trainer streams only a scorer in worker processes (`streamable`); the class itself takes
-any per-response function or pool.
+The trainer streams only scorers that do not run in its own threads (`streamable`); the class
+itself takes any per-response function, pool or `RemoteReward`.
 """
 
 from __future__ import annotations
@@ -27,24 +28,26 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rewards.manager import ScoreResult, call_each, outcomes_to_result
 from hybridrl.rewards.pool import Outcome, WorkerPool
+from hybridrl.rewards.remote import RemoteReward
 
 _CLOSE = None
 
 
 def streamable(compute_score: Any) -> bool:
     """Whether the run's scorer is worth running during generation: a per-response function in
-    worker processes (a custom reward file, `WorkerPool(kind="process")`). The built-in scorers
-    and functions given in Python run in threads of this process: they are fast, and during
-    decoding they would compete with the decode loop for the interpreter (measured: generation
-    11% slower with the GSM8K scorer, BENCHMARKS.md), so they are scored after it. The batch and
-    prime managers and the remote scorer take the whole batch."""
-    return isinstance(compute_score, WorkerPool) and compute_score.kind == "process"
+    worker processes (a custom reward file, `WorkerPool(kind="process")`), or the remote scorer
+    (its requests wait on the network). The built-in scorers and functions given in Python run in
+    threads of this process: they are fast, and during decoding they would compete with the
+    decode loop for the interpreter (measured: generation 11% slower with the GSM8K scorer,
+    BENCHMARKS.md), so they are scored after it. The batch and prime managers take the whole batch."""
+    return isinstance(compute_score, RemoteReward) or (isinstance(compute_score, WorkerPool) and compute_score.kind == "process")
 
 
 class StreamScorer:
     """Scores the rows `finished` reports, in a thread of its own; `result` joins it.
 
     `prompts`: the generate call's prompts (row r of the output answers prompt r // n).
+    A remote scorer's requests are started as rows arrive and read at the join.
     `decode(list of token arrays) -> texts`: the engine's own decoding of a response.
     The thread scores at least `min_rows` rows per call, or what ended within `max_wait_s`."""
 
@@ -108,8 +111,12 @@ class StreamScorer:
                 dict(data_source=s, solution_str=t, ground_truth=g, extra_info=e)
                 for s, t, g, e in zip(sources, texts, truths, extras)
             ]
-            for row, text, outcome in zip(rows, texts, call_each(self.compute_score, calls)):
-                self.scored[row] = (text, outcome)
+            if isinstance(self.compute_score, RemoteReward):  # requests start now, answers are read at the join
+                handles = [self.compute_score.submit(**c) for c in calls]
+            else:
+                handles = call_each(self.compute_score, calls)
+            for row, text, handle in zip(rows, texts, handles):
+                self.scored[row] = (text, handle)
         except BaseException as e:  # noqa: BLE001  the join scores these rows again and raises there
             self.failure = e
         self.busy_s += time.perf_counter() - t0
@@ -120,27 +127,32 @@ class StreamScorer:
         self.close()
         texts = list(batch[K.RESPONSE_TEXT])
         sources = list(batch[K.DATA_SOURCE])
-        outcomes: list[Outcome | None] = [None] * len(texts)
-        for row, (text, outcome) in self.scored.items():
+        handles: list[Any] = [None] * len(texts)  # per row: its Outcome, or its request's Future (remote)
+        for row, (text, handle) in self.scored.items():
             if row < len(texts) and texts[row] == text:
-                outcomes[row] = outcome
-        streamed = sum(o is not None for o in outcomes)
-        todo = [r for r, o in enumerate(outcomes) if o is None]
-        if todo:
-            t0 = time.perf_counter()
-            calls = [
-                dict(
-                    data_source=sources[r],
-                    solution_str=texts[r],
-                    ground_truth=batch[K.GROUND_TRUTH][r],
-                    extra_info=batch[K.EXTRA_INFO][r],
-                )
-                for r in todo
-            ]
+                handles[row] = handle
+        streamed = sum(h is not None for h in handles)
+        todo = [r for r, h in enumerate(handles) if h is None]
+        t0 = time.perf_counter()
+        calls = [
+            dict(
+                data_source=sources[r],
+                solution_str=texts[r],
+                ground_truth=batch[K.GROUND_TRUTH][r],
+                extra_info=batch[K.EXTRA_INFO][r],
+            )
+            for r in todo
+        ]
+        if isinstance(self.compute_score, RemoteReward):
+            for r, call in zip(todo, calls):
+                handles[r] = self.compute_score.submit(**call)
+            result = RemoteReward.collect(handles, sources)  # waits for the requests still in flight
+        else:
             for r, outcome in zip(todo, call_each(self.compute_score, calls)):
-                outcomes[r] = outcome
-            self.busy_s += time.perf_counter() - t0
-        return outcomes_to_result(outcomes, sources), streamed
+                handles[r] = outcome
+            result = outcomes_to_result(handles, sources)
+        self.busy_s += time.perf_counter() - t0
+        return result, streamed
 
 
 def decode_responses(run) -> Callable[[list[np.ndarray]], list[str]] | None:

@@ -98,3 +98,20 @@ def test_a_failing_service_scores_zero_counts_errors_and_the_run_finishes(servic
     assert [r["reward/remote_skipped"] for r in rows[1:]] == [responses] * 3
     assert [r["reward/remote_retries"] for r in rows[1:]] == [0.0] * 3
     assert rows[-1]["val-aux/reward/errors"] == 32 and rows[0]["val-aux/reward/errors"] == 32
+
+
+def test_remote_scores_requested_during_generation_give_the_same_run(service, tmp_path):
+    """The native engine in-process with launch_reward_fn_async: every response's request is sent
+    as it ends, during generation (reward/streamed_fraction 1), and the run's metrics are those of
+    scoring in the foreground."""
+    common = (f"custom_reward_function.remote.url={service}/score", "actor_rollout_ref.rollout.name=native")
+    _train(tmp_path / "foreground", *common)
+    _train(tmp_path / "stream", *common, "reward_model.launch_reward_fn_async=true")
+    fg, st = metrics(tmp_path / "foreground"), metrics(tmp_path / "stream")
+    steps = [r for r in st if "critic/score/mean" in r]
+    assert [r["reward/streamed_fraction"] for r in steps] == [1.0] * 3
+    assert any(r["critic/score/mean"] > 0 for r in steps)
+    volatile = ("reward/remote_latency_s", "reward/score_s", "reward/streamed_fraction")
+    assert [{k: v for k, v in without_volatile(r).items() if k not in volatile} for r in st] == [
+        {k: v for k, v in without_volatile(r).items() if k not in volatile} for r in fg
+    ]

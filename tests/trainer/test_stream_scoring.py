@@ -3,9 +3,11 @@ finished batch, row for row, whatever order and grouping the rows are reported i
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.rewards import score_batch
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.rewards.remote import RemoteReward
 from hybridrl.trainer.stream_scoring import StreamScorer, streamable
 
 N = 3  # samples per prompt
@@ -66,6 +69,8 @@ def report(stream, tokens, rows, rng):
 
 
 def whole(out, fn):
+    if isinstance(fn, RemoteReward):
+        return fn.score_batch(out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
     return score_batch(fn, out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
 
 
@@ -150,12 +155,77 @@ def test_process_pool_scoring_streams_too(tmp_path):
     assert max(got.scores) >= 2.5  # extra_info reached the worker: prompt 5's responses score >= 2.5
 
 
-def test_the_trainer_streams_only_scorers_in_worker_processes(tmp_path):
+def test_the_trainer_streams_only_scorers_in_worker_processes_or_remote(tmp_path):
     """In-process scorers (built-in, given in Python) would compete with the decode loop; the
     batch managers take the whole batch."""
     path = tmp_path / "reward.py"
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n")
     with WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=1) as pool:
         assert streamable(pool)
+    assert streamable(RemoteReward("http://127.0.0.1:9/score"))
     assert not streamable(WorkerPool(scorer, kind="thread")) and not streamable(scorer)
     assert not streamable(ManagedScorer("batch", scorer)) and not streamable(None)
+
+
+class SlowService:
+    """An HTTP scorer on 127.0.0.1 taking 20 ms per request; /500 fails every request."""
+
+    def __init__(self):
+        self.requests = 0
+        self.lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with service.lock:
+                    service.requests += 1
+                time.sleep(0.02)
+                if self.path == "/500":
+                    payload, code = b"overloaded", 500
+                else:
+                    right = float(body["solution_str"] == body["ground_truth"])
+                    payload, code = json.dumps({"score": right, "prompt": body["extra_info"]["i"]}).encode(), 200
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("path", ["/score", "/500"])
+def test_a_remote_scorers_requests_start_as_rows_end(path):
+    """The stream submits each reported row's request at once (the join only reads the answers);
+    the result, failures and the remote metrics included, is score_batch's of the whole batch."""
+    service = SlowService()
+    try:
+        rng = random.Random(5)
+        prompts, out, tokens = batch_of(rng, 8)
+        remote = RemoteReward(service.url + path, max_concurrency=8, retries=0, circuit_breaker_failures=0)
+        stream = StreamScorer(remote, prompts, N, decode, min_rows=4, max_wait_s=0.001)
+        report(stream, tokens, range(len(tokens)), rng)
+        deadline = time.monotonic() + 30
+        while service.requests < len(tokens) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.requests == len(tokens)  # all sent before the join
+        got, streamed = stream.result(out)
+        want = whole(out, remote)
+        assert streamed == len(tokens) and service.requests == 2 * len(tokens)
+        assert got.scores == want.scores and got.extras == want.extras and got.num_errors == want.num_errors
+        assert set(got.metrics) == set(want.metrics) and got.metrics["remote_skipped"] == want.metrics["remote_skipped"] == 0
+        assert (got.num_errors == len(tokens)) == (path == "/500")
+        assert 0.02 <= got.metrics["remote_latency_s"] < 5
+        remote.close()
+    finally:
+        service.close()

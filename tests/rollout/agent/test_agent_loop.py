@@ -298,3 +298,12 @@ def test_answered_rows_rejoin_together_with_the_same_tokens():
     for key in (K.RESPONSES, K.RESPONSE_MASK, K.RESPONSE_ATTENTION_MASK):
         assert torch.equal(outs[0][key], outs[1][key]), key
     torch.testing.assert_close(outs[0][K.ROLLOUT_LOG_PROBS], outs[1][K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=1e-5)
+
+
+def test_multi_turn_is_scored_after_generation():
+    """A turn's end is not the trajectory's: the agent rollout does not offer the engine's
+    per-sequence reports (the actor passes on_finish only to an engine that streams)."""
+    engine = engine_for(tiny_model())
+    rollout = AgentRollout(engine, TOK, AgentOptions(), {})
+    assert engine.streams_finished and not rollout.streams_finished
+    rollout.close()

@@ -27,7 +27,7 @@ import numpy as np
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rewards.manager import ScoreResult, call_each, outcomes_to_result
-from hybridrl.rewards.pool import Outcome, WorkerPool
+from hybridrl.rewards.pool import WorkerPool
 from hybridrl.rewards.remote import RemoteReward
 
 _CLOSE = None
@@ -63,7 +63,7 @@ class StreamScorer:
         self.compute_score, self.n, self.decode = compute_score, n, decode
         self.fields = [list(prompts[k]) for k in (K.DATA_SOURCE, K.GROUND_TRUTH, K.EXTRA_INFO)]
         self.min_rows, self.max_wait_s = min_rows, max_wait_s
-        self.scored: dict[int, tuple[str, Outcome]] = {}  # output row -> (the text scored, its outcome)
+        self.scored: dict[int, tuple[str, Any]] = {}  # output row -> (the text scored, its Outcome or Future)
         self.busy_s = 0.0  # time spent scoring in the thread
         self.failure: BaseException | None = None  # the scorer failed as a whole: the join scores the rest
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -107,52 +107,40 @@ class StreamScorer:
         try:
             texts = self.decode(tokens)
             sources, truths, extras = ([f[r // self.n] for r in rows] for f in self.fields)
-            calls = [
-                dict(data_source=s, solution_str=t, ground_truth=g, extra_info=e)
-                for s, t, g, e in zip(sources, texts, truths, extras)
-            ]
-            if isinstance(self.compute_score, RemoteReward):  # requests start now, answers are read at the join
-                handles = [self.compute_score.submit(**c) for c in calls]
-            else:
-                handles = call_each(self.compute_score, calls)
-            for row, text, handle in zip(rows, texts, handles):
+            for row, text, handle in zip(rows, texts, self._start(sources, texts, truths, extras)):
                 self.scored[row] = (text, handle)
         except BaseException as e:  # noqa: BLE001  the join scores these rows again and raises there
             self.failure = e
         self.busy_s += time.perf_counter() - t0
 
+    def _start(self, sources, texts, truths, extras) -> list:
+        """Score these responses: their Outcomes, or (remote) their requests' Futures, started now."""
+        fields = zip(sources, texts, truths, extras)
+        calls = [dict(data_source=s, solution_str=t, ground_truth=g, extra_info=e) for s, t, g, e in fields]
+        if isinstance(self.compute_score, RemoteReward):  # the answers are read at the join
+            return [self.compute_score.submit(**c) for c in calls]
+        return call_each(self.compute_score, calls)
+
     def result(self, batch: Batch) -> tuple[ScoreResult, int]:
         """The batch's `ScoreResult`, row for row as `score_batch` of the whole batch, and how
         many rows were scored while generating (their text matched); the others are scored now."""
         self.close()
-        texts = list(batch[K.RESPONSE_TEXT])
-        sources = list(batch[K.DATA_SOURCE])
+        texts, sources = list(batch[K.RESPONSE_TEXT]), list(batch[K.DATA_SOURCE])
         handles: list[Any] = [None] * len(texts)  # per row: its Outcome, or its request's Future (remote)
         for row, (text, handle) in self.scored.items():
             if row < len(texts) and texts[row] == text:
                 handles[row] = handle
-        streamed = sum(h is not None for h in handles)
         todo = [r for r, h in enumerate(handles) if h is None]
         t0 = time.perf_counter()
-        calls = [
-            dict(
-                data_source=sources[r],
-                solution_str=texts[r],
-                ground_truth=batch[K.GROUND_TRUTH][r],
-                extra_info=batch[K.EXTRA_INFO][r],
-            )
-            for r in todo
-        ]
+        rest = self._start(*([f[r] for r in todo] for f in (sources, texts, batch[K.GROUND_TRUTH], batch[K.EXTRA_INFO])))
+        for r, handle in zip(todo, rest):
+            handles[r] = handle
         if isinstance(self.compute_score, RemoteReward):
-            for r, call in zip(todo, calls):
-                handles[r] = self.compute_score.submit(**call)
             result = RemoteReward.collect(handles, sources)  # waits for the requests still in flight
         else:
-            for r, outcome in zip(todo, call_each(self.compute_score, calls)):
-                handles[r] = outcome
             result = outcomes_to_result(handles, sources)
         self.busy_s += time.perf_counter() - t0
-        return result, streamed
+        return result, len(texts) - len(todo)
 
 
 def decode_responses(run) -> Callable[[list[np.ndarray]], list[str]] | None:

@@ -506,8 +506,9 @@ class NativeRolloutEngine:
         finished = self._record_steps(out_rows[live], toks, lps)
         ended = live[finished]
         if len(ended) and self.agent is None:
-            sched.postprocess([seqs[r] for r in ended], self.lengths[out_rows[ended]].tolist())
-            self._report(out_rows[ended])
+            rows = out_rows[ended]
+            sched.postprocess([seqs[r] for r in ended], self.lengths[rows].tolist())
+            self._report(rows)
 
     def _report(self, rows: np.ndarray) -> None:
         """Hand finished output rows and their tokens to `on_finish`, if the caller gave one."""

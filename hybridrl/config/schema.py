@@ -417,6 +417,12 @@ class RemoteRewardConfig:
     )
     circuit_breaker_cooldown_s: float = option(30.0, "Seconds without calls once the circuit breaker opens.")
     headers: dict = option({}, "Extra HTTP headers, e.g. {Authorization: Bearer ...}.")
+    in_process: bool = option(
+        False,
+        "Make the requests from threads of the trainer process instead of a helper process. The helper keeps their "
+        "Python (JSON, HTTP) from competing with the trainer's, e.g. with the decode loop when responses are scored "
+        "as they end (docs/performance.md).",
+    )
 
 
 @dataclass
@@ -550,8 +556,8 @@ class RewardModelConfig:
         "the others decode, when the scorer is a custom reward file (custom_reward_function.path, reward_manager naive "
         "or dapo: its processes) or a scoring service (custom_reward_function.remote.url: its requests) "
         "(reward/streamed_fraction). The same scores; false scores after generation. The built-in scorers, fast and run "
-        "in threads of the trainer, are always scored after generation. A service's request threads slow decoding "
-        "(docs/performance.md): for one that answers within the log-prob passes, false is faster.",
+        "in threads of the trainer, are always scored after generation. A service's requests, made by a helper process, "
+        "slow decoding by ~8% (docs/performance.md): for one that answers within the log-prob passes, false is faster.",
     )
 
 

@@ -23,7 +23,9 @@ Metrics per batch: `reward/remote_latency_s` (mean seconds per scored response, 
 included), `reward/remote_retries`, `reward/remote_skipped`.
 
 The stdlib only (`urllib.request`, a thread pool): no dependency, and one request per thread is
-what a blocking client with a timeout does best.
+what a blocking client with a timeout does best. With `process=True` (the trainer's default,
+`custom_reward_function.remote.in_process=false`) those threads live in a helper process
+(remote_process.py), so that their Python does not compete with the trainer's.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class RemoteReward:
 
     `RemoteReward(url)(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` returns
     the service's number or dict, raising `RemoteRewardError` when it fails; `score_batch` is what
-    the trainer uses (failures score 0 and are counted, see the module docstring).
+    the trainer uses (failures score 0 and are counted, see the module docstring). `process=True`
+    makes the requests of `score_batch` and `submit` from a helper process (remote_process.py).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class RemoteReward:
         circuit_breaker_failures: int = 5,
         circuit_breaker_cooldown_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
+        process: bool = False,
     ):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"custom_reward_function.remote.url must be an http:// or https:// URL, got {url!r}")
@@ -84,6 +88,8 @@ class RemoteReward:
         self._failures_in_a_row = 0
         self._open_until = 0.0  # monotonic time the breaker closes again (0: closed)
         self._pool: cf.ThreadPoolExecutor | None = None
+        self.process = bool(process)  # batches' requests made by a helper process (remote_process.py)
+        self._process = None
 
     @classmethod
     def from_config(cls, remote) -> RemoteReward:
@@ -97,6 +103,7 @@ class RemoteReward:
             circuit_breaker_failures=remote.circuit_breaker_failures,
             circuit_breaker_cooldown_s=remote.circuit_breaker_cooldown_s,
             headers=remote.headers,
+            process=not remote.in_process,
         )
 
     # -- one response ------------------------------------------------------------------------
@@ -184,12 +191,41 @@ class RemoteReward:
         return self.collect(pending, data_sources)
 
     def submit(self, data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Any = None) -> cf.Future:
-        """Start scoring one response on the request threads; `collect` reads the futures. The
-        trainer's stream (trainer/stream_scoring.py) submits responses as they end."""
+        """Start scoring one response on the request threads (in the helper process with
+        `process=True`); `collect` reads the futures. The trainer's stream
+        (trainer/stream_scoring.py) submits responses as they end."""
+        payload = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+        if self.process:
+            return self._request_process().submit(payload)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="hybridrl-remote-reward")
-        payload = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
         return self._pool.submit(self._score_one, payload)
+
+    def _request_process(self):
+        """The helper process, started at the first request and again after it died (whose
+        requests in flight scored 0 as errors)."""
+        from .remote_process import RequestProcess
+
+        with self._lock:
+            if self._process is None or not self._process.alive:
+                if self._process is not None:
+                    print("[hybridrl] warning: the remote scorer's request process exited; starting a new one", flush=True)
+                    self._process.close(timeout_s=0.0)
+                self._process = RequestProcess(self._settings())
+            return self._process
+
+    def _settings(self) -> dict:
+        """The constructor's arguments, for the helper process's own (threaded) RemoteReward."""
+        return dict(
+            url=self.url,
+            timeout_s=self.timeout_s,
+            max_concurrency=self.max_concurrency,
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            circuit_breaker_failures=self.breaker_failures,
+            circuit_breaker_cooldown_s=self.breaker_cooldown_s,
+            headers=self.headers,
+        )
 
     @staticmethod
     def collect(pending: Sequence[cf.Future], data_sources: Sequence[str]) -> ScoreResult:
@@ -211,10 +247,13 @@ class RemoteReward:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        if self._process is not None:
+            self._process.close(timeout_s=1.0)
+            self._process = None
 
     def __getstate__(self):  # picklable (e.g. inside a config sent to a Ray worker): no lock or threads
         state = dict(self.__dict__)
-        state["_lock"], state["_pool"] = None, None
+        state["_lock"], state["_pool"], state["_process"] = None, None, None
         return state
 
     def __setstate__(self, state):

@@ -102,10 +102,10 @@ def test_a_failing_service_scores_zero_counts_errors_and_the_run_finishes(servic
 
 def test_remote_scores_requested_during_generation_give_the_same_run(service, tmp_path):
     """The native engine in-process with launch_reward_fn_async: every response's request is sent
-    as it ends, during generation (reward/streamed_fraction 1), and the run's metrics are those of
-    scoring in the foreground."""
+    as it ends, during generation (reward/streamed_fraction 1), by the helper process (the default),
+    and the run's metrics are those of scoring in the foreground from the trainer's own threads."""
     common = (f"custom_reward_function.remote.url={service}/score", "actor_rollout_ref.rollout.name=native")
-    _train(tmp_path / "foreground", *common)
+    _train(tmp_path / "foreground", *common, "custom_reward_function.remote.in_process=true")
     _train(tmp_path / "stream", *common, "reward_model.launch_reward_fn_async=true")
     fg, st = metrics(tmp_path / "foreground"), metrics(tmp_path / "stream")
     steps = [r for r in st if "critic/score/mean" in r]

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -84,9 +88,13 @@ def _batch(n, seed):
     return ["arith"] * n, answers, truths, [{"index": i} for i in range(n)]
 
 
-def test_correct_server_scores_every_response_with_extras(server):
+PLACES = pytest.mark.parametrize("process", [False, True], ids=["threads", "helper-process"])
+
+
+@PLACES
+def test_correct_server_scores_every_response_with_extras(server, process):
     sources, answers, truths, extra = _batch(12, seed=3)
-    remote = RemoteReward(server.base + "/ok", max_concurrency=4)
+    remote = RemoteReward(server.base + "/ok", max_concurrency=4, process=process)
     result = remote.score_batch(sources, answers, truths, extra)
     assert result.scores == [float(a == t) for a, t in zip(answers, truths)]
     assert result.extras["len"] == [float(len(a)) for a in answers]
@@ -94,17 +102,22 @@ def test_correct_server_scores_every_response_with_extras(server):
     assert 0 < result.metrics["remote_latency_s"] < 2.0
     assert sorted(b["extra_info"]["index"] for b in server.bodies) == list(range(12))  # the request carries extra_info
     assert remote(data_source="arith", solution_str="7", ground_truth="7", extra_info=None) == {"score": 1.0, "len": 1}
-    assert RemoteReward(server.base + "/number").score_batch(sources, answers, truths, extra).scores == result.scores
+    number = RemoteReward(server.base + "/number", process=process)
+    assert number.score_batch(sources, answers, truths, extra).scores == result.scores
     remote.close()
+    number.close()
 
 
 @pytest.mark.parametrize(
     "path, retried, timed_out",
     [("/slow", True, True), ("/500", True, False), ("/garbage", False, False), ("/noscore", False, False)],
 )
-def test_failing_server_scores_zero_and_counts_errors(server, path, retried, timed_out):
+@PLACES
+def test_failing_server_scores_zero_and_counts_errors(server, path, retried, timed_out, process):
     sources, answers, truths, extra = _batch(3, seed=5)
-    remote = RemoteReward(server.base + path, timeout_s=0.3, retries=1, backoff_s=0.01, circuit_breaker_failures=0)
+    remote = RemoteReward(
+        server.base + path, timeout_s=0.3, retries=1, backoff_s=0.01, circuit_breaker_failures=0, process=process
+    )
     t0 = time.monotonic()
     result = remote.score_batch(sources, answers, truths, extra)
     assert result.scores == [0.0, 0.0, 0.0]
@@ -115,10 +128,12 @@ def test_failing_server_scores_zero_and_counts_errors(server, path, retried, tim
     assert time.monotonic() - t0 < 1.9  # the 2 s sleeper was abandoned at each 0.3 s timeout
     with pytest.raises(RemoteRewardError, match="HTTP 500|within 0.3 s|not JSON|answer a number"):
         remote(data_source="arith", solution_str="1", ground_truth="1", extra_info=None)
+    remote.close()
 
 
-def test_retries_with_backoff_recover_from_a_flaky_server(server):
-    remote = RemoteReward(server.base + "/flaky", retries=2, backoff_s=0.05, max_concurrency=1)
+@PLACES
+def test_retries_with_backoff_recover_from_a_flaky_server(server, process):
+    remote = RemoteReward(server.base + "/flaky", retries=2, backoff_s=0.05, max_concurrency=1, process=process)
     t0 = time.monotonic()
     result = remote.score_batch(["arith"], ["12"], ["12"], None)
     assert result.scores == [1.0] and result.num_errors == 0
@@ -133,9 +148,15 @@ def test_retries_exhausted_on_a_flaky_server_count_one_error(server):
     assert result.scores == [0.0, 1.0] and result.num_errors == 1 and result.num_timeouts == 0
 
 
-def test_circuit_breaker_stops_calling_then_lets_one_through(server):
+@PLACES
+def test_circuit_breaker_stops_calling_then_lets_one_through(server, process):
     remote = RemoteReward(
-        server.base + "/500", retries=0, max_concurrency=1, circuit_breaker_failures=3, circuit_breaker_cooldown_s=0.4
+        server.base + "/500",
+        retries=0,
+        max_concurrency=1,
+        circuit_breaker_failures=3,
+        circuit_breaker_cooldown_s=0.4,
+        process=process,
     )
     sources, answers, truths, extra = _batch(10, seed=7)
     result = remote.score_batch(sources, answers, truths, extra)
@@ -145,6 +166,9 @@ def test_circuit_breaker_stops_calling_then_lets_one_through(server):
     time.sleep(0.45)  # cooldown over: one request goes out, fails, and re-opens the breaker
     again = remote.score_batch(sources[:4], answers[:4], truths[:4], extra[:4])
     assert server.requests["/500"] == 4 and again.metrics["remote_skipped"] == 3
+    if process:  # the breaker lives in the helper process, and held across the two batches
+        remote.close()
+        return
     # a success closes it: the same scorer pointed at a healthy path scores everything
     remote.url = server.base + "/ok"
     time.sleep(0.45)
@@ -161,3 +185,63 @@ def test_unreachable_server_is_an_error_not_a_crash():
 def test_bad_url_is_rejected():
     with pytest.raises(ValueError, match="http:// or https://"):
         RemoteReward("127.0.0.1:8000")
+
+
+def test_the_helper_process_makes_the_requests_and_one_that_dies_is_replaced(server):
+    sources, answers, truths, extra = _batch(16, seed=11)
+    right = [float(a == t) for a, t in zip(answers, truths)]
+    before = set(threading.enumerate())
+    remote = RemoteReward(server.base + "/ok", max_concurrency=4, process=True)
+    assert remote.score_batch(sources, answers, truths, extra).scores == right
+    helper = remote._process.proc
+    assert helper.pid != os.getpid() and helper.poll() is None
+    new = [t.name for t in set(threading.enumerate()) - before]
+    assert new == ["hybridrl-remote-reward-replies"]  # no request threads in this process: only the reader
+    # killed while a batch is in flight (the /slow path sleeps 2 s): those responses score 0 as errors
+    slow = RemoteReward(server.base + "/slow", timeout_s=5.0, retries=0, process=True)
+    pending = [slow.submit("arith", a, t) for a, t in zip(answers[:3], truths[:3])]
+    time.sleep(0.8)
+    slow._process.proc.kill()
+    result = RemoteReward.collect(pending, sources[:3])
+    assert result.scores == [0.0] * 3 and result.num_errors == 3
+    # the next request starts a new helper and scores right
+    slow.url = server.base + "/ok"
+    assert slow.score_batch(sources, answers, truths, extra).scores == right
+    assert slow._process.proc.pid != helper.pid
+    for r in (remote, slow):
+        r.close()
+    assert helper.poll() is not None  # closed: the helper exited
+
+
+def test_the_helper_process_starts_from_a_script_without_a_main_guard(server, tmp_path):
+    # a multiprocessing spawn would re-run this script in the child; the helper is its own module
+    script = tmp_path / "score.py"
+    script.write_text(
+        "import sys\n"
+        "from hybridrl.rewards.remote import RemoteReward\n"
+        f"remote = RemoteReward({server.base + '/ok'!r}, process=True)\n"
+        "result = remote.score_batch(['arith'] * 3, ['1', '2', '3'], ['1', '0', '3'], None)\n"
+        "remote.close()\n"
+        "print('SCORES', result.scores, result.num_errors)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SCORES") == 1 and "SCORES [1.0, 0.0, 1.0] 0" in out.stdout
+
+
+def test_the_overhead_benchmark_shows_the_helper_takes_less_of_the_trainers_cpu(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "benchmarks/remote_overhead.py"), "--responses", "96", "--delay-s", "0.002"]
+    cmd += ["--repeats", "1", "--port", str(port), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "remote_overhead.json").read_text())["rows"]
+    threads, helper = rows["threads in the trainer"], rows["helper process"]
+    assert 0 <= helper["trainer_cpu_s"] < threads["trainer_cpu_s"]
+    assert 0 < helper["loop_share"] <= 1.5 and 0 < threads["loop_share"] <= 1.5
+    assert "| the helper process |" not in out.stdout and "| helper process |" in out.stdout

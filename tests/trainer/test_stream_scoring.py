@@ -204,15 +204,16 @@ class SlowService:
         self.httpd.server_close()
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["threads", "helper-process"])
 @pytest.mark.parametrize("path", ["/score", "/500"])
-def test_a_remote_scorers_requests_start_as_rows_end(path):
+def test_a_remote_scorers_requests_start_as_rows_end(path, process):
     """The stream submits each reported row's request at once (the join only reads the answers);
     the result, failures and the remote metrics included, is score_batch's of the whole batch."""
     service = SlowService()
     try:
         rng = random.Random(5)
         prompts, out, tokens = batch_of(rng, 8)
-        remote = RemoteReward(service.url + path, max_concurrency=8, retries=0, circuit_breaker_failures=0)
+        remote = RemoteReward(service.url + path, max_concurrency=8, retries=0, circuit_breaker_failures=0, process=process)
         stream = StreamScorer(remote, prompts, N, decode, min_rows=4, max_wait_s=0.001)
         report(stream, tokens, range(len(tokens)), rng)
         deadline = time.monotonic() + 30

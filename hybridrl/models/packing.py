@@ -27,6 +27,7 @@ a shared prompt token is the sum over the sequences that read it, as it is unsha
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -87,6 +88,13 @@ class Packed:
         if self.prompt_gather is not None:
             kw.update(prompt_gather=self.prompt_gather, prompt_take=self.prompt_take)
         return kw
+
+    def to(self, device) -> Packed:
+        """On `device` (host tensors copied without blocking the host: `Batch.to`)."""
+        from hybridrl.data.batch import to_device
+
+        tensors = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{k: to_device(v, device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(M,) per-response-token values -> (b, R), zero outside the response mask."""

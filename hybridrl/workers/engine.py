@@ -27,6 +27,7 @@ from hybridrl.distributed.fsdp import clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
 from hybridrl.tracking import perf
+from hybridrl.workers.forward import pack_on_host
 from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
 
 
@@ -204,7 +205,7 @@ class TrainEngine:
         the host and concatenated in the batch's row order (token-budget micro-batches come
         reordered). The caller picks the train/eval mode."""
         micros, order = dp_micro_batches(batch, self._split(split))
-        outs = [(fn or self.run)(micro.to(self.device)).cpu() for micro in micros]
+        outs = [(fn or self.run)(pack_on_host(self, micro, self.device)).cpu() for micro in micros]
         return restore_order(torch.cat(outs), order)
 
     def _split(self, split: Split) -> Split:
@@ -246,7 +247,7 @@ class TrainEngine:
         micros, _ = dp_micro_batches(mini, self._split(split))
         parts = []
         for micro in micros:
-            loss, m = objective(self.run, micro.to(self.device), norms)
+            loss, m = objective(self.run, pack_on_host(self, micro, self.device), norms)
             loss.backward()
             parts.append(m)
         return objective.summarize(parts, norms)

@@ -36,10 +36,39 @@ def context_mask(micro: Batch, key: str = K.RESPONSES) -> torch.Tensor:
     return micro[MASK_OF[key]]
 
 
-def _pack(engine, seqs):
+PACKED = "packed_on_host"  # micro.meta key: ((key, share_prompts), Packed) from `pack_on_host`
+
+
+def _sequences(micro: Batch, key: str) -> tuple[torch.Tensor, ...]:
+    return micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], context_mask(micro, key)
+
+
+def _shares(engine) -> bool:
+    return bool(engine.share_prompts) and sp_group() is None
+
+
+def pack_on_host(engine, micro: Batch, device) -> Batch:
+    """`micro` on `device` with its packed layout (RESPONSES after the prompts) computed on the
+    host first. Packing is index math whose sizes depend on the data; on the device's copy each of
+    its ~20 size reads waits for the device, so the device would idle while the host queues the
+    next kernels. Packed here, the layout goes with the tensors in copies the host does not wait
+    for, and the forward takes it from `micro.meta` (`_pack`)."""
+    out = micro.to(device)
+    if engine.packing and K.PROMPTS in micro and K.RESPONSES in micro:
+        packed = pack(*_sequences(micro, K.RESPONSES), share_prompts=_shares(engine))
+        out.meta[PACKED] = ((K.RESPONSES, _shares(engine)), packed.to(device))
+    return out
+
+
+def _pack(engine, micro: Batch, key: str):
     """The packed micro-batch, its prompts shared where the engine shares them (not under
-    sequence parallelism); counts the token slots attention sees and the positions saved."""
-    packed = pack(*seqs, share_prompts=engine.share_prompts and sp_group() is None)
+    sequence parallelism): the layout `pack_on_host` made, else packed here; counts the token
+    slots attention sees and the positions saved."""
+    ready = micro.meta.get(PACKED)
+    if ready is not None and ready[0] == (key, _shares(engine)):
+        packed = ready[1]
+    else:
+        packed = pack(*_sequences(micro, key), share_prompts=_shares(engine))
     engine.slots += packed.attn_tokens
     engine.shared += packed.attn_tokens - packed.num_tokens
     return packed
@@ -62,10 +91,10 @@ def log_probs(
     """Log-probs (b, R) of completion field `key` after the prompt, entropy (b, R) or None, and
     argmax hits (b, R); packed (padding-free, fused LM head) when the engine packs. `temperature`
     scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""
-    seqs = (micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[key], context_mask(micro, key))
+    seqs = _sequences(micro, key)
     with _autocast(engine):
         if engine.packing:
-            packed = _pack(engine, seqs)
+            packed = _pack(engine, micro, key)
             # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
             return run_as_forward(
                 model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy, sp_group=sp_group()
@@ -100,8 +129,8 @@ def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tens
 
 def values(engine, model, micro: Batch) -> torch.Tensor:
     """V (b, R) of a micro-batch from a `ValueModel`; packed unless the engine stays padded."""
-    seqs = [micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[K.RESPONSES], context_mask(micro)]
+    seqs = _sequences(micro, K.RESPONSES)
     with _autocast(engine):
         if engine.packing:
-            return model.packed_response_values(_pack(engine, seqs), sp_group())
+            return model.packed_response_values(_pack(engine, micro, K.RESPONSES), sp_group())
         return model.response_values(*seqs)

@@ -1,0 +1,260 @@
+"""Where GRPO's passes spend their time: the GPU-busy share and the top kernels of the update, the
+old log-prob pass and the reference pass, on the GSM8K step's shapes (benchmarks/shared_prompts.py's
+batch and worker: 32 prompts x 16 samples, random weights of a Qwen2.5 architecture).
+
+Command (one GPU):  PYTHONPATH=. python benchmarks/profile_passes.py --models 0.5b --out $OUT
+CPU smoke test:     PYTHONPATH=. python benchmarks/profile_passes.py --tiny
+
+Each pass: one warm-up, --repeats timed runs (median seconds), then one run under torch.profiler:
+busy = the union of the kernels' intervals over the run's wall time; kernels grouped (GEMMs,
+attention, the fused log-prob, optimizer, elementwise/other) and the top 12 by device time.
+With --compare-packing, each pass is also timed with the packed layout computed on the device
+(the code before `pack_on_host`: a baseline in the same run), alternately with the default, and
+the two ways' old log-probs compared. With --count-syncs, the calls in each pass that make the
+host wait for the device (`torch.cuda.set_sync_debug_mode`), by call site. With --budgets, the update is also timed at each token
+budget per micro-batch; with --concurrent,
+the old log-prob and reference passes one after the other against the two at once (two threads,
+each on its own CUDA stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from shared_prompts import grpo_batch, make_worker  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from update import ARCH, timed  # noqa: E402
+
+from hybridrl.data import keys as K
+from hybridrl.models.tiny import write_tiny_model_dir
+
+GROUPS = (  # first match wins; lower-case substrings of kernel names
+    ("gemm", ("nvjet", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("log-prob reductions", ("logsumexp", "log_prob")),
+    ("compiled elementwise (Triton)", ("triton_",)),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "clip")),
+    ("copy", ("memcpy", "memset", "copy")),
+)
+
+
+def _group(name: str) -> str:
+    low = name.lower()
+    for group, keys in GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "elementwise/other"
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s >= end:
+            total, end = total + (e - s), e
+        elif e > end:
+            total, end = total + (e - end), e
+    return total
+
+
+def profile(fn, device: torch.device) -> dict:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        _, wall, _ = timed(fn, device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if device.type == "cuda":
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15), flush=True)
+    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+    by_name: dict[str, float] = {}
+    by_group: dict[str, float] = {}
+    for e in kernels:
+        us = e.time_range.end - e.time_range.start
+        by_name[e.name] = by_name.get(e.name, 0.0) + us
+        by_group[_group(e.name)] = by_group.get(_group(e.name), 0.0) + us
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "wall_s": wall,
+        "kernel_s": sum(by_name.values()) / 1e6,
+        "busy": _busy(intervals) / 1e6 / wall if wall > 0 else 0.0,
+        "kernels": len(kernels),
+        "groups_s": {g: us / 1e6 for g, us in sorted(by_group.items(), key=lambda kv: -kv[1])},
+        "top_s": [(name[:90], us / 1e6) for name, us in top],
+    }
+
+
+def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
+    model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
+    batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])
+    w = make_worker(model_dir, a, device)
+    passes = {
+        "update_actor": lambda: w.update_actor(batch.select(list(batch.tensors))),
+        "old_log_prob": lambda: w.compute_log_prob(batch.select(list(batch.tensors))),
+        "ref": lambda: w.compute_ref_log_prob(batch.select(list(batch.tensors))),
+    }
+    row = {"model": name, "passes": {}, "update_by_budget": {}}
+    for pass_name, fn in passes.items():
+        fn()  # warm-up: compilation
+        seconds = [timed(fn, device)[1] for _ in range(a.repeats)]
+        row["passes"][pass_name] = {"median_s": statistics.median(seconds), "all_s": seconds, "profile": profile(fn, device)}
+        p = row["passes"][pass_name]["profile"]
+        print(
+            f"{name} {pass_name}: {statistics.median(seconds):.3f} s; profiled {p['wall_s']:.3f} s, "
+            f"busy {p['busy']:.0%}, {p['kernels']} kernels",
+            flush=True,
+        )
+        for g, s in p["groups_s"].items():
+            print(f"    {g:18s} {s:.3f} s")
+        for k, s in p["top_s"]:
+            print(f"      {s:.3f} s  {k}")
+    if a.count_syncs:
+        row["syncs"] = {pass_name: count_syncs(fn, device) for pass_name, fn in passes.items()}
+        for pass_name, c in row["syncs"].items():
+            print(f"{pass_name}: {c['total']} waits for the device", flush=True)
+            for site, n in list(c["sites"].items())[:8]:
+                print(f"    {n:4d}  {site}")
+    if a.compare_packing:
+        row["packing_on_host_vs_device"] = compare_packing(w, passes, a.repeats, device)
+    if a.concurrent and device.type == "cuda":
+        row["old_and_ref"] = old_and_ref(passes["old_log_prob"], passes["ref"], a.repeats, device)
+    for budget in a.budgets:
+        w.arr.actor.ppo_max_token_len_per_gpu = budget
+        passes["update_actor"]()
+        seconds = [timed(passes["update_actor"], device)[1] for _ in range(a.repeats)]
+        row["update_by_budget"][budget] = statistics.median(seconds)
+        print(f"{name} update_actor at a {budget}-token budget: {statistics.median(seconds):.3f} s", flush=True)
+    return row
+
+
+def count_syncs(fn, device: torch.device) -> dict:
+    """The calls in `fn` that make the host wait for the device, counted by hybridrl call site."""
+    import collections
+    import traceback
+    import warnings
+
+    sites: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/hybridrl/" in f.filename]
+        sites[" <- ".join(f"{f.filename.split('/hybridrl/')[-1]}:{f.lineno}" for f in frames[-1:-4:-1])] += 1
+
+    if device.type != "cuda":
+        return {"total": 0, "sites": {}}
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = shown
+    sites.pop("", None)  # the mode's own "prototype feature" notice
+    return {"total": sum(sites.values()), "sites": dict(sites.most_common())}
+
+
+def compare_packing(w, passes: dict, repeats: int, device: torch.device) -> dict:
+    """Each pass with the layout packed on the host (the default) and on the device (the
+    baseline: each micro-batch copied as it is and packed by the forward), alternately; medians;
+    and the largest difference between the two ways' old log-probs."""
+    from hybridrl.workers import engine as engine_module
+
+    on_host = engine_module.pack_on_host
+
+    def on_device(engine, micro, dev):
+        return micro.to(dev)
+
+    out = {}
+    logp = {}
+    for way, fn in (("host", on_host), ("device", on_device)):
+        engine_module.pack_on_host = fn
+        logp[way] = passes["old_log_prob"]()[K.OLD_LOG_PROBS]
+    for pass_name, run in passes.items():
+        times = {"host": [], "device": []}
+        for _ in range(repeats):
+            for way, fn in (("host", on_host), ("device", on_device)):
+                engine_module.pack_on_host = fn
+                times[way].append(timed(run, device)[1])
+        engine_module.pack_on_host = on_host
+        out[pass_name] = {way: statistics.median(t) for way, t in times.items()}
+        med = out[pass_name]
+        print(f"{pass_name}: packed on the host {med['host']:.3f} s, on the device {med['device']:.3f} s", flush=True)
+    out["max_abs_log_prob_diff"] = float((logp["host"] - logp["device"]).abs().max())
+    print(f"old log-probs, host vs device packing: max difference {out['max_abs_log_prob_diff']:.3g}", flush=True)
+    return out
+
+
+def old_and_ref(old, ref, repeats: int, device: torch.device) -> dict:
+    """Seconds for both log-prob passes: in turn, and at once on two streams (medians)."""
+    streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)]
+
+    def on(stream, fn, errors):
+        try:
+            with torch.cuda.stream(stream):
+                fn()
+            stream.synchronize()
+        except BaseException as e:  # noqa: BLE001  reported, not raised: an experiment
+            errors.append(repr(e))
+
+    def at_once():
+        errors: list[str] = []
+        t = threading.Thread(target=on, args=(streams[1], ref, errors))
+        t.start()
+        on(streams[0], old, errors)
+        t.join()
+        if errors:
+            raise RuntimeError(errors[0])
+
+    out = {}
+    for name, fn in (("in_turn", lambda: (old(), ref())), ("at_once", at_once)):
+        try:
+            fn()
+            out[name] = statistics.median(timed(fn, device)[1] for _ in range(repeats))
+        except RuntimeError as e:
+            out[name] = f"failed: {e}"
+        print(f"old log-prob + ref {name}: {out[name]}", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 4 x 4 short sequences")
+    p.add_argument("--models", default="0.5b")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--mini", type=int, default=16, help="prompts per optimizer step")
+    p.add_argument("--prompt-range", type=int, nargs=2, default=(100, 250))
+    p.add_argument("--response-range", type=int, nargs=2, default=(20, 400))
+    p.add_argument("--update-budget", type=int, default=16384)
+    p.add_argument("--logprob-budget", type=int, default=65536)
+    p.add_argument("--budgets", type=int, nargs="*", default=[], help="also time the update at these budgets")
+    p.add_argument("--count-syncs", action="store_true", help="count the calls that wait for the device (CUDA)")
+    p.add_argument("--compare-packing", action="store_true", help="also each pass with the layout packed on the device")
+    p.add_argument("--concurrent", action="store_true", help="also the two log-prob passes at once (CUDA)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    if a.tiny:
+        a.models, a.prompts, a.n, a.mini, a.repeats = "tiny", 4, 4, 2, 1
+        a.prompt_range, a.response_range, a.update_budget, a.logprob_budget = (4, 12), (2, 10), 64, 256
+        a.budgets = a.budgets or [128]
+    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    rows = [bench(name, a, device) for name in a.models.split(",")]
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "settings": vars(a), "rows": rows}
+        (Path(a.out) / "profile_passes.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -195,8 +195,8 @@ class RemoteReward:
         `process=True`); `collect` reads the futures. The trainer's stream
         (trainer/stream_scoring.py) submits responses as they end."""
         payload = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
-        if self.process:
-            return self._request_process().submit(payload)
+        if self.process and (helper := self._request_process()) is not None:
+            return helper.submit(payload)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="hybridrl-remote-reward")
         return self._pool.submit(self._score_one, payload)
@@ -211,7 +211,12 @@ class RemoteReward:
                 if self._process is not None:
                     print("[hybridrl] warning: the remote scorer's request process exited; starting a new one", flush=True)
                     self._process.close(timeout_s=0.0)
-                self._process = RequestProcess(self._settings())
+                    self._process = None
+                try:
+                    self._process = RequestProcess(self._settings())
+                except (RuntimeError, OSError) as e:
+                    print(f"[hybridrl] warning: {e}; making the requests from this process's threads", flush=True)
+                    self.process = False
             return self._process
 
     def _settings(self) -> dict:

@@ -10,7 +10,8 @@ only pickles each payload into a pipe, and a reader thread resolves its future f
 The child is `python -m hybridrl.rewards.remote_process READ_FD WRITE_FD`, not a multiprocessing
 spawn: spawning re-imports the parent's `__main__`, which a user's script without a main guard
 cannot survive. It imports the reward modules only (no torch). If it dies, the requests in flight
-score 0 as errors (`reward/errors`) and the next request starts a new one.
+score 0 as errors (`reward/errors`) and the next request starts a new one; if it cannot start at
+all, `RemoteReward` makes its requests from threads of the trainer, with a warning.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class RequestProcess:
     """A child process making a `RemoteReward`'s requests; `submit(payload)` returns a Future of
     (the service's answer or a failure, {latency_s, retries, skipped}), as `RemoteReward` does."""
 
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict, start_timeout_s: float = 60.0):
         to_child, child_reads = _pipe()
         child_writes, from_child = _pipe()
         env = dict(os.environ)
@@ -52,10 +53,23 @@ class RequestProcess:
         self._futures: dict[int, cf.Future] = {}
         self._lock = threading.Lock()  # the futures and the request pipe
         self._next = 0
-        self.alive = True
         self._requests.send(settings)
+        self._wait_ready(start_timeout_s)
+        self.alive = True
         self._reader = threading.Thread(target=self._read, name="hybridrl-remote-reward-replies", daemon=True)
         self._reader.start()
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """The child's first message says it runs; a RuntimeError with its exit code if it does not."""
+        try:
+            ready = self._replies.poll(timeout_s) and self._replies.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.proc.kill()
+            code = self.proc.wait()
+            self._requests.close()
+            raise RuntimeError(f"the remote scorer's request process did not start (exit code {code}; its error is above)")
 
     def submit(self, payload: dict) -> cf.Future:
         future: cf.Future = cf.Future()
@@ -123,6 +137,7 @@ def _serve(requests: Connection, replies: Connection) -> None:
     from .remote import RemoteReward, _Failure
 
     scorer = RemoteReward(**requests.recv())
+    replies.send("ready")
     lock = threading.Lock()
 
     def answer(index: int, future: cf.Future) -> None:

@@ -245,3 +245,14 @@ def test_the_overhead_benchmark_shows_the_helper_takes_less_of_the_trainers_cpu(
     assert 0 <= helper["trainer_cpu_s"] < threads["trainer_cpu_s"]
     assert 0 < helper["loop_share"] <= 1.5 and 0 < threads["loop_share"] <= 1.5
     assert "| the helper process |" not in out.stdout and "| helper process |" in out.stdout
+
+
+def test_a_helper_that_cannot_start_falls_back_to_threads(server, monkeypatch, capsys):
+    sources, answers, truths, extra = _batch(6, seed=13)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the child exits at once
+    remote = RemoteReward(server.base + "/ok", process=True)
+    result = remote.score_batch(sources, answers, truths, extra)
+    assert result.scores == [float(a == t) for a, t in zip(answers, truths)] and result.num_errors == 0
+    assert remote.process is False and remote._process is None  # the rest of the run uses threads
+    assert "request process did not start (exit code 1" in capsys.readouterr().out
+    remote.close()

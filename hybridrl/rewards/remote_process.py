@@ -69,6 +69,7 @@ class RequestProcess:
             self.proc.kill()
             code = self.proc.wait()
             self._requests.close()
+            self._replies.close()
             raise RuntimeError(f"the remote scorer's request process did not start (exit code {code}; its error is above)")
 
     def submit(self, payload: dict) -> cf.Future:
@@ -83,6 +84,13 @@ class RequestProcess:
                 except OSError:  # the child is gone; the reader fails what was in flight
                     self._futures.pop(index, None)
                     self.alive = False
+                except Exception as e:  # noqa: BLE001  this payload does not pickle: it scores 0 as an error
+                    from .remote import _Failure
+
+                    self._futures.pop(index, None)
+                    failure = _Failure(f"cannot send this response to the request process: {e}", False)
+                    future.set_result((failure, dict(_NO_STATS)))
+                    return future
         future.set_result((self._gone(), dict(_NO_STATS)))
         return future
 

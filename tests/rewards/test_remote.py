@@ -256,3 +256,10 @@ def test_a_helper_that_cannot_start_falls_back_to_threads(server, monkeypatch, c
     assert remote.process is False and remote._process is None  # the rest of the run uses threads
     assert "request process did not start (exit code 1" in capsys.readouterr().out
     remote.close()
+
+
+def test_a_payload_that_does_not_pickle_scores_zero_and_the_rest_are_scored(server):
+    remote = RemoteReward(server.base + "/ok", process=True)
+    result = remote.score_batch(["arith"] * 3, ["1", "2", "3"], ["1", "2", "3"], [None, {"f": lambda: 0}, None])
+    assert result.scores == [1.0, 0.0, 1.0] and result.num_errors == 1
+    remote.close()

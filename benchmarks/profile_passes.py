@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 
 import torch
-from shared_prompts import grpo_batch, make_worker  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from update import ARCH, timed  # noqa: E402
 
 from hybridrl.data import keys as K
@@ -228,25 +228,14 @@ def old_and_ref(old, ref, repeats: int, device: torch.device) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 4 x 4 short sequences")
-    p.add_argument("--models", default="0.5b")
-    p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--n", type=int, default=16)
-    p.add_argument("--mini", type=int, default=16, help="prompts per optimizer step")
-    p.add_argument("--prompt-range", type=int, nargs=2, default=(100, 250))
-    p.add_argument("--response-range", type=int, nargs=2, default=(20, 400))
-    p.add_argument("--update-budget", type=int, default=16384)
-    p.add_argument("--logprob-budget", type=int, default=65536)
+    batch_arguments(p, models="0.5b", update_budget=16384)
     p.add_argument("--budgets", type=int, nargs="*", default=[], help="also time the update at these budgets")
     p.add_argument("--count-syncs", action="store_true", help="count the calls that wait for the device (CUDA)")
     p.add_argument("--compare-packing", action="store_true", help="also each pass with the layout packed on the device")
     p.add_argument("--concurrent", action="store_true", help="also the two log-prob passes at once (CUDA)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="")
     a = p.parse_args()
     if a.tiny:
-        a.models, a.prompts, a.n, a.mini, a.repeats = "tiny", 4, 4, 2, 1
-        a.prompt_range, a.response_range, a.update_budget, a.logprob_budget = (4, 12), (2, 10), 64, 256
+        tiny_settings(a)
         a.budgets = a.budgets or [128]
     device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     rows = [bench(name, a, device) for name in a.models.split(",")]

@@ -124,23 +124,33 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def batch_arguments(p: argparse.ArgumentParser, models: str, update_budget: int) -> None:
+    """The GRPO batch's and worker's options (also benchmarks/profile_passes.py's)."""
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 4 x 4 short sequences")
-    p.add_argument("--models", default="0.5b,1.5b")
+    p.add_argument("--models", default=models)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--n", type=int, default=16)
     p.add_argument("--mini", type=int, default=16, help="prompts per optimizer step")
     p.add_argument("--prompt-range", type=int, nargs=2, default=(100, 250))
     p.add_argument("--response-range", type=int, nargs=2, default=(20, 400))
-    p.add_argument("--update-budget", type=int, default=24576)
+    p.add_argument("--update-budget", type=int, default=update_budget)
     p.add_argument("--logprob-budget", type=int, default=65536)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="")
+
+
+def tiny_settings(a: argparse.Namespace) -> None:
+    """--tiny: a tiny model on 4 prompts x 4 short samples, one repeat."""
+    a.models, a.prompts, a.n, a.mini, a.repeats = "tiny", 4, 4, 2, 1
+    a.prompt_range, a.response_range, a.update_budget, a.logprob_budget = (4, 12), (2, 10), 64, 256
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    batch_arguments(p, models="0.5b,1.5b", update_budget=24576)
     a = p.parse_args()
     if a.tiny:
-        a.models, a.prompts, a.n, a.mini, a.repeats = "tiny", 4, 4, 2, 1
-        a.prompt_range, a.response_range, a.update_budget, a.logprob_budget = (4, 12), (2, 10), 64, 256
+        tiny_settings(a)
     device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     rows = []
     for name in a.models.split(","):

@@ -55,8 +55,9 @@ def pack_on_host(engine, micro: Batch, device) -> Batch:
     for, and the forward takes it from `micro.meta` (`_pack`)."""
     out = micro.to(device)
     if engine.packing and K.PROMPTS in micro and K.RESPONSES in micro:
-        packed = pack(*_sequences(micro, K.RESPONSES), share_prompts=_shares(engine))
-        out.meta[PACKED] = ((K.RESPONSES, _shares(engine)), packed.to(device))
+        share = _shares(engine)
+        packed = pack(*_sequences(micro, K.RESPONSES), share_prompts=share)
+        out.meta[PACKED] = ((K.RESPONSES, share), packed.to(device))
     return out
 
 

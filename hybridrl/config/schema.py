@@ -286,6 +286,11 @@ class RolloutConfig:
     )
     enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
     free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
+    update_weights_bucket_megabytes: float = option(
+        512.0,
+        "resource_pool.rollout: the policy's weights go to the rollout pool in broadcasts of this many MB "
+        "(verl's checkpoint_engine.update_weights_bucket_megabytes); the trainer's rank 0 stages them on the host.",
+    )
     max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
     decode_steps_per_sync: int | None = option(
         None,
@@ -747,6 +752,12 @@ class ResourcePoolConfig:
         None,
         "Devices per node for the reward model (reward_model.enable), apart from the actor's and the critic's (split "
         "placement); null = share the actor's (or reward_model.enable_resource_pool's n_gpus_per_node).",
+    )
+    rollout: int | None = option(
+        None,
+        "Devices per node for rollout replicas apart from the actor's (verl's standalone rollout, "
+        "hybrid_engine=false): they generate while the actor trains (trainer.mode one_step_off / async) and get "
+        "the weights from the actor's rank 0 over NCCL/gloo after each update; null = the actor generates.",
     )
 
 

@@ -148,6 +148,8 @@ _RULES: list[tuple[str, _Rule]] = [
     ("resource_pool.actor_rollout_ref", _AT_LEAST_1),
     ("resource_pool.critic", _AT_LEAST_1),
     ("resource_pool.reward_model", _AT_LEAST_1),
+    ("resource_pool.rollout", _AT_LEAST_1),
+    ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", _POSITIVE),
     ("reward_model.micro_batch_size_per_gpu", _AT_LEAST_1),
     ("reward_model.forward_max_token_len_per_gpu", _AT_LEAST_1),
     ("reward_model.n_gpus_per_node", _AT_LEAST_1),
@@ -500,6 +502,55 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
     return out
 
 
+def _rollout_pool_problems(cfg: Config) -> list[Problem]:
+    """resource_pool.rollout: rollout replicas on devices of their own (workers/rollout.py)."""
+    pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
+    rollout, actor = pool.rollout, pool.actor_rollout_ref
+    if rollout is None:
+        return out
+    if actor is None:
+        fix = max(gpus - rollout, 1)
+        out.append(
+            Problem(
+                f"resource_pool.rollout={rollout} splits the devices, so resource_pool.actor_rollout_ref must say how many "
+                f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
+                ("resource_pool.actor_rollout_ref", "resource_pool.rollout"),
+                {"resource_pool.actor_rollout_ref": fix},
+            )
+        )
+    else:
+        used = actor + rollout + (pool.critic or 0 if cfg.critic_enabled else 0) + (pool.reward_model or 0)
+        if used > gpus:
+            out.append(
+                Problem(
+                    f"the actor, rollout (and critic / reward model) pools take {used} devices per node, more than "
+                    f"trainer.n_gpus_per_node={gpus}; use e.g. trainer.n_gpus_per_node={used}",
+                    ("trainer.n_gpus_per_node", "resource_pool.rollout"),
+                    {"trainer.n_gpus_per_node": used},
+                )
+            )
+    if cfg.algorithm.name != "rl":
+        out.append(
+            _suggest(
+                "resource_pool.rollout",
+                rollout,
+                f"places rollout replicas, but algorithm.name={cfg.algorithm.name} does not generate",
+                None,
+            )
+        )
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if tp > 1:
+        out.append(
+            _suggest(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                tp,
+                "is not supported with resource_pool.rollout yet (each rollout rank is one replica)",
+                1,
+            )
+        )
+    return out
+
+
 def _placement_problems(cfg: Config) -> list[Problem]:
     """resource_pool against the devices there are, and warm-up batches against the dp size."""
     pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
@@ -535,6 +586,7 @@ def _placement_problems(cfg: Config) -> list[Problem]:
                     {"trainer.n_gpus_per_node": actor + critic},
                 )
             )
+    out += _rollout_pool_problems(cfg)
     w, dp = cfg.warmup, cfg.trainer.nnodes * (actor or gpus)
     if w.steps > 0 and w.batch_size % dp:
         fix = max(dp, w.batch_size - w.batch_size % dp)
@@ -839,6 +891,7 @@ class BatchPlan:
     ref_log_prob_micro_batch: int
     ref_log_prob_passes: int
     reward_model_layout: ParallelLayout | None = None  # its own pool (Config.reward_model_pool); None = the actor's
+    rollout_layout: ParallelLayout | None = None  # resource_pool.rollout's replicas, one per rank; None = the actor's
 
 
 def plan_batches(cfg: Config) -> BatchPlan:
@@ -908,6 +961,7 @@ def plan_batches(cfg: Config) -> BatchPlan:
         ref_log_prob_micro_batch=ref_micro,
         ref_log_prob_passes=math.ceil(per_device / ref_micro),
         reward_model_layout=build_layout(math.prod(r.reward_model_pool), -1) if r.reward_model_pool else None,
+        rollout_layout=build_layout(r.resource_pool.rollout * r.trainer.nnodes, -1) if r.resource_pool.rollout else None,
     )
 
 

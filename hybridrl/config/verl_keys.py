@@ -244,9 +244,6 @@ NEEDS: dict[str, Need] = {
         (None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
     ),
     # features hybridrl does not have
-    f"{_ARR}.hybrid_engine": Need(
-        (True,), "a non-colocated actor and rollout (hybridrl always colocates them; split the critic with resource_pool instead)"
-    ),
     "*.strategy": Need(("fsdp", "fsdp2"), "the Megatron strategy (hybridrl trains with FSDP2)"),
     "*.optim.optimizer": Need(("AdamW", "adamw"), "optimizers other than AdamW"),
     "*.optim.num_cycles": Need((0.5,), "cosine schedules other than a half cycle"),
@@ -296,6 +293,7 @@ NEEDS: dict[str, Need] = {
 # --------------------------------------------------------------------------- renamed and normalized
 
 RENAMED: dict[str, str] = {
+    f"{_R}.checkpoint_engine.update_weights_bucket_megabytes": f"{_R}.update_weights_bucket_megabytes",
     "*.optim.warmup_steps_ratio": "lr_warmup_steps_ratio",  # hybridrl's earlier spelling (not verl's)
     "*.optim.clip_grad": "../grad_clip",  # verl's new location of the role's gradient clipping
     "*.optim.warmup_style": "lr_scheduler_type",  # deprecated verl spelling
@@ -350,6 +348,7 @@ class Translation:
     notices: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     ignored: dict[str, list[str]] = field(default_factory=dict)  # reason -> keys
+    standalone: dict[str, Any] = field(default_factory=dict)  # verl's standalone-rollout keys (_standalone_rollout)
 
 
 def match(path: str, table: dict[str, Any]) -> str | None:
@@ -414,6 +413,7 @@ def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[s
         if path in known or any(path.startswith(d + ".") for d in dict_keys):
             continue
         _one(tree, path, value, known, out)
+    _standalone_rollout(tree, defaults, out)
     _normalize_micro(tree, defaults, out)
     if out.ignored:
         groups = "; ".join(f"{', '.join(keys)} ({why})" for why, keys in out.ignored.items())
@@ -451,6 +451,10 @@ def _one(tree: dict, path: str, value: Any, known: set[str], out: Translation) -
             target = target[:-1] + path[len(pattern) - 1 :]
         if get(tree, target) is None:
             put(tree, target, value)
+        return
+    if path in _STANDALONE:
+        pop(tree, path)
+        out.standalone[path] = value
         return
     special = _SPECIAL.get(path)
     if special:
@@ -501,6 +505,52 @@ _SPECIAL = {
     "trainer.max_critic_ckpt_to_keep": _ckpt_to_keep,
     "global_profiler.tool": _profiler_tool,
 }
+# verl's standalone rollout (recipe/one_step_off_policy, recipe/fully_async_policy, hybrid_engine=False):
+# trainer.n_gpus_per_node devices train, rollout.n_gpus_per_node more generate.
+_STANDALONE = (
+    f"{_ARR}.hybrid_engine",
+    "rollout.n_gpus_per_node",
+    "rollout.nnodes",
+    f"{_R}.n_gpus_per_node",
+    f"{_R}.nnodes",
+)
+
+
+def _standalone_rollout(tree: dict, defaults: dict[str, Any], out: Translation) -> None:
+    """resource_pool.rollout from verl's keys: the rollout devices are added to trainer.n_gpus_per_node,
+    whose devices become the actor's (resource_pool.actor_rollout_ref)."""
+    keys = out.standalone
+    gpus = next((keys[k] for k in ("rollout.n_gpus_per_node", f"{_R}.n_gpus_per_node") if keys.get(k)), None)
+    nodes = next((keys[k] for k in ("rollout.nnodes", f"{_R}.nnodes") if keys.get(k)), None)
+    hybrid = keys.get(f"{_ARR}.hybrid_engine", True)
+    if not gpus:
+        if hybrid is False:
+            out.errors.append(
+                f"{_ARR}.hybrid_engine=false needs rollout devices apart from the actor's: set rollout.n_gpus_per_node "
+                "(verl's recipes) or resource_pool.rollout, or leave hybrid_engine out"
+            )
+        return
+    trainer_nodes = get(tree, "trainer.nnodes", defaults.get("trainer.nnodes", 1)) or 1
+    if nodes not in (None, trainer_nodes):
+        out.errors.append(
+            f"rollout.nnodes={nodes}: hybridrl's rollout pool spans the trainer's nodes (trainer.nnodes={trainer_nodes}); "
+            f"use rollout.nnodes={trainer_nodes} with rollout.n_gpus_per_node devices on each"
+        )
+        return
+    if get(tree, "resource_pool.rollout") is None:
+        train = get(tree, "resource_pool.actor_rollout_ref") or get(
+            tree, "trainer.n_gpus_per_node", defaults.get("trainer.n_gpus_per_node", 1)
+        )
+        put(tree, "resource_pool.rollout", gpus)
+        put(tree, "resource_pool.actor_rollout_ref", train)
+        put(tree, "trainer.n_gpus_per_node", (get(tree, "trainer.n_gpus_per_node") or train) + gpus)
+        out.notices.append(
+            f"verl's standalone rollout: {gpus} rollout device(s) per node apart from the actor's {train} "
+            f"(resource_pool.rollout={gpus}, resource_pool.actor_rollout_ref={train}, "
+            f"trainer.n_gpus_per_node={train + gpus} in all)"
+        )
+
+
 # Values of keys we have that verl spells differently: verl's -1 for "all rows" is our null.
 VALUE_FIXES = {"data.val_max_samples": (-1, None)}
 

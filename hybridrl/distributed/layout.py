@@ -28,11 +28,13 @@ def global_rank() -> int:
 
 
 def plan_layout(plan, role: str) -> ParallelLayout:
-    """The layout of `role` ("critic", "reward_model" or an actor role) in a BatchPlan."""
+    """The layout of `role` ("critic", "reward_model", "rollout" or an actor role) in a BatchPlan."""
     if role == "critic" and plan.critic is not None:
         return plan.critic.layout
     if role == "reward_model" and plan.reward_model_layout is not None:
         return plan.reward_model_layout
+    if role == "rollout" and plan.rollout_layout is not None:
+        return plan.rollout_layout
     return plan.actor.layout
 
 

@@ -3,8 +3,8 @@
 A pool is a set of ranks (one process per device) forming one `torch.distributed` group.
 Colocated (the default): one pool holds every role, so each process carries the actor,
 rollout, reference, critic and reward model of its device. Split (`resource_pool.critic`,
-`resource_pool.reward_model` or verl's `reward_model.enable_resource_pool` set): that role gets
-a pool of its own on separate devices, and its calls overlap the actor's.
+`resource_pool.reward_model`, `resource_pool.rollout` or verl's `reward_model.enable_resource_pool`
+set): that role gets a pool of its own on separate devices, and its calls overlap the actor's.
 
 Each pool takes `per_node` devices on each of `nnodes` nodes: one Ray placement group per
 node (STRICT_PACK), so ranks r*per_node .. (r+1)*per_node-1 share a node and NCCL can use
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTOR, CRITIC, REWARD_MODEL = "actor_rollout_ref", "critic", "reward_model"
+ACTOR, CRITIC, REWARD_MODEL, ROLLOUT = "actor_rollout_ref", "critic", "reward_model", "rollout"
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,13 @@ def own_pool(cfg, role: str) -> tuple[int, int] | None:
     """(devices per node, nodes) of a role placed apart from the actor, or None when colocated."""
     if role == CRITIC and cfg.resource_pool.critic:
         return cfg.resource_pool.critic, cfg.trainer.nnodes
+    if role == ROLLOUT and cfg.resource_pool.rollout:
+        return cfg.resource_pool.rollout, cfg.trainer.nnodes
     return cfg.reward_model_pool if role == REWARD_MODEL else None
 
 
 def pool_specs(cfg, roles: list[str]) -> list[PoolSpec]:
-    """The pools of a run with these roles (ACTOR; CRITIC when a critic is trained; REWARD_MODEL)."""
+    """The pools of a run with these roles (ACTOR; CRITIC when a critic is trained; REWARD_MODEL; ROLLOUT)."""
     t, pool = cfg.trainer, cfg.resource_pool
     actor_per_node = pool.actor_rollout_ref or t.n_gpus_per_node
     apart = {role: own_pool(cfg, role) for role in roles if own_pool(cfg, role)}

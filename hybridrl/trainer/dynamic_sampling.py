@@ -65,10 +65,12 @@ class RolloutSampler:
         self.pending: Future | None = None
         self._executor: ThreadPoolExecutor | None = None
 
-    def sample(self, prompts: Batch, timer: StageTimer) -> tuple[Batch, Batch, dict, dict]:
-        """(responses with TOKEN_LEVEL_SCORES, the prompts they answer, rollout metrics, reward metrics)."""
-        if not self.filter.enable:
-            batch, rollout_metrics, reward_metrics, _ = self._round(prompts, timer)
+    def sample(self, prompts: Batch, timer: StageTimer, generated=None) -> tuple[Batch, Batch, dict, dict]:
+        """(responses with TOKEN_LEVEL_SCORES, the prompts they answer, rollout metrics, reward metrics).
+        `generated`: the responses to `prompts` submitted earlier (a rollout pool's pending
+        generation, trainer/rollout_pool.py): waited for and scored instead of generating."""
+        if generated is not None or not self.filter.enable:
+            batch, rollout_metrics, reward_metrics, _ = self._round(prompts, timer, generated)
             return batch, prompts, rollout_metrics, reward_metrics
         want, n = self.cfg.data.train_batch_size, self.sampling.n
         kept: list[Batch] = []
@@ -107,14 +109,16 @@ class RolloutSampler:
     def metric(self) -> str:
         return self.filter.metric or "acc"
 
-    def _round(self, prompts: Batch, timer: StageTimer) -> tuple[Batch, dict, dict, dict]:
+    def _round(self, prompts: Batch, timer: StageTimer, generated=None) -> tuple[Batch, dict, dict, dict]:
         """One generation: (batch with TOKEN_LEVEL_SCORES, rollout metrics, reward metrics, the
         scorer's extras). With `defer`, the scores are computed in the background: the batch
         comes back without them and `join` adds them."""
         stream = StreamScorer(self.compute_score, prompts, self.sampling.n, self.decode) if self.stream else None
         try:
             with timer("gen"):
-                if stream is not None:
+                if generated is not None:
+                    batch = generated.get()
+                elif stream is not None:
                     batch = self.actor.generate(prompts, self.sampling, on_finish=stream.finished)
                 else:
                     batch = self.actor.generate(prompts, self.sampling)

@@ -135,7 +135,8 @@ def profiled(run: RunContext):
         yield
         return
     out = run.dir / "profile" / f"step_{step}"
-    groups = [g for g in (run.actor, run.critic) if g is not None]
+    pool = run.workers.get("rollout") if run.workers is not None else None  # resource_pool.rollout's ranks
+    groups = [g for g in (run.actor, run.critic, pool) if g is not None]
     for g in groups:
         g.start_profile(str(out))
     try:

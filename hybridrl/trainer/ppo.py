@@ -63,7 +63,7 @@ class PPOTrainer(Trainer):
         run = self.run
         self.rollouts = RolloutSampler(
             cfg,
-            run.actor,
+            run.rollout,  # the actor's group, or the rollout pool of resource_pool.rollout
             run.compute_score,
             self.sampling,
             run.loader.next_batch,
@@ -73,7 +73,10 @@ class PPOTrainer(Trainer):
         self.sampler = self.rollouts
         self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
         if cfg.trainer.mode != "sync":  # generate ahead of the trainer; the loss corrects the staleness
-            self.sampler = OffPolicyRollouts(cfg, self.sampler, run.loader.next_batch, lambda: run.global_step, run.total_steps)
+            pool = run.rollout if run.rollout is not run.actor else None  # generates while the actor trains
+            self.sampler = OffPolicyRollouts(
+                cfg, self.sampler, run.loader.next_batch, lambda: run.global_step, run.total_steps, pool
+            )
         self.correction = staleness_correction(cfg)
         self.reuse_log_prob = reuses_on_policy_log_prob(cfg, self.correction)
 
@@ -162,14 +165,14 @@ class PPOTrainer(Trainer):
     def _greedy_baselines(self, prompts: Batch) -> torch.Tensor:
         """ReMax (Li et al. 2023): the reward of the greedy response is each prompt's baseline."""
         greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        out = self.run.actor.generate(prompts, greedy)
+        out = self.run.rollout.generate(prompts, greedy)
         baseline, _ = score(out, self.run.compute_score)
         return baseline.repeat_interleave(self.sampling.n)  # (B*n,)
 
     def validate(self) -> dict:
         run = self.run
         rows, metrics = evaluate(
-            run.actor, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
+            run.rollout, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
         )
         log_val_samples(run.dir, self.cfg.trainer, run.global_step, rows)
         return metrics

@@ -22,7 +22,7 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
 from hybridrl.data.preference import load_warmup_pairs
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses_ray
-from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL
+from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL, ROLLOUT
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
@@ -36,10 +36,12 @@ from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer import rundir
 from hybridrl.trainer.determinism import make_deterministic, make_worker_deterministic
 from hybridrl.trainer.rollout_log import log_train_samples
+from hybridrl.trainer.rollout_pool import RolloutPool
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 from hybridrl.workers.judge import JudgeWorker
 from hybridrl.workers.reward_model import RewardModelTrainWorker, RewardModelWorker
+from hybridrl.workers.rollout import RolloutWorker
 
 
 def run_dir(cfg) -> Path:
@@ -80,6 +82,7 @@ class RunContext:
     trainer_state: dict[str, Any] = field(default_factory=dict)
     reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward_model.enable: scores responses
     tokenizer: Any = None  # the policy's: decodes responses scored while generating (trainer/stream_scoring.py)
+    rollout: Any = None  # what generates: the actor's group, or the RolloutPool of resource_pool.rollout
     closed: bool = False
     started: float = field(default_factory=time.perf_counter)  # trainer.max_wall_time_s counts from here
 
@@ -245,6 +248,7 @@ def build_run(
         ACTOR: RewardModelTrainWorker if algo.name == "rm" else ActorRolloutRefWorker,
         **({CRITIC: CriticWorker} if cfg.critic_enabled else {}),
         **({REWARD_MODEL: JudgeWorker if cfg.reward_model.generative.enable else RewardModelWorker} if rm_spec else {}),
+        **({ROLLOUT: RolloutWorker} if cfg.resource_pool.rollout else {}),
     }
     scorer = reward_pool(cfg, compute_score, in_memory=reward_fn is not None)
     try:
@@ -261,6 +265,11 @@ def build_run(
             workers[REWARD_MODEL].init_model(*rm_spec)
         run = _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
         run.reward_model = workers.get(REWARD_MODEL)
+        run.rollout = run.actor
+        if workers.get(ROLLOUT) is not None:  # its ranks get the weights from the actor before each generate
+            notice(f"rollout pool: {workers[ROLLOUT].world_size} rank(s) apart from the actor's; opening the weight channel")
+            workers[ROLLOUT].init_model(cfg.actor_rollout_ref.model.path, True)
+            run.rollout = RolloutPool.connect(run.actor, workers[ROLLOUT])
         return run
     except BaseException:
         workers.shutdown()

@@ -24,8 +24,9 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import is_sharded
-from hybridrl.distributed.layout import rollout_tp_group
+from hybridrl.distributed.layout import global_rank, rollout_tp_group
 from hybridrl.distributed.reshard import Reshard
+from hybridrl.distributed.weight_channel import WeightChannel, WeightSender
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rollout import SamplingParams, make_rollout_engine
 from hybridrl.tracking.profiler import ProfiledWorker
@@ -93,6 +94,15 @@ class ActorRolloutRefWorker(ProfiledWorker):
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
         r, data = self.arr.rollout, self.cfg.data
+        self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
+        self.sender = None  # resource_pool.rollout: rank 0's end of the weight channel
+        self.need_ref = need_ref
+        self.reference = Reference(self.arr, self.device, self.policy)
+        if need_ref and ref_path is not None and not self.policy.lora:
+            self.reference.load(ref_path)
+        self.rollout = self.tp_group = None
+        if self.cfg.resource_pool.rollout:  # generation runs on a pool of its own (workers/rollout.py)
+            return
         tp_group = rollout_tp_group()  # None at tp=1: each rank its own replica
         multi_turn = r.multi_turn.enable  # the agent loop runs on the native engine, CPU included
         self.rollout = make_rollout_engine(
@@ -115,11 +125,6 @@ class ActorRolloutRefWorker(ProfiledWorker):
 
             self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
         self.tp_group = tp_group
-        self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
-        self.need_ref = need_ref
-        self.reference = Reference(self.arr, self.device, self.policy)
-        if need_ref and ref_path is not None and not self.policy.lora:
-            self.reference.load(ref_path)
 
     @property
     def ref(self):
@@ -149,6 +154,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
         meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time. `on_finish`
         (in-process callers only: it is called, not sent): the engine's per-sequence report, on
         an engine that streams them (the native one, single-turn); ignored otherwise."""
+        if self.rollout is None:
+            raise RuntimeError("resource_pool.rollout is set: the rollout pool generates (RolloutWorker.generate)")
         if self.tp_group is not None:  # TP pieces straight from the FSDP shards (distributed/reshard.py)
             tp_rank, tp = dist.get_rank(self.tp_group), dist.get_world_size(self.tp_group)
             metrics = self.sync.push_resharded(self.rollout, lambda: Reshard(self.model, self.model.config, tp_rank, tp))
@@ -165,6 +172,32 @@ class ActorRolloutRefWorker(ProfiledWorker):
         metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out
+
+    # -- a rollout pool of its own (resource_pool.rollout, workers/rollout.py) -----------------
+    @register(Dispatch.RANK0)
+    def host_weight_channel(self, addr: str) -> int:
+        """Rank 0 hosts the store of the weight channel to the rollout pool: its port."""
+        if global_rank() != 0:
+            return 0
+        self._channel_store, port = WeightChannel.host(addr)
+        return port
+
+    @register(Dispatch.ALL)
+    def join_weight_channel(self, addr: str, port: int, members: int) -> None:
+        """Rank 0 is the channel's sender; the pool's replicas start from weights of their own,
+        so the first send carries the whole policy."""
+        if global_rank() == 0:
+            channel = WeightChannel(addr, port, 0, members, self.device)
+            mb = self.arr.rollout.update_weights_bucket_megabytes
+            self.sender = WeightSender(channel, self._channel_store, self.engine.amp or torch.float32, mb)
+        self.sync.mark_stale()
+
+    @register(Dispatch.RANK0)
+    def send_weights(self) -> dict[str, float]:
+        """The pair of the rollout pool's next generate: the policy when it changed since the last
+        send (gathered on every rank, staged by rank 0), else only a header. Returns once staged;
+        the broadcasts run in the background."""
+        return self.sync.send(self.sender, lambda: self.policy.named_weights(self.model))
 
     # -- log-probs -----------------------------------------------------------------------------
     @register(Dispatch.DP)

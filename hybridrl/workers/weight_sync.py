@@ -31,6 +31,28 @@ class WeightSync:
     def mark_stale(self) -> None:
         self.stale = True
 
+    def mark_synced(self) -> None:
+        self.synced_at, self.stale = self.engine.steps_taken, False
+
+    def send(self, sender, named_weights) -> dict[str, float]:
+        """To a rollout pool of its own (`distributed.weight_channel`): every rank gathers the
+        policy's full tensors when it moved (a collective), rank 0 (`sender`; None elsewhere)
+        stages them and starts the broadcasts; an unchanged policy sends only the header."""
+        if not self.dirty:
+            if sender is not None:
+                sender.send(None)
+            return {}
+        t0 = time.perf_counter()
+        named = named_weights()
+        if sender is not None:
+            sent = sender.send(named)
+        else:
+            sent = 0.0
+            for _ in named:  # the other ranks' part of each gather
+                pass
+        self.mark_synced()
+        return {"timing_s/stage_weights": time.perf_counter() - t0, "rollout_pool/bytes_sent": sent}
+
     def push(self, rollout, named_weights) -> dict[str, float]:
         """`rollout.load_weights(named_weights())` if the policy moved; its time as a metric."""
         if not self.dirty:
@@ -40,7 +62,7 @@ class WeightSync:
         device = self.engine.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        self.synced_at, self.stale = self.engine.steps_taken, False
+        self.mark_synced()
         return {"timing_s/update_weights": time.perf_counter() - t0}
 
     def push_resharded(self, rollout, make_reshard) -> dict[str, float]:

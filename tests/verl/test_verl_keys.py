@@ -91,14 +91,30 @@ def test_a_hybridrl_config_file_keeps_hybridrl_defaults(tmp_path):
 
 
 def test_a_key_that_would_change_the_result_is_an_error_naming_what_is_missing():
-    assert errors("actor_rollout_ref.hybrid_engine=false") == [
-        "actor_rollout_ref.hybrid_engine=false needs a non-colocated actor and rollout (hybridrl always colocates "
-        "them; split the critic with resource_pool instead), which hybridrl does not have; use "
-        "actor_rollout_ref.hybrid_engine=true or leave it out"
-    ]
     (e,) = errors(f"{A}.strategy=megatron")
     assert "needs the Megatron strategy" in e
     verl("actor_rollout_ref.hybrid_engine=true", f"{A}.strategy=fsdp2", "reward_model.enable=false")
+
+
+def test_standalone_rollout_keys_of_verls_async_recipes():
+    """verl's one-step-off / fully-async recipes: trainer.n_gpus_per_node train, rollout.n_gpus_per_node generate."""
+    for spelling in ("rollout", "actor_rollout_ref.rollout"):
+        cfg = verl(
+            "actor_rollout_ref.hybrid_engine=false",
+            "trainer.n_gpus_per_node=4",
+            f"{spelling}.n_gpus_per_node=2",
+            f"{spelling}.nnodes=1",
+            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256",
+        )
+        assert (cfg.resource_pool.actor_rollout_ref, cfg.resource_pool.rollout, cfg.trainer.n_gpus_per_node) == (4, 2, 6)
+        assert cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 256
+        assert any("standalone rollout: 2 rollout device(s) per node apart from the actor's 4" in n for n in cfg.notices)
+    assert errors("actor_rollout_ref.hybrid_engine=false") == [
+        "actor_rollout_ref.hybrid_engine=false needs rollout devices apart from the actor's: set rollout.n_gpus_per_node "
+        "(verl's recipes) or resource_pool.rollout, or leave hybrid_engine out"
+    ]
+    (e,) = errors("rollout.n_gpus_per_node=2", "rollout.nnodes=2")
+    assert "hybridrl's rollout pool spans the trainer's nodes (trainer.nnodes=1)" in e
 
 
 def test_renamed_keys():

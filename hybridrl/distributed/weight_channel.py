@@ -1,0 +1,175 @@
+"""Weights from the trainer to rollout replicas on devices of their own (resource_pool.rollout).
+
+A `WeightChannel` is a process group apart from each pool's own: member 0 is the trainer's rank 0,
+members 1..N the rollout pool's ranks (NCCL on GPUs, gloo on CPUs), built on a TCPStore that
+member 0 hosts. The pools keep their own default groups; the channel's group is constructed
+directly (`ProcessGroupNCCL` / `ProcessGroupGloo`) and used through its own `broadcast`.
+
+Every rollout `generate` is paired with one `WeightSender.send` (the controller keeps the pairs,
+trainer/rollout_pool.py). A send is a header broadcast, [version, changed], then, when the
+policy changed since the last send, its tensors in buckets of `bucket_mb`:
+
+- the trainer's ranks gather the full tensors (FSDP: a collective, in step) and rank 0 copies
+  them, cast to the wire dtype, into host buckets (pinned on GPUs). The broadcasts then run in
+  a background thread, so the trainer goes on with its next calls while the rollout pool is
+  still generating; a next send first waits for the previous one to finish;
+- the bucket layout (names, shapes, offsets) goes through the store; a receiver yields each
+  bucket's tensors as it arrives, in a buffer of its own, so an engine may keep views.
+
+A failure in the background thread (a receiver died, a timeout) is raised by the next send.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_LAYOUT_KEY = "layout"
+
+
+class WeightChannel:
+    """One member's end of the channel: `member` 0 is the sender (and hosts the store)."""
+
+    def __init__(self, addr: str, port: int, member: int, members: int, device: torch.device, timeout_s: float = 1800.0):
+        self.member, self.members, self.device = member, members, device
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(addr, port, members, is_master=False, timeout=timeout, wait_for_workers=False)
+        prefixed = dist.PrefixStore("hybridrl/weights", self.store)
+        if device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(prefixed, member, members)
+        else:
+            self.group = dist.ProcessGroupGloo(prefixed, member, members, timeout)
+
+    @staticmethod
+    def host(addr: str, timeout_s: float = 1800.0) -> tuple[dist.TCPStore, int]:
+        """The store of a new channel, on a free port of this process's host (member 0 calls it)."""
+        store = dist.TCPStore(addr, 0, None, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        return store, store.port
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """`tensor` from member 0 to every member, in place."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.group.broadcast([tensor], opts).wait()
+
+
+@dataclass
+class _Bucket:
+    numel: int = 0
+    entries: list[tuple[str, tuple[int, ...], int, int]] = field(default_factory=list)  # name, shape, offset, numel
+
+
+class WeightSender:
+    """Member 0: stages the policy's tensors on the host and broadcasts them in the background."""
+
+    def __init__(self, channel: WeightChannel, store: dist.TCPStore, dtype: torch.dtype, bucket_mb: float):
+        self.channel, self.store, self.dtype = channel, store, dtype
+        self.bucket_numel = max(1, int(bucket_mb * 2**20) // torch.empty((), dtype=dtype).element_size())
+        self.version = 0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Until the previous send has reached every receiver; re-raises its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"sending the weights to the rollout pool failed: {error}") from error
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None) -> float:
+        """Stage `named_tensors` (None: the policy did not change) and start the broadcasts; returns
+        the bytes staged. Returns before the receivers have them."""
+        self.wait()
+        staged: list[list[torch.Tensor]] = []
+        if named_tensors is not None:
+            self.version += 1
+            staged, buckets = self._stage(named_tensors)
+            self.store.set(_LAYOUT_KEY, pickle.dumps((self.dtype, buckets)))
+        header = torch.tensor([self.version, 1 if staged else 0], dtype=torch.long)
+        self._thread = threading.Thread(target=self._broadcast, args=(header, staged), name="hybridrl-weights", daemon=True)
+        self._thread.start()
+        return float(sum(t.numel() * t.element_size() for parts in staged for t in parts))
+
+    def _stage(self, named_tensors) -> tuple[list[list[torch.Tensor]], list[_Bucket]]:
+        """Host copies in the wire dtype (pinned on GPUs), grouped into buckets of at most
+        bucket_numel elements (a larger tensor alone); a bucket is concatenated on the device
+        when it is sent."""
+        pinned = self.channel.device.type == "cuda"
+        staged, buckets, parts, bucket = [], [], [], _Bucket()
+
+        def close():
+            staged.append(parts)
+            buckets.append(bucket)
+
+        for name, tensor in named_tensors:
+            n = tensor.numel()
+            if bucket.numel and bucket.numel + n > self.bucket_numel:
+                close()
+                parts, bucket = [], _Bucket()
+            host = torch.empty(n, dtype=self.dtype, pin_memory=pinned)
+            host.copy_(tensor.detach().reshape(-1), non_blocking=pinned)
+            bucket.entries.append((name, tuple(tensor.shape), bucket.numel, n))
+            bucket.numel += n
+            parts.append(host)
+        if parts:
+            close()
+        if pinned:
+            torch.cuda.synchronize(self.channel.device)
+        return staged, buckets
+
+    def _broadcast(self, header: torch.Tensor, staged: list[list[torch.Tensor]]) -> None:
+        device = self.channel.device
+        try:
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                self.channel.broadcast(header.to(device))
+                for parts in staged:
+                    self.channel.broadcast(torch.cat([t.to(device, non_blocking=True) for t in parts]))
+                if stream is not None:
+                    stream.synchronize()
+        except BaseException as e:  # raised by the next send
+            self._error = e
+
+
+class WeightReceiver:
+    """Members 1..N: the other end of each send."""
+
+    def __init__(self, channel: WeightChannel):
+        self.channel = channel
+        self.version = 0
+
+    def receive(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """None when the policy did not change; else its (name, tensor) pairs, received bucket by
+        bucket as the iterator is consumed. The caller must exhaust the iterator before the next
+        `receive` (`drain`)."""
+        device = self.channel.device
+        header = torch.zeros(2, dtype=torch.long, device=device)
+        self.channel.broadcast(header)
+        version, changed = header.tolist()
+        self.version = version
+        if not changed:
+            return None
+        dtype, buckets = pickle.loads(self.channel.store.get(_LAYOUT_KEY))
+        return self._pieces(dtype, buckets)
+
+    def _pieces(self, dtype, buckets: list[_Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in buckets:
+            flat = torch.empty(bucket.numel, dtype=dtype, device=self.channel.device)
+            self.channel.broadcast(flat)
+            for name, shape, offset, n in bucket.entries:
+                yield name, flat[offset : offset + n].view(shape)
+
+
+def drain(pieces: Iterator | None) -> None:
+    """Receive what a consumer left (the broadcasts must all be matched)."""
+    for _ in pieces or ():
+        pass

@@ -1,0 +1,106 @@
+"""Rollout replicas on devices of their own (`resource_pool.rollout`, verl's standalone rollout).
+
+Each rank of the rollout pool holds the policy's architecture and a generation engine, and no
+trainer: its weights come from the actor's rank 0 over a `WeightChannel`
+(`distributed/weight_channel.py`) at the start of every `generate`, which the controller pairs
+with one `ActorRolloutRefWorker.send_weights` (trainer/rollout_pool.py). While this pool
+generates, the actor's pool trains: the off-policy modes (trainer.mode one_step_off / async)
+overlap the two.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hybridrl.data import keys as K
+from hybridrl.data.batch import Batch
+from hybridrl.distributed.dispatch import Dispatch, register
+from hybridrl.distributed.layout import global_rank
+from hybridrl.distributed.weight_channel import WeightChannel, WeightReceiver, drain
+from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.rollout import SamplingParams, make_rollout_engine
+from hybridrl.rollout.hf import HFRolloutEngine
+from hybridrl.tracking.profiler import ProfiledWorker
+from hybridrl.workers.engine import autocast_dtype
+
+
+class RolloutWorker(ProfiledWorker):
+    profile_role = "rollout"
+
+    def __init__(self, cfg, plan, device: torch.device):
+        self.cfg, self.plan, self.device = cfg, plan, device
+        self.receiver: WeightReceiver | None = None
+        self.last_end: float | None = None  # when the previous generate returned: the pool's idle time
+
+    @register(Dispatch.ALL)
+    def init_model(self, model_path: str, random_init: bool) -> None:
+        """The policy's architecture on this device (its weights arrive before the first generate)
+        and the configured engine over it."""
+        m, r, data = self.cfg.actor_rollout_ref.model, self.cfg.actor_rollout_ref.rollout, self.cfg.data
+        self.tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code)
+        model = load_causal_lm(
+            model_path, random_init=random_init, override_config=m.override_config, trust_remote_code=m.trust_remote_code
+        )
+        amp = autocast_dtype(self.device)
+        self.model = model.to(self.device, dtype=amp or torch.float32).eval().requires_grad_(False)
+        multi_turn = r.multi_turn.enable
+        self.rollout = make_rollout_engine(
+            "native" if multi_turn and r.name == "auto" else r.name,
+            self.model,
+            self.tokenizer,
+            max_num_seqs=r.max_num_seqs,
+            autocast_dtype=amp,
+            rollout=r,
+            max_model_len=data.max_prompt_length + data.max_response_length,
+        )
+        if multi_turn:
+            from hybridrl.rollout.agent.rollout import AgentRollout
+
+            self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
+        self.params = dict(self.model.named_parameters())
+
+    @register(Dispatch.ALL)
+    def join_weight_channel(self, addr: str, port: int, members: int) -> None:
+        """Member 1 + this rank of the channel the actor's rank 0 hosts."""
+        channel = WeightChannel(addr, port, 1 + global_rank(), members, self.device)
+        self.receiver = WeightReceiver(channel)
+
+    def _receive(self) -> dict[str, float]:
+        """The policy's weights when they changed since the last generate; their time as a metric."""
+        t0 = time.perf_counter()
+        pieces = self.receiver.receive()
+        if pieces is None:
+            return {"rollout_pool/weights_version": float(self.receiver.version)}
+        try:
+            if isinstance(getattr(self.rollout, "engine", self.rollout), HFRolloutEngine):  # runs on self.model
+                with torch.no_grad():
+                    for name, tensor in pieces:
+                        if name not in self.params:
+                            raise KeyError(f"the trainer sent {name!r}, which the rollout pool's model does not have")
+                        self.params[name].copy_(tensor)
+            else:
+                self.rollout.load_weights(pieces)
+        finally:
+            drain(pieces)  # also after an error: the sender's broadcasts must all be matched
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {"timing_s/update_weights": time.perf_counter() - t0, "rollout_pool/weights_version": float(self.receiver.version)}
+
+    @register(Dispatch.DP, mesh="rollout")
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Receive the weights the paired send_weights sent, then generate as the actor's
+        `generate` does (the same outputs and metrics)."""
+        start = time.perf_counter()
+        metrics = self._receive()
+        if self.last_end is not None:  # the time this pool had nothing to do since its last generate
+            metrics["async/idle_s/rollout"] = start - self.last_end
+        self.rollout.wake()
+        t0 = time.perf_counter()
+        out = self.rollout.generate(prompts, sampling)
+        self.last_end = time.perf_counter()
+        metrics["rollout_pool/generate_s"] = self.last_end - t0
+        metrics.update(self.rollout.last_metrics)
+        out.meta[K.ROLLOUT_METRICS] = metrics
+        return out

@@ -8,7 +8,12 @@ between generations (async/idle_s/rollout against timing_s/gen; sync: the step o
 the mean and max staleness and the last steps' mean score. A table on stdout and $OUT/async.json (or --out).
 
     python benchmarks/async.py --gpus 8 --steps 20                 # several GPUs (the multi-GPU issue runs it)
+    python benchmarks/async.py --gpus 2 --pool 1                   # + one_step_off/async with a rollout pool
     python benchmarks/async.py --smoke                             # CPU, seconds
+
+`--pool N` adds the off-policy modes with a rollout pool of their own (resource_pool.rollout=N, the
+actor on the other gpus - N): there the pool generates while the actor trains, and its idle share is
+its own (async/idle_s/rollout against rollout_pool/generate_s).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from harness import REPO, child_env, versions  # noqa: E402
 MODES = ("sync", "one_step_off", "async")
 
 
-def overrides(args, mode: str, run: Path) -> list[str]:
+def overrides(args, variant: str, run: Path) -> list[str]:
+    mode, _, pool = variant.partition("/")
     common = [
         f"trainer.mode={mode}",
         f"async_training.max_staleness={args.max_staleness}",
@@ -40,8 +46,11 @@ def overrides(args, mode: str, run: Path) -> list[str]:
         "trainer.val_before_train=false",
         "trainer.overwrite=true",
     ]
+    if pool:
+        common += [f"resource_pool.actor_rollout_ref={args.gpus - args.pool}", f"resource_pool.rollout={args.pool}"]
     if args.smoke:
-        return [*common, "trainer.device=cpu", "warmup.steps=5", "data.val_files=null"]
+        cpu = ["trainer.device=cpu", f"trainer.n_gpus_per_node={args.gpus}", "warmup.steps=5", "data.val_files=null"]
+        return [*common, *cpu, *args.set]
     return [*common, "trainer.device=cuda", f"trainer.n_gpus_per_node={args.gpus}", *args.set]
 
 
@@ -49,6 +58,8 @@ def step_summary(rows: list[dict], skip: int) -> dict:
     rows = [r for r in rows if r.get("step", 0) > 0]
     timed = rows[skip:] or rows
     step = [r["timing_s/step"] for r in timed]
+    # the engine's busy time: its own generate time on a rollout pool, else the step's generation
+    busy = [r.get("rollout_pool/generate_s", r.get("timing_s/gen", 0.0)) for r in timed]
     if "async/idle_s/trainer" in timed[0]:
         idle_trainer = [r["async/idle_s/trainer"] for r in timed]
         idle_rollout = [r["async/idle_s/rollout"] for r in timed]
@@ -62,7 +73,7 @@ def step_summary(rows: list[dict], skip: int) -> dict:
         "step_s_median": statistics.median(step),
         "idle_share_trainer": sum(idle_trainer) / sum(step),
         # the engine's own time line: idle between generations, busy generating (timing_s/gen)
-        "idle_share_rollout": sum(idle_rollout) / (sum(idle_rollout) + sum(r.get("timing_s/gen", 0.0) for r in timed)),
+        "idle_share_rollout": sum(idle_rollout) / max(sum(idle_rollout) + sum(busy), 1e-9),
         "staleness_mean": statistics.fmean(r.get("async/staleness_mean", 0.0) for r in rows),
         "staleness_max": max(r.get("async/staleness_max", 0.0) for r in rows),
         "score_last": sum(scores[-k:]) / k,
@@ -78,6 +89,8 @@ def main() -> None:
     p.add_argument("--max-staleness", type=int, default=2, help="async_training.max_staleness of the async run")
     p.add_argument("--set", nargs="*", default=[], help="further key=value overrides for every run")
     p.add_argument("--smoke", action="store_true", help="CPU, the quickstart, a few steps")
+    p.add_argument("--pool", type=int, default=0, help="also one_step_off and async with resource_pool.rollout=N")
+    p.add_argument("--modes", nargs="*", default=None, help="only these variants (e.g. sync one_step_off/pool)")
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/async"))
     args = p.parse_args()
     args.config = args.config or ("configs/quickstart.yaml" if args.smoke else "configs/gsm8k_grpo.yaml")
@@ -86,24 +99,27 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     result = {"versions": versions(), "config": args.config, "gpus": args.gpus, "steps": args.steps, "modes": {}}
-    for mode in MODES:
-        run = out / mode
+    variants = list(MODES) + (["one_step_off/pool", "async/pool"] if args.pool else [])
+    for mode in args.modes or variants:
+        run = out / mode.replace("/", "_")
         cmd = [sys.executable, "-m", "hybridrl", "train", args.config, *overrides(args, mode, run)]
         print(f"[async] {mode}: {' '.join(cmd[3:])}", flush=True)
         t0 = time.perf_counter()
-        with (out / f"{mode}.log").open("w") as log:
+        log_path = out / f"{run.name}.log"
+        with log_path.open("w") as log:
             rc = subprocess.run(cmd, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT).returncode
         if rc != 0:
-            print("\n".join((out / f"{mode}.log").read_text().splitlines()[-30:]))
-            raise SystemExit(f"[async] {mode} failed (rc={rc}), log in {out / (mode + '.log')}")
+            print("\n".join(log_path.read_text().splitlines()[-30:]))
+            raise SystemExit(f"[async] {mode} failed (rc={rc}), log in {log_path}")
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         result["modes"][mode] = {**step_summary(rows, args.skip), "wall_s": time.perf_counter() - t0}
-    base = result["modes"]["sync"]["step_s_median"]
-    print(f"\n{'mode':<14}{'step s':>9}{'speed-up':>10}{'trainer idle':>14}{'rollout idle':>14}{'staleness':>11}{'score':>8}")
+    first = "sync" if "sync" in result["modes"] else next(iter(result["modes"]))
+    base = result["modes"][first]["step_s_median"]
+    print(f"\n{'mode':<18}{'step s':>9}{'speed-up':>10}{'trainer idle':>14}{'rollout idle':>14}{'staleness':>11}{'score':>8}")
     for mode, m in result["modes"].items():
         m["speedup_vs_sync"] = base / m["step_s_median"]
         print(
-            f"{mode:<14}{m['step_s_median']:>9.3f}{m['speedup_vs_sync']:>9.2f}x{100 * m['idle_share_trainer']:>13.1f}%"
+            f"{mode:<18}{m['step_s_median']:>9.3f}{m['speedup_vs_sync']:>9.2f}x{100 * m['idle_share_trainer']:>13.1f}%"
             f"{100 * m['idle_share_rollout']:>13.1f}%{m['staleness_mean']:>6.2f}/{m['staleness_max']:<4.0f}"
             f"{m['score_last']:>8.3f}"
         )

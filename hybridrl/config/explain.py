@@ -106,7 +106,23 @@ def explain_text(cfg: Config) -> str:
 
 def _placement(cfg: Config, p: BatchPlan) -> list[str]:
     """Where the roles run and how their ranks are laid out, when that is more than one device
-    (docs/distributed.md)."""
+    (docs/distributed.md); the rollout pool's line last."""
+    lines = _roles_placement(cfg, p)
+    if p.rollout_layout is not None:
+        when = (
+            "in turn with the actor's training (trainer.mode=sync; one_step_off / async overlap the two)"
+            if cfg.trainer.mode == "sync"
+            else f"while the actor trains (trainer.mode={cfg.trainer.mode})"
+        )
+        lines.append(
+            f"rollout pool (resource_pool.rollout): {cfg.resource_pool.rollout} device(s) per node apart from the "
+            f"actor's, {p.rollout_layout.world} replica(s) generating {when}; the actor's rank 0 sends them the "
+            "weights before each generation (docs/async.md)"
+        )
+    return lines
+
+
+def _roles_placement(cfg: Config, p: BatchPlan) -> list[str]:
     rm = [] if p.reward_model_layout is None else [f"layout (reward model): {p.reward_model_layout.describe()}"]
     rm_text = f"; reward model on {cfg.reward_model_pool[0]}" if rm else ""
     if p.critic is not None and cfg.resource_pool.critic:

@@ -126,3 +126,29 @@ def test_lora_on_two_workers_saves_and_resumes_on_two(arith_data, tmp_path):
     assert a2.keys() == a3.keys() and any(not torch.equal(a2[k], a3[k]) for k in a2), "step 3 did not train the adapters"
     base2, base3 = weights(step2 / "lora_base"), weights(out / "checkpoints" / "step_3" / "lora_base")
     assert all(torch.equal(base2[k], base3[k]) for k in base2)  # the base stays frozen
+
+
+def test_rollout_pool_in_async_mode_from_the_cli(arith_data, tmp_path):
+    """resource_pool.rollout from `hybridrl train`: 1 actor + 1 rollout process, async with max_staleness 2,
+    validation on the pool (with the weights after the step's update) and the pool's profile."""
+    out = tmp_path / "pool"
+    run = _quickstart(
+        out,
+        arith_data,
+        "trainer.n_gpus_per_node=2",
+        "resource_pool.actor_rollout_ref=1",
+        "resource_pool.rollout=1",
+        "trainer.mode=async",
+        "async_training.max_staleness=2",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=2",
+        "trainer.profile_steps=[3]",
+    )
+    assert "Ray, device cpu (actor_rollout_ref: 1 ranks, rollout: 1 ranks)" in run.stdout
+    rows = {r["step"]: r for r in metrics(out)}
+    assert [rows[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 2.0]
+    assert all("val-core/arith/reward/mean@1" in rows[s] for s in (0, 2, 4))  # validated by the pool
+    assert [rows[s]["rollout_pool/weights_version"] for s in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 2.0]
+    assert_all_finite(list(rows.values()))
+    names = sorted(p.name for p in (out / "profile" / "step_3").iterdir())
+    assert "rollout_rank0.json" in names and "actor_rank0.json" in names

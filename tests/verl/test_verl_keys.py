@@ -115,6 +115,9 @@ def test_standalone_rollout_keys_of_verls_async_recipes():
     ]
     (e,) = errors("rollout.n_gpus_per_node=2", "rollout.nnodes=2")
     assert "hybridrl's rollout pool spans the trainer's nodes (trainer.nnodes=1)" in e
+    (e,) = errors("async_training.partial_rollout=true")
+    assert "needs partial rollouts" in e
+    verl("async_training.partial_rollout=false", "async_training.trigger_parameter_sync_step=1")
 
 
 def test_renamed_keys():

@@ -553,6 +553,12 @@ def _standalone_rollout(tree: dict, defaults: dict[str, Any], out: Translation) 
             f"verl's standalone rollout: {gpus} rollout device(s) per node apart from the actor's {train} "
             f"(resource_pool.rollout={gpus}, resource_pool.actor_rollout_ref={train}, "
             f"trainer.n_gpus_per_node={train + gpus} in all)"
+            + (
+                ""
+                if get(tree, "trainer.mode") in ("one_step_off", "async")
+                else "; with trainer.mode=sync the pool generates in turn with training: set trainer.mode=one_step_off "
+                "(verl's one_step_off_policy recipe) or async (fully_async_policy) to overlap them"
+            )
         )
 
 

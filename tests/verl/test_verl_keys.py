@@ -109,6 +109,9 @@ def test_standalone_rollout_keys_of_verls_async_recipes():
         assert (cfg.resource_pool.actor_rollout_ref, cfg.resource_pool.rollout, cfg.trainer.n_gpus_per_node) == (4, 2, 6)
         assert cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes == 256
         assert any("standalone rollout: 2 rollout device(s) per node apart from the actor's 4" in n for n in cfg.notices)
+        assert any("set trainer.mode=one_step_off" in n for n in cfg.notices)  # sync: no overlap, and it says so
+    cfg = verl("rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1", "trainer.mode=one_step_off")
+    assert cfg.resource_pool.rollout == 1 and not any("set trainer.mode=one_step_off" in n for n in cfg.notices)
     assert errors("actor_rollout_ref.hybrid_engine=false") == [
         "actor_rollout_ref.hybrid_engine=false needs rollout devices apart from the actor's: set rollout.n_gpus_per_node "
         "(verl's recipes) or resource_pool.rollout, or leave hybrid_engine out"

@@ -735,6 +735,13 @@ class AsyncTrainingConfig:
         "trainer.mode=async: batches generated ahead of the trainer, so a sample is trained on by a policy at most this "
         "many updates newer than the one that generated it; one_step_off is 1.",
     )
+    partial_rollout: bool = option(
+        False,
+        "With resource_pool.rollout and trainer.mode one_step_off / async: weights the actor sends while the pool is "
+        "generating are loaded between two decode steps and the sequences go on with them (the tokens so far and "
+        "their KV cache stay); rollout_token_version records which weights sampled each token. Native engine, "
+        "single-turn.",
+    )
 
 
 @dataclass

@@ -506,6 +506,7 @@ def _rollout_pool_problems(cfg: Config) -> list[Problem]:
     """resource_pool.rollout: rollout replicas on devices of their own (workers/rollout.py)."""
     pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
     rollout, actor = pool.rollout, pool.actor_rollout_ref
+    out += _partial_rollout_problems(cfg)
     if rollout is None:
         return out
     if actor is None:
@@ -549,6 +550,23 @@ def _rollout_pool_problems(cfg: Config) -> list[Problem]:
             )
         )
     return out
+
+
+def _partial_rollout_problems(cfg: Config) -> list[Problem]:
+    """async_training.partial_rollout: weights swapped into a running generation on the rollout pool."""
+    if not cfg.async_training.partial_rollout:
+        return []
+    key, r = "async_training.partial_rollout", cfg.actor_rollout_ref.rollout
+    why = None
+    if not cfg.resource_pool.rollout:
+        why = "needs a rollout pool of its own (resource_pool.rollout): a colocated engine never runs during an update"
+    elif cfg.trainer.mode == "sync":
+        why = "needs trainer.mode one_step_off or async (in sync mode no update happens while the pool generates)"
+    elif r.multi_turn.enable:
+        why = "is single-turn only (rollout.multi_turn.enable=true)"
+    elif r.name == "hf" or (r.name == "auto" and cfg.trainer.device == "cpu") or r.name == "vllm":
+        why = f"needs the native engine (rollout.name={r.name}); set actor_rollout_ref.rollout.name=native"
+    return [] if why is None else [_suggest(key, True, why, False)]
 
 
 def _placement_problems(cfg: Config) -> list[Problem]:

@@ -284,9 +284,6 @@ NEEDS: dict[str, Need] = {
     "trainer.del_local_ckpt_after_load": Need((False,), "deleting checkpoints after loading them"),
     "transfer_queue.enable": Need((False,), "verl's transfer queue"),
     # verl's fully-async recipe (trainer.mode=async with async_training.max_staleness is ours)
-    "async_training.partial_rollout": Need(
-        (False,), "partial rollouts (in-flight sequences paused at a weight update and resumed with the new weights)"
-    ),
     "async_training.trigger_parameter_sync_step": Need((1,), "weights sent to the rollout pool only every N updates"),
     "sft.prompt_dict_keys": Need((None,), "prompts nested in a dict column (flatten the column first)"),
     "sft.response_dict_keys": Need((None,), "responses nested in a dict column (flatten the column first)"),

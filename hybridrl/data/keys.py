@@ -26,6 +26,7 @@ AGENT_TURNS = "agent_turns"  # (B,) int64, multi-turn only: assistant turns of t
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # (B, R) float32, the engine's log-prob of each token
 RESPONSE_TEXT = "response_text"  # non-tensor str: decoded response, special tokens dropped
 ROLLOUT_POLICY_VERSION = "rollout_policy_version"  # (B,) int64, policy updates applied before the sample was generated
+ROLLOUT_TOKEN_VERSION = "rollout_token_version"  # (B, T) int64, partial rollouts: the pool's weights version per token
 ROLLOUT_METRICS = "rollout_metrics"  # meta dict: the engine's metrics for the step (kv_cache_usage, ...)
 
 # -- written by reward / actor / reference / critic -------------------------------------------

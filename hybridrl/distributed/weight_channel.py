@@ -6,8 +6,11 @@ member 0 hosts. The pools keep their own default groups; the channel's group is 
 directly (`ProcessGroupNCCL` / `ProcessGroupGloo`) and used through its own `broadcast`.
 
 Every rollout `generate` is paired with one `WeightSender.send` (the controller keeps the pairs,
-trainer/rollout_pool.py). A send is a header broadcast, [version, changed], then, when the
-policy changed since the last send, its tensors in buckets of `bucket_mb`:
+trainer/rollout_pool.py, and tells each generate how many sends to have received before it
+starts). Sends are counted in the store (`sent`), so that a receiver can also see, between two
+decode steps, that weights wait (`available`: partial rollouts). A send is a header broadcast,
+[version, changed], then, when the policy changed since the last send, its tensors in buckets
+of `bucket_mb`:
 
 - the trainer's ranks gather the full tensors (FSDP: a collective, in step) and rank 0 copies
   them, cast to the wire dtype, into host buckets (pinned on GPUs). The broadcasts then run in
@@ -31,7 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-_LAYOUT_KEY = "layout"
+_LAYOUT_KEY, _SENT_KEY = "layout", "sent"
 
 
 class WeightChannel:
@@ -94,6 +97,7 @@ class WeightSender:
             self.version += 1
             staged, buckets = self._stage(named_tensors)
             self.store.set(_LAYOUT_KEY, pickle.dumps((self.dtype, buckets)))
+        self.store.add(_SENT_KEY, 1)  # after the layout: a receiver that sees the count finds it
         header = torch.tensor([self.version, 1 if staged else 0], dtype=torch.long)
         self._thread = threading.Thread(target=self._broadcast, args=(header, staged), name="hybridrl-weights", daemon=True)
         self._thread.start()
@@ -146,6 +150,11 @@ class WeightReceiver:
     def __init__(self, channel: WeightChannel):
         self.channel = channel
         self.version = 0
+        self.received = 0  # sends received so far
+
+    def available(self) -> int:
+        """Sends staged by the sender and not received here yet (a store read, no broadcast)."""
+        return self.channel.store.add(_SENT_KEY, 0) - self.received
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]] | None:
         """None when the policy did not change; else its (name, tensor) pairs, received bucket by
@@ -156,6 +165,7 @@ class WeightReceiver:
         self.channel.broadcast(header)
         version, changed = header.tolist()
         self.version = version
+        self.received += 1
         if not changed:
             return None
         dtype, buckets = pickle.loads(self.channel.store.get(_LAYOUT_KEY))

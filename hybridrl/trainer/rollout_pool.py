@@ -40,6 +40,7 @@ class RolloutPool:
 
     def __init__(self, actor, rollout):
         self.actor, self.rollout = actor, rollout
+        self.sends = 0  # send_weights submitted: each generate receives every send up to its own
 
     @property
     def world_size(self) -> int:
@@ -59,7 +60,8 @@ class RolloutPool:
     def submit(self, prompts: Batch, sampling: SamplingParams) -> PendingGeneration:
         """Send the current weights and start generating; returns without waiting for either."""
         send = self.actor.submit("send_weights")
-        return PendingGeneration(send, self.rollout.submit("generate", prompts, sampling))
+        self.sends += 1
+        return PendingGeneration(send, self.rollout.submit("generate", prompts, sampling, self.sends))
 
     def generate(self, prompts: Batch, sampling: SamplingParams, on_finish=None) -> Batch:
         """`submit` and wait (`on_finish` is not supported across processes: the batch is scored after)."""

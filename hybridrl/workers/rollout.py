@@ -32,6 +32,8 @@ class RolloutWorker(ProfiledWorker):
     def __init__(self, cfg, plan, device: torch.device):
         self.cfg, self.plan, self.device = cfg, plan, device
         self.receiver: WeightReceiver | None = None
+        self.loaded = False  # weights were loaded since the last generate's metrics
+        self.partial: PartialRollout | None = None
         self.last_end: float | None = None  # when the previous generate returned: the pool's idle time
 
     @register(Dispatch.ALL)
@@ -60,6 +62,8 @@ class RolloutWorker(ProfiledWorker):
 
             self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
         self.params = dict(self.model.named_parameters())
+        if self.cfg.async_training.partial_rollout:  # the config check asks for the native engine, single-turn
+            self.partial = PartialRollout(self)
 
     @register(Dispatch.ALL)
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
@@ -67,12 +71,24 @@ class RolloutWorker(ProfiledWorker):
         channel = WeightChannel(addr, port, 1 + global_rank(), members, self.device)
         self.receiver = WeightReceiver(channel)
 
-    def _receive(self) -> dict[str, float]:
-        """The policy's weights when they changed since the last generate; their time as a metric."""
+    def _catch_up(self, through: int) -> dict[str, float]:
+        """Receive the sends up to number `through` (the one paired with this generate; earlier
+        ones a partial rollout did not take); their time and the weights' version as metrics."""
         t0 = time.perf_counter()
+        while self.receiver.received < through:
+            self._receive()
+        metrics = {"rollout_pool/weights_version": float(self.receiver.version)}
+        if self.loaded:
+            metrics["timing_s/update_weights"] = time.perf_counter() - t0
+            self.loaded = False
+        return metrics
+
+    def _receive(self) -> None:
+        """One send: the policy's weights into the engine when they changed, else nothing."""
         pieces = self.receiver.receive()
         if pieces is None:
-            return {"rollout_pool/weights_version": float(self.receiver.version)}
+            return
+        self.loaded = True
         try:
             if isinstance(getattr(self.rollout, "engine", self.rollout), HFRolloutEngine):  # runs on self.model
                 with torch.no_grad():
@@ -86,21 +102,63 @@ class RolloutWorker(ProfiledWorker):
             drain(pieces)  # also after an error: the sender's broadcasts must all be matched
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return {"timing_s/update_weights": time.perf_counter() - t0, "rollout_pool/weights_version": float(self.receiver.version)}
 
     @register(Dispatch.DP, mesh="rollout")
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """Receive the weights the paired send_weights sent, then generate as the actor's
-        `generate` does (the same outputs and metrics)."""
+    def generate(self, prompts: Batch, sampling: SamplingParams, through: int) -> Batch:
+        """Receive the weights of every send up to number `through` (the paired send_weights),
+        then generate as the actor's `generate` does (the same outputs and metrics). With
+        async_training.partial_rollout, weights sent while this generate runs are loaded between
+        two decode steps and decoding goes on with them (ROLLOUT_TOKEN_VERSION per token)."""
         start = time.perf_counter()
-        metrics = self._receive()
+        metrics = self._catch_up(through)
         if self.last_end is not None:  # the time this pool had nothing to do since its last generate
             metrics["async/idle_s/rollout"] = start - self.last_end
         self.rollout.wake()
         t0 = time.perf_counter()
-        out = self.rollout.generate(prompts, sampling)
+        if self.partial is not None:
+            out = self.rollout.generate(prompts, sampling, weight_swap=self.partial)
+            metrics.update(self.partial.metrics(out))
+        else:
+            out = self.rollout.generate(prompts, sampling)
         self.last_end = time.perf_counter()
         metrics["rollout_pool/generate_s"] = self.last_end - t0
         metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out
+
+
+class PartialRollout:
+    """The engine's `weight_swap` (async_training.partial_rollout): between decode steps, at most
+    every `interval_s`, a look at the channel's send count; new weights are received and loaded
+    in place, and decoding continues with them."""
+
+    def __init__(self, worker: RolloutWorker, interval_s: float = 0.01):
+        self.worker, self.interval_s = worker, interval_s
+        self.checked = 0.0
+        self.swaps = 0
+
+    @property
+    def version(self) -> int:
+        return self.worker.receiver.version
+
+    def ready(self) -> bool:
+        now = time.perf_counter()
+        if now - self.checked < self.interval_s:
+            return False
+        self.checked = now
+        return self.worker.receiver.available() > 0
+
+    def swap(self) -> int:
+        before = self.version
+        self.worker._receive()  # a header-only send (the policy had not changed) loads nothing
+        self.swaps += self.version != before
+        return self.version
+
+    def metrics(self, out: Batch) -> dict[str, float]:
+        """Weight changes loaded during the call, and the share of response tokens sampled by
+        newer weights than their sequence's first token."""
+        versions, mask = out[K.ROLLOUT_TOKEN_VERSION], out[K.RESPONSE_MASK]
+        newer = (versions > versions[:, :1]).float() * mask
+        swaps, self.swaps = self.swaps, 0
+        share = float(newer.sum() / mask.sum().clamp(min=1))
+        return {"rollout_pool/partial_swaps": float(swaps), "rollout_pool/partial_token_share": share}

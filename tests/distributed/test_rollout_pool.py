@@ -102,3 +102,25 @@ def test_rollout_pool_config_errors(tiny_model_dir, arith_data, tmp_path):
     cfg.resource_pool.actor_rollout_ref = None
     with pytest.raises(ConfigError, match="resource_pool.actor_rollout_ref must say"):
         PPOTrainer(cfg)
+
+
+def test_partial_rollouts_take_new_weights_mid_generation(ray_session, tiny_model_dir, arith_data, tmp_path):
+    """async_training.partial_rollout on a pool whose generation outlasts the update (2 sequences at a
+    time, 24 tokens): the weights sent at a step's start reach the pool while it still generates the
+    batch submitted a step earlier; it loads them between two decode steps and goes on, each token
+    tagged with the weights that sampled it. Every send is still received exactly once (the run
+    would hang otherwise) and the staleness bound holds."""
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, total_training_steps=5, mode="one_step_off")
+    cfg.async_training.partial_rollout = True
+    r = cfg.actor_rollout_ref.rollout
+    r.name, r.max_num_seqs, r.enforce_eager = "native", 2, True
+    cfg.data.max_response_length = 24
+    PPOTrainer(cfg, reward_fn=_digits).fit()
+    rows = _rows(tmp_path)
+    assert sorted(k for k in rows if k > 0) == [1, 2, 3, 4, 5]
+    assert all(rows[s]["async/staleness_max"] <= 1.0 for s in rows if s > 0)
+    swaps = [rows[s]["rollout_pool/partial_swaps"] for s in (1, 2, 3, 4, 5)]
+    shares = [rows[s]["rollout_pool/partial_token_share"] for s in (1, 2, 3, 4, 5)]
+    assert swaps[0] == 0.0 and shares[0] == 0.0  # step 1's batch: the second send carried no change
+    assert sum(swaps) >= 1 and max(shares) > 0.0, (swaps, shares)
+    assert all(0.0 <= x < 1.0 for x in shares)

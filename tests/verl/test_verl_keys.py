@@ -118,8 +118,10 @@ def test_standalone_rollout_keys_of_verls_async_recipes():
     ]
     (e,) = errors("rollout.n_gpus_per_node=2", "rollout.nnodes=2")
     assert "hybridrl's rollout pool spans the trainer's nodes (trainer.nnodes=1)" in e
-    (e,) = errors("async_training.partial_rollout=true")
-    assert "needs partial rollouts" in e
+    (e,) = errors("async_training.partial_rollout=true")  # a hybridrl key: the check says what it needs
+    assert "async_training.partial_rollout=true needs a rollout pool of its own" in e
+    (e,) = errors("async_training.trigger_parameter_sync_step=2")
+    assert "weights sent to the rollout pool only every N updates" in e
     verl("async_training.partial_rollout=false", "async_training.trigger_parameter_sync_step=1")
 
 

@@ -200,7 +200,13 @@ class NativeRolloutEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: Batch, sampling: SamplingParams, seeds: Seq[int] | None = None, agent=None, on_finish=None
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        seeds: Seq[int] | None = None,
+        agent=None,
+        on_finish=None,
+        weight_swap=None,
     ) -> Batch:
         """PROMPTS/PROMPT_MASK (left-padded) -> the batch x n with RESPONSES, RESPONSE_MASK,
         ROLLOUT_LOG_PROBS, RESPONSE_TEXT. `seeds` gives each output sequence its seed; by default
@@ -217,7 +223,15 @@ class NativeRolloutEngine:
         tokens to append (a tool or user message and the next assistant header) or None (the
         trajectory is over). Appended tokens are prefilled after the cached ones and the sequence
         rejoins the batch. RESPONSES then hold every token after the prompt, RESPONSE_MASK only
-        the model's, RESPONSE_ATTENTION_MASK all of them; `max_new_tokens` bounds the total."""
+        the model's, RESPONSE_ATTENTION_MASK all of them; `max_new_tokens` bounds the total.
+
+        `weight_swap` (partial rollouts, single-turn): an object with `version` (int, the weights'
+        now), `ready()` (new weights wait) and `swap()` (load them into this engine; returns their
+        version). Between two decode launches where `ready()`, the step in flight is read first,
+        then `swap()` loads the new weights in place and decoding goes on with them: the tokens
+        sampled so far stay, and so do their KV blocks (computed by the older weights).
+        ROLLOUT_TOKEN_VERSION (B, T) then says which weights sampled each token; the recorded
+        log-probs are those of the distribution each token was drawn from."""
         n, max_new = sampling.n, sampling.max_new_tokens
         ids, mask = prompts[K.PROMPTS], prompts[K.PROMPT_MASK].bool()
         total = len(prompts) * n
@@ -251,12 +265,20 @@ class NativeRolloutEngine:
             agent.begin(prompts, n, max_new)
             self.limit[:] = [agent.turn_limit(row, 0) for row in range(total)]
         stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0)
+        swap = weight_swap if agent is None else None
+        start_version = swap.version if swap is not None else 0
+        switches = []  # (version, tokens recorded per row when it was loaded)
         t0 = time.perf_counter()
         # Decode runs one step ahead of the host: step k is launched before the results of step
         # k-1 are read, so the host's bookkeeping overlaps the GPU's work. A sequence that ended
         # on EOS at step k-1 therefore runs one wasted step k (its token is dropped).
         pending = None
         while True:
+            if swap is not None and swap.ready():  # partial rollout: new weights from here on
+                if pending is not None:
+                    self._collect(pending, sched, max_new)
+                    pending = None
+                switches.append((swap.swap(), self.lengths.copy()))
             if agent is not None:
                 self._resume(sched, mode, max_new, stats["steps"])
             new = sched.schedule(max_new) if sched.waiting else []
@@ -284,6 +306,8 @@ class NativeRolloutEngine:
                     stats["tool_wait_s"] += time.perf_counter() - t
         elapsed = time.perf_counter() - t0
         out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts)
+        if weight_swap is not None and agent is None:
+            out[K.ROLLOUT_TOKEN_VERSION] = token_versions(start_version, switches, out[K.RESPONSES].shape)
         new_tokens = float(out[K.RESPONSE_MASK].sum())
         self.last_metrics = {
             "rollout/kv_cache_usage": stats["peak_usage"],
@@ -614,3 +638,19 @@ class NativeRolloutEngine:
             [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True
         )
         return batch
+
+
+def token_versions(start: int, switches: list[tuple[int, np.ndarray]], shape) -> torch.Tensor:
+    """(B, T) int64: the weights version that sampled each response token. `start` is the version
+    the call began with; `switches` are the (version, tokens recorded per row at the swap) of its
+    swaps, in order.
+
+    >>> token_versions(1, [(2, np.array([1, 0])), (3, np.array([2, 1]))], (2, 4)).tolist()
+    [[1, 2, 3, 3], [2, 3, 3, 3]]
+    """
+    B, T = shape
+    out = torch.full((B, T), start, dtype=torch.long)
+    cols = torch.arange(T)[None, :]
+    for version, lengths in switches:
+        out[cols >= torch.from_numpy(lengths[:B])[:, None]] = version
+    return out

@@ -13,7 +13,8 @@ the mean and max staleness and the last steps' mean score. A table on stdout and
 
 `--pool N` adds the off-policy modes with a rollout pool of their own (resource_pool.rollout=N, the
 actor on the other gpus - N): there the pool generates while the actor trains, and its idle share is
-its own (async/idle_s/rollout against rollout_pool/generate_s).
+its own (async/idle_s/rollout against rollout_pool/generate_s); and one_step_off/pool/partial, with
+async_training.partial_rollout (the share of tokens sampled by newer weights is in its metrics).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ MODES = ("sync", "one_step_off", "async")
 
 
 def overrides(args, variant: str, run: Path) -> list[str]:
-    mode, _, pool = variant.partition("/")
+    mode, *extra = variant.split("/")
+    pool, partial = "pool" in extra, "partial" in extra
     common = [
         f"trainer.mode={mode}",
         f"async_training.max_staleness={args.max_staleness}",
@@ -48,6 +50,8 @@ def overrides(args, variant: str, run: Path) -> list[str]:
     ]
     if pool:
         common += [f"resource_pool.actor_rollout_ref={args.gpus - args.pool}", f"resource_pool.rollout={args.pool}"]
+    if partial:
+        common += ["async_training.partial_rollout=true"]
     if args.smoke:
         cpu = ["trainer.device=cpu", f"trainer.n_gpus_per_node={args.gpus}", "warmup.steps=5", "data.val_files=null"]
         return [*common, *cpu, *args.set]
@@ -77,6 +81,7 @@ def step_summary(rows: list[dict], skip: int) -> dict:
         "staleness_mean": statistics.fmean(r.get("async/staleness_mean", 0.0) for r in rows),
         "staleness_max": max(r.get("async/staleness_max", 0.0) for r in rows),
         "score_last": sum(scores[-k:]) / k,
+        "partial_token_share": statistics.fmean(r.get("rollout_pool/partial_token_share", 0.0) for r in timed),
     }
 
 
@@ -99,7 +104,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     result = {"versions": versions(), "config": args.config, "gpus": args.gpus, "steps": args.steps, "modes": {}}
-    variants = list(MODES) + (["one_step_off/pool", "async/pool"] if args.pool else [])
+    variants = list(MODES) + (["one_step_off/pool", "async/pool", "one_step_off/pool/partial"] if args.pool else [])
     for mode in args.modes or variants:
         run = out / mode.replace("/", "_")
         cmd = [sys.executable, "-m", "hybridrl", "train", args.config, *overrides(args, mode, run)]
@@ -115,11 +120,11 @@ def main() -> None:
         result["modes"][mode] = {**step_summary(rows, args.skip), "wall_s": time.perf_counter() - t0}
     first = "sync" if "sync" in result["modes"] else next(iter(result["modes"]))
     base = result["modes"][first]["step_s_median"]
-    print(f"\n{'mode':<18}{'step s':>9}{'speed-up':>10}{'trainer idle':>14}{'rollout idle':>14}{'staleness':>11}{'score':>8}")
+    print(f"\n{'mode':<26}{'step s':>9}{'speed-up':>10}{'trainer idle':>14}{'rollout idle':>14}{'staleness':>11}{'score':>8}")
     for mode, m in result["modes"].items():
         m["speedup_vs_sync"] = base / m["step_s_median"]
         print(
-            f"{mode:<18}{m['step_s_median']:>9.3f}{m['speedup_vs_sync']:>9.2f}x{100 * m['idle_share_trainer']:>13.1f}%"
+            f"{mode:<26}{m['step_s_median']:>9.3f}{m['speedup_vs_sync']:>9.2f}x{100 * m['idle_share_trainer']:>13.1f}%"
             f"{100 * m['idle_share_rollout']:>13.1f}%{m['staleness_mean']:>6.2f}/{m['staleness_max']:<4.0f}"
             f"{m['score_last']:>8.3f}"
         )

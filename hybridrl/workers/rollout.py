@@ -63,6 +63,11 @@ class RolloutWorker(ProfiledWorker):
             self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
         self.params = dict(self.model.named_parameters())
         if self.cfg.async_training.partial_rollout:  # the config check asks for the native engine, single-turn
+            if not getattr(self.rollout, "swaps_weights", False):  # the HF engine (rollout.name=auto on a CPU)
+                raise ValueError(
+                    "async_training.partial_rollout needs the native engine, and this rollout pool runs "
+                    f"{type(self.rollout).__name__}; set actor_rollout_ref.rollout.name=native"
+                )
             self.partial = PartialRollout(self)
 
     @register(Dispatch.ALL)

@@ -52,6 +52,7 @@ class AgentRollout:
     # A turn's end is not the trajectory's, and tools add rewards: scored after generation
     # (not the engine's per-sequence reports, which `__getattr__` would otherwise offer).
     streams_finished = False
+    swaps_weights = False  # partial rollouts are single-turn
 
     def __init__(self, engine, tokenizer, options: AgentOptions, tools: dict[str, Tool], interactions: dict | None = None):
         from hybridrl.rollout.native.engine import NativeRolloutEngine

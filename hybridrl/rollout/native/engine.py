@@ -197,6 +197,7 @@ class NativeRolloutEngine:
 
     # -- generation ----------------------------------------------------------------------------
     streams_finished = True  # generate(on_finish=...) reports each sequence as it ends
+    swaps_weights = True  # generate(weight_swap=...) takes new weights between decode steps (partial rollouts)
 
     @torch.no_grad()
     def generate(

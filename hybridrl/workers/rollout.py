@@ -140,7 +140,7 @@ class PartialRollout:
     def __init__(self, worker: RolloutWorker, interval_s: float = 0.01):
         self.worker, self.interval_s = worker, interval_s
         self.checked = 0.0
-        self.swaps = 0
+        self.swaps, self.swap_s = 0, 0.0
 
     @property
     def version(self) -> int:
@@ -154,8 +154,10 @@ class PartialRollout:
         return self.worker.receiver.available() > 0
 
     def swap(self) -> int:
-        before = self.version
+        before, t0 = self.version, time.perf_counter()
         self.worker._receive()  # a header-only send (the policy had not changed) loads nothing
+        self.worker.loaded = False  # its time is this call's, not the next catch-up's
+        self.swap_s += time.perf_counter() - t0
         self.swaps += self.version != before
         return self.version
 
@@ -164,6 +166,10 @@ class PartialRollout:
         newer weights than their sequence's first token."""
         versions, mask = out[K.ROLLOUT_TOKEN_VERSION], out[K.RESPONSE_MASK]
         newer = (versions > versions[:, :1]).float() * mask
-        swaps, self.swaps = self.swaps, 0
-        share = float(newer.sum() / mask.sum().clamp(min=1))
-        return {"rollout_pool/partial_swaps": float(swaps), "rollout_pool/partial_token_share": share}
+        metrics = {
+            "rollout_pool/partial_swaps": float(self.swaps),
+            "rollout_pool/partial_swap_s": self.swap_s,  # receiving and loading them, decoding paused
+            "rollout_pool/partial_token_share": float(newer.sum() / mask.sum().clamp(min=1)),
+        }
+        self.swaps, self.swap_s = 0, 0.0
+        return metrics

@@ -53,7 +53,10 @@ class RequestProcess:
         self._futures: dict[int, cf.Future] = {}
         self._lock = threading.Lock()  # the futures and the request pipe
         self._next = 0
-        self._requests.send(settings)
+        try:
+            self._requests.send(settings)
+        except OSError:  # a broken pipe: the child is exiting before it read them
+            self._not_started(wait_s=min(start_timeout_s, 10.0))
         self._wait_ready(start_timeout_s)
         self.alive = True
         self._reader = threading.Thread(target=self._read, name="hybridrl-remote-reward-replies", daemon=True)
@@ -66,11 +69,21 @@ class RequestProcess:
         except (EOFError, OSError):
             ready = False
         if not ready:
+            self._not_started(wait_s=0.0)
+
+    def _not_started(self, wait_s: float) -> None:
+        """Raise a RuntimeError with the child's exit code (waiting up to `wait_s` for it to
+        exit on its own, then killing it); close both pipes."""
+        try:
+            code = self.proc.wait(timeout=wait_s) if wait_s > 0 else None
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
             self.proc.kill()
             code = self.proc.wait()
-            self._requests.close()
-            self._replies.close()
-            raise RuntimeError(f"the remote scorer's request process did not start (exit code {code}; its error is above)")
+        self._requests.close()
+        self._replies.close()
+        raise RuntimeError(f"the remote scorer's request process did not start (exit code {code}; its error is above)")
 
     def submit(self, payload: dict) -> cf.Future:
         future: cf.Future = cf.Future()

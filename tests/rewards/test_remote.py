@@ -247,6 +247,27 @@ def test_the_overhead_benchmark_shows_the_helper_takes_less_of_the_trainers_cpu(
     assert "| the helper process |" not in out.stdout and "| helper process |" in out.stdout
 
 
+def test_a_helper_gone_before_it_reads_its_settings_is_reported_by_its_exit_code(server, monkeypatch, capsys):
+    """The race behind the test below: the child exits before the settings are written (a broken
+    pipe); the warning still names its exit code, and the batch is scored from threads."""
+    from multiprocessing.connection import Connection
+
+    sources, answers, truths, extra = _batch(4, seed=14)
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    real_send = Connection.send
+
+    def send(self, obj):
+        if isinstance(obj, dict):  # the settings: the pipe is already broken
+            raise BrokenPipeError(32, "Broken pipe")
+        return real_send(self, obj)
+
+    monkeypatch.setattr(Connection, "send", send)
+    remote = RemoteReward(server.base + "/ok", process=True)
+    result = remote.score_batch(sources, answers, truths, extra)
+    assert result.scores == [float(a == t) for a, t in zip(answers, truths)] and result.num_errors == 0
+    assert "request process did not start (exit code 1" in capsys.readouterr().out
+
+
 def test_a_helper_that_cannot_start_falls_back_to_threads(server, monkeypatch, capsys):
     sources, answers, truths, extra = _batch(6, seed=13)
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the child exits at once

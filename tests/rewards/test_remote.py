@@ -195,7 +195,8 @@ def test_the_helper_process_makes_the_requests_and_one_that_dies_is_replaced(ser
     assert remote.score_batch(sources, answers, truths, extra).scores == right
     helper = remote._process.proc
     assert helper.pid != os.getpid() and helper.poll() is None
-    new = [t.name for t in set(threading.enumerate()) - before]
+    # the test server's own handler threads (ThreadingHTTPServer, in this process) may still be finishing
+    new = [t.name for t in set(threading.enumerate()) - before if "process_request_thread" not in t.name]
     assert new == ["hybridrl-remote-reward-replies"]  # no request threads in this process: only the reader
     # killed while a batch is in flight (the /slow path sleeps 2 s): those responses score 0 as errors
     slow = RemoteReward(server.base + "/slow", timeout_s=5.0, retries=0, process=True)

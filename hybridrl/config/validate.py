@@ -502,23 +502,25 @@ def _requirement_problems(cfg: Config) -> list[Problem]:
     return out
 
 
+def _actor_share_missing(key: str, apart: int, gpus: int) -> Problem:
+    """A pool apart from the actor's (`key`=`apart` devices per node) with resource_pool.actor_rollout_ref unset."""
+    fix = max(gpus - apart, 1)
+    return Problem(
+        f"{key}={apart} splits the devices, so resource_pool.actor_rollout_ref must say how many of the {gpus} "
+        f"per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
+        ("resource_pool.actor_rollout_ref", key),
+        {"resource_pool.actor_rollout_ref": fix},
+    )
+
+
 def _rollout_pool_problems(cfg: Config) -> list[Problem]:
     """resource_pool.rollout: rollout replicas on devices of their own (workers/rollout.py)."""
     pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
     rollout, actor = pool.rollout, pool.actor_rollout_ref
-    out += _partial_rollout_problems(cfg)
     if rollout is None:
         return out
     if actor is None:
-        fix = max(gpus - rollout, 1)
-        out.append(
-            Problem(
-                f"resource_pool.rollout={rollout} splits the devices, so resource_pool.actor_rollout_ref must say how many "
-                f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
-                ("resource_pool.actor_rollout_ref", "resource_pool.rollout"),
-                {"resource_pool.actor_rollout_ref": fix},
-            )
-        )
+        out.append(_actor_share_missing("resource_pool.rollout", rollout, gpus))
     else:
         used = actor + rollout + (pool.critic or 0 if cfg.critic_enabled else 0) + (pool.reward_model or 0)
         if used > gpus:
@@ -586,15 +588,7 @@ def _placement_problems(cfg: Config) -> list[Problem]:
                 )
             )
         elif actor is None:
-            fix = max(gpus - critic, 1)
-            out.append(
-                Problem(
-                    f"resource_pool.critic={critic} splits the devices, so resource_pool.actor_rollout_ref must say how many "
-                    f"of the {gpus} per node the actor gets; use e.g. resource_pool.actor_rollout_ref={fix}",
-                    ("resource_pool.actor_rollout_ref", "resource_pool.critic"),
-                    {"resource_pool.actor_rollout_ref": fix},
-                )
-            )
+            out.append(_actor_share_missing("resource_pool.critic", critic, gpus))
         elif actor + critic > gpus:
             out.append(
                 Problem(
@@ -604,7 +598,7 @@ def _placement_problems(cfg: Config) -> list[Problem]:
                     {"trainer.n_gpus_per_node": actor + critic},
                 )
             )
-    out += _rollout_pool_problems(cfg)
+    out += _rollout_pool_problems(cfg) + _partial_rollout_problems(cfg)
     w, dp = cfg.warmup, cfg.trainer.nnodes * (actor or gpus)
     if w.steps > 0 and w.batch_size % dp:
         fix = max(dp, w.batch_size - w.batch_size % dp)

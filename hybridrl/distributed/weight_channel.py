@@ -24,7 +24,7 @@ A failure in the background thread (a receiver died, a timeout) is raised by the
 
 from __future__ import annotations
 
-import pickle
+import json
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -96,7 +96,7 @@ class WeightSender:
         if named_tensors is not None:
             self.version += 1
             staged, buckets = self._stage(named_tensors)
-            self.store.set(_LAYOUT_KEY, pickle.dumps((self.dtype, buckets)))
+            self.store.set(_LAYOUT_KEY, _layout_json(self.dtype, buckets))
         self.store.add(_SENT_KEY, 1)  # after the layout: a receiver that sees the count finds it
         header = torch.tensor([self.version, 1 if staged else 0], dtype=torch.long)
         self._thread = threading.Thread(target=self._broadcast, args=(header, staged), name="hybridrl-weights", daemon=True)
@@ -168,7 +168,7 @@ class WeightReceiver:
         self.received += 1
         if not changed:
             return None
-        dtype, buckets = pickle.loads(self.channel.store.get(_LAYOUT_KEY))
+        dtype, buckets = _layout_from_json(self.channel.store.get(_LAYOUT_KEY))
         return self._pieces(dtype, buckets)
 
     def _pieces(self, dtype, buckets: list[_Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -177,6 +177,24 @@ class WeightReceiver:
             self.channel.broadcast(flat)
             for name, shape, offset, n in bucket.entries:
                 yield name, flat[offset : offset + n].view(shape)
+
+
+def _layout_json(dtype: torch.dtype, buckets: list[_Bucket]) -> str:
+    """The bucket layout as JSON: plain data, never a pickle read from the network."""
+    return json.dumps({"dtype": str(dtype).removeprefix("torch."), "buckets": [[b.numel, b.entries] for b in buckets]})
+
+
+def _layout_from_json(raw: bytes) -> tuple[torch.dtype, list[_Bucket]]:
+    """
+    >>> _layout_from_json(_layout_json(torch.bfloat16, [_Bucket(6, [("w", (2, 3), 0, 6)])]))
+    (torch.bfloat16, [_Bucket(numel=6, entries=[('w', (2, 3), 0, 6)])])
+    """
+    data = json.loads(raw)
+    dtype = getattr(torch, data["dtype"])
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"weight channel: {data['dtype']!r} is not a torch dtype")
+    buckets = [_Bucket(n, [(name, tuple(shape), off, k) for name, shape, off, k in entries]) for n, entries in data["buckets"]]
+    return dtype, buckets
 
 
 def drain(pieces: Iterator | None) -> None:

@@ -42,10 +42,6 @@ class RolloutPool:
         self.actor, self.rollout = actor, rollout
         self.sends = 0  # send_weights submitted: each generate receives every send up to its own
 
-    @property
-    def world_size(self) -> int:
-        return self.rollout.world_size
-
     @classmethod
     def connect(cls, actor, rollout) -> RolloutPool:
         """Open the weight channel: the actor's rank 0 hosts it, the pool's ranks join."""

@@ -56,7 +56,8 @@ def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batc
     """Generate for every record and score; returns (per-sample rows, metrics).
 
     `engine` is anything with `generate(prompts: Batch, sampling) -> Batch`: the actor's
-    worker group during training, or a bare rollout engine in `hybridrl eval`.
+    worker group or the rollout pool (trainer/rollout_pool.py) during training, or a bare
+    rollout engine in `hybridrl eval`.
     Metrics: `val-core/<data_source>/reward/mean@<n>` (mean over all n samples of a prompt), and
     `val-aux/reward/errors`, `val-aux/reward/timeouts` (samples whose reward call failed: scored 0).
     """

@@ -24,7 +24,7 @@ def _port() -> int:
 def test_lora_on_two_ranks_equals_one(tmp_path):
     out, ckpt = str(tmp_path / "r.pt"), tmp_path / "actor"
     mp.start_processes(W.rank_main, args=(2, _port(), out, str(ckpt)), nprocs=2, start_method="spawn")
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     grads, merged = W.reference()
     assert grads and grads.keys() == got["grads"].keys()
     assert all(".lora_" in n for n in grads)  # only the adapters train

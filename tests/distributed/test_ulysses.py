@@ -25,7 +25,7 @@ def _port() -> int:
 def test_sequence_parallel_equals_one_process(tmp_path, world, kv_heads):
     out = str(tmp_path / "sp.pt")
     mp.start_processes(W.rank_main, args=(world, _port(), kv_heads, out), nprocs=world, start_method="spawn")
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     logp, ent, loss, grads = W.loss_and_grads(W.model(kv_heads))
     assert torch.allclose(got["logp"], logp, rtol=0, atol=1e-12)
     assert torch.allclose(got["ent"], ent, rtol=0, atol=1e-12)

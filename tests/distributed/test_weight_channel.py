@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import socket
 
 import pytest
@@ -37,7 +38,15 @@ def _member(member: int, members: int, port_queue, results) -> None:
         pieces = receiver.receive()
         got.append((receiver.version, None if pieces is None else [(n, t.clone()) for n, t in pieces]))
         drain(pieces)
-    results.put((member, got))
+    results.put((member, _bytes(got)))
+
+
+def _bytes(obj) -> bytes:
+    """Tensors cross the queue serialized: a queued tensor is shared through a file descriptor that
+    vanishes when its process exits, which can happen before the parent reads it."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def test_sends_reach_every_receiver_exactly_in_buckets():
@@ -53,7 +62,7 @@ def test_sends_reach_every_receiver_exactly_in_buckets():
     numel = sum(t.numel() for _, t in _tensors(1))
     assert out["sender"] == [numel * 4.0, 0.0, numel * 4.0]  # float32 on the wire; nothing when unchanged
     for member in (1, 2):
-        (v1, first), (v2, unchanged), (v3, second) = out[member]
+        (v1, first), (v2, unchanged), (v3, second) = torch.load(io.BytesIO(out[member]), weights_only=True)
         assert (v1, v2, v3) == (1, 1, 2) and unchanged is None
         for got, seed in ((first, 1), (second, 2)):
             want = _tensors(seed)

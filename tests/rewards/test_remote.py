@@ -244,7 +244,9 @@ def test_the_overhead_benchmark_shows_the_helper_takes_less_of_the_trainers_cpu(
     rows = json.loads((tmp_path / "remote_overhead.json").read_text())["rows"]
     threads, helper = rows["threads in the trainer"], rows["helper process"]
     assert 0 <= helper["trainer_cpu_s"] < threads["trainer_cpu_s"]
-    assert 0 < helper["loop_share"] <= 1.5 and 0 < threads["loop_share"] <= 1.5
+    # the loop's speed beside a batch over its idle speed: a sanity bound only (timings on a loaded
+    # 2-core machine swing); the CPU comparison above is the claim
+    assert 0 < helper["loop_share"] <= 3 and 0 < threads["loop_share"] <= 3
     assert "| the helper process |" not in out.stdout and "| helper process |" in out.stdout
 
 

@@ -87,3 +87,38 @@ def test_eight_steps_per_graph_replay_equal_one_step_eager(setup):
     assert torch.equal(a[K.RESPONSES], b[K.RESPONSES]) and torch.equal(a[K.RESPONSE_MASK], b[K.RESPONSE_MASK])
     torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=0)
     assert many.cache.allocator.num_free == many.cache.allocator.usable
+
+
+def test_the_decode_loop_never_makes_the_host_wait(setup):
+    """Between decode steps the host sends block ids, kept rows and new rows to the device; none of
+    it may wait for the step in flight (a pageable copy would), or the device idles meanwhile."""
+    import traceback
+    import warnings
+
+    model, tok, prompts, _ = setup
+    eng = NativeRolloutEngine.from_hf_model(
+        model, tok, device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=8, block_size=4
+    )
+    s = SamplingParams(n=3, temperature=1.0, max_new_tokens=20)
+    seeds = list(range(15))
+    want = eng.generate(prompts(), s, seeds=seeds)  # warm-up: graphs captured, kernels compiled
+    loop = {"add_blocks", "keep_rows", "start_rows", "decode", "_launch_step"}
+    sites = []
+    old = warnings.showwarning
+
+    def show(message, *args, **kwargs):
+        if "synchroniz" in str(message):
+            sites.append({f.name for f in traceback.extract_stack()})
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            got = eng.generate(prompts(), s, seeds=seeds)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = old
+    assert sites, "the prefill's first tokens are read: the debug mode must have seen that"
+    assert not [names & loop for names in sites if names & loop]
+    assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])  # block tables and rows intact

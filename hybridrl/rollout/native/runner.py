@@ -239,7 +239,7 @@ class ModelRunner:
         a step's results are read while the next step is already queued)."""
         pin = self.device.type == "cuda"
         S = self.max_num_seqs
-        self.host_out = [torch.empty(2, self.decode_steps, S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
+        self.host_out = [torch.empty(2 * self.decode_steps * S, dtype=torch.float64, pin_memory=pin) for _ in range(2)]
         self.step_count = 0
         self.captures, self.capture_s = 0, 0.0
 
@@ -345,29 +345,39 @@ class ModelRunner:
     ) -> None:
         """Rows `r` start decoding: their input token (on the device), its position, seed and
         block table."""
-        dev = self.device
         self.buf_ids[r] = first_tokens
-        self.buf_pos[r] = torch.tensor(positions, device=dev)
-        self.buf_seeds[r] = torch.tensor(seeds, device=dev)
-        table = torch.zeros(len(tables), self.table_width, dtype=torch.int32)
+        self.buf_pos[r] = self._to_device(positions, torch.long)
+        self.buf_seeds[r] = self._to_device(seeds, torch.long)
+        table = np.zeros((len(tables), self.table_width), dtype=np.int32)
         for j, t in enumerate(tables):
-            table[j, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        self.buf_tables[r] = table.to(dev)
+            table[j, : len(t)] = t
+        self.buf_tables[r] = self._to_device(table, torch.int32)
 
     def add_blocks(self, rows: np.ndarray, cols: np.ndarray, blocks: list[int]) -> None:
         """Block `blocks[i]` becomes entry `cols[i]` of row `rows[i]`'s block table."""
-        idx = torch.from_numpy(np.stack([rows, cols])).to(self.device)
-        self.buf_tables[idx[0], idx[1]] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
+        idx = self._to_device(np.stack([rows, cols]), torch.long)
+        self.buf_tables[idx[0], idx[1]] = self._to_device(blocks, torch.int32)
 
     def keep_rows(self, keep: np.ndarray, B: int) -> None:
         """Move the rows that keep running to the front, in order; reset the vacated rows."""
         n = len(keep)
         if n:
-            idx = torch.from_numpy(keep).to(self.device)
+            idx = self._to_device(keep, torch.long)
             for buf in (self.buf_ids, self.buf_pos, self.buf_seeds, self.buf_tables):
                 buf[:n] = buf[idx]
         self.buf_pos[n:B] = 0
         self.buf_tables[n:B] = 0
+
+    def _to_device(self, x, dtype: torch.dtype) -> torch.Tensor:
+        """Host data (a list or an array) on the device, without the host waiting: a plain
+        `.to(device)` from pageable memory synchronizes with the stream, so the host would wait
+        for the step in flight and the device would then idle while the host queues the next one.
+        From pinned memory the copy is queued like a kernel (the caching host allocator keeps the
+        pinned block until the copy has run)."""
+        t = torch.as_tensor(x, dtype=dtype)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def decode(self, B: int, mode):
         """Queue `decode_steps` decode steps of rows [0, B) on the device (no sync; one CUDA graph
@@ -381,9 +391,11 @@ class ModelRunner:
             self._graph(Bp, mode).replay()
         else:
             self._decode_steps(Bp, mode)
-        host = self.host_out[self.step_count % 2]
-        host[0, :, :B].copy_(self.steps_tok[:N, :B], non_blocking=True)
-        host[1, :, :B].copy_(self.steps_lp[:N, :B], non_blocking=True)
+        # a contiguous (2, N, B) view: a strided host destination would be copied through a
+        # pageable temporary, which makes the host wait for the step
+        host = self.host_out[self.step_count % 2][: 2 * N * B].view(2, N, B)
+        host[0].copy_(self.steps_tok[:N, :B], non_blocking=True)
+        host[1].copy_(self.steps_lp[:N, :B], non_blocking=True)
         event = torch.cuda.Event() if self.device.type == "cuda" else None
         if event is not None:
             event.record()

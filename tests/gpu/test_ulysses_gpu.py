@@ -70,7 +70,7 @@ def test_sp2_on_two_gpus_equals_one(tmp_path):
         port = s.getsockname()[1]
     out = str(tmp_path / "sp.pt")
     mp.start_processes(_rank_main, args=(port, out), nprocs=2, start_method="spawn")
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     logp, ent, loss, grads = _run(_model("cuda:0"), None)
     torch.testing.assert_close(got["logp"], logp.cpu(), rtol=0, atol=1e-3)
     torch.testing.assert_close(got["ent"], ent.cpu(), rtol=0, atol=1e-3)

@@ -78,4 +78,4 @@ def run_tp(world: int, families: tuple, tmp_path, device: str = "cpu") -> list[d
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.start_processes(_rank_main, args=(world, port, families, str(tmp_path), device), nprocs=world, start_method="spawn")
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hybridrl.data.batch import to_device
 from hybridrl.models import tp_shards
 from hybridrl.models.llama import build_from_hf_config
 from hybridrl.rollout.native import triton_kernels
@@ -369,15 +370,9 @@ class ModelRunner:
         self.buf_tables[n:B] = 0
 
     def _to_device(self, x, dtype: torch.dtype) -> torch.Tensor:
-        """Host data (a list or an array) on the device, without the host waiting: a plain
-        `.to(device)` from pageable memory synchronizes with the stream, so the host would wait
-        for the step in flight and the device would then idle while the host queues the next one.
-        From pinned memory the copy is queued like a kernel (the caching host allocator keeps the
-        pinned block until the copy has run)."""
-        t = torch.as_tensor(x, dtype=dtype)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        """Host data (a list or an array) on the device without the host waiting for the step in
+        flight (`data.batch.to_device`: through pinned memory)."""
+        return to_device(torch.as_tensor(x, dtype=dtype), self.device)
 
     def decode(self, B: int, mode):
         """Queue `decode_steps` decode steps of rows [0, B) on the device (no sync; one CUDA graph

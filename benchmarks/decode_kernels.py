@@ -1,0 +1,188 @@
+"""The decode step's kernels one at a time, against their memory floor (issue 20).
+
+A decode step of Qwen2.5-0.5B at 256 rows is ~25 kernels per layer-stack pass; this times each
+kind alone at the step's shapes, replayed from a CUDA graph (no launch gaps), so that the step's
+excess over its floor can be attributed: the four projections, the fused attention at several
+context lengths, and the elementwise kernels. For the projections it also times alternatives:
+cuBLASLt instead of cuBLAS, split-K through a batched GEMM (partials in float32, then summed),
+and Inductor's max-autotune (Triton templates) where --inductor is given.
+
+    PYTHONPATH=. python benchmarks/decode_kernels.py --out OUT [--rows 64 256] [--inductor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SHAPES = {  # name: (in, out, bias) of Qwen2.5-0.5B's fused projections
+    "qkv": (896, 896 + 2 * 128, True),
+    "o": (896, 896, False),
+    "gate_up": (896, 2 * 4864, False),
+    "down": (4864, 896, False),
+}
+
+
+def time_us(fn, reps: int = 20, inner: int = 20) -> float:
+    """Median microseconds per call of fn, from CUDA graphs of `inner` calls (after a warm-up)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(1000 * a.elapsed_time(b) / inner)
+    return statistics.median(times)
+
+
+def split_k(x, w, splits: int):
+    """x (M, K) @ w (N, K)^T as `splits` GEMMs over slices of K in one batched call, float32 partials."""
+    M, K = x.shape
+    N = w.shape[0]
+    xs = x.view(M, splits, K // splits).transpose(0, 1)  # (S, M, K/S)
+    ws = w.view(N, splits, K // splits).permute(1, 2, 0)  # (S, K/S, N)
+    try:
+        parts = torch.bmm(xs, ws, out_dtype=torch.float32)
+    except (RuntimeError, TypeError):  # a torch without bmm's out_dtype: bf16 partials
+        parts = torch.bmm(xs, ws).float()
+    return parts.sum(0).to(x.dtype)
+
+
+def gemms(rows: list[int], inductor: bool, bw: float) -> list[dict]:
+    out = []
+    dev = "cuda"
+    for M in rows:
+        for name, (k, n, bias) in SHAPES.items():
+            x = torch.randn(M, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+            b = torch.randn(n, device=dev, dtype=torch.bfloat16) if bias else None
+            floor = (w.numel() + x.numel() + M * n) * 2 / bw * 1e6
+            ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+            row = dict(rows=M, proj=name, k=k, n=n, floor_us=floor, gflop=2 * M * k * n / 1e9)
+            row["cublas_us"] = time_us(lambda: F.linear(x, w, b))
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            row["cublaslt_us"] = time_us(lambda: F.linear(x, w, b))
+            torch.backends.cuda.preferred_blas_library("cublas")
+            for s in (2, 4, 8):
+                if k % s == 0 and (k // s) % 8 == 0:
+
+                    def f(s=s):
+                        y = split_k(x, w, s)
+                        return y if b is None else y + b
+
+                    err = (f().double() - ref).abs().max().item()
+                    row[f"splitk{s}_us"] = time_us(f)
+                    row[f"splitk{s}_maxerr"] = err
+            row["cublas_maxerr"] = (F.linear(x, w, b).double() - ref).abs().max().item()
+            if inductor:
+                c = torch.compile(lambda x, w, b: F.linear(x, w, b), mode="max-autotune-no-cudagraphs", dynamic=False)
+                row["inductor_us"] = time_us(lambda: c(x, w, b))
+                row["inductor_maxerr"] = (c(x, w, b).double() - ref).abs().max().item()
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
+def attention(rows: list[int], contexts: list[int], bw: float) -> list[dict]:
+    from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables
+    from hybridrl.rollout.native import triton_kernels as kern
+
+    H, n_kv, D, bs = 14, 2, 64, 16
+    out = []
+    for B in rows:
+        for ctx in contexts:
+            blocks = B * (-(-ctx // bs)) + 1
+            ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
+            cv = torch.randn_like(ck)
+            per = -(-ctx // bs)
+            tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
+            lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+            pos = lens.long() - 1
+            slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+            qkv = torch.randn(B, (H + 2 * n_kv) * D, device="cuda", dtype=torch.bfloat16)
+            q, k, v = (t.view(B, -1, D) for t in qkv.split([H * D, n_kv * D, n_kv * D], -1))
+            cos, sin = (t.cuda() for t in rope_tables(Qwen2Config(rope_theta=1e6), D, ctx + 1))
+            us = time_us(lambda: kern.rope_paged_decode(q, k, v, cos, sin, pos, slots, ck, cv, tables, lens))
+            kv_bytes = B * (ctx - 1) * n_kv * D * 2 * 2
+            row = dict(rows=B, ctx=ctx, us=us, kv_mb=kv_bytes / 1e6, floor_us=kv_bytes / bw * 1e6, gb_s=kv_bytes / us / 1e3)
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
+def elementwise(rows: list[int], bw: float) -> list[dict]:
+    from hybridrl.models.triton_ops import fused_add_rms_norm, silu_mul
+
+    out = []
+    for M in rows:
+        gu = torch.randn(M, 2 * 4864, device="cuda", dtype=torch.bfloat16)
+        res, delta = (torch.randn(M, 896, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        wn = torch.ones(896, device="cuda", dtype=torch.bfloat16)
+        for name, fn, nbytes in (
+            ("silu_mul", lambda: silu_mul(gu), gu.numel() * 2 * 1.5),
+            ("add_rms_norm", lambda: fused_add_rms_norm(res, delta, wn, 1e-6), res.numel() * 2 * 4),
+        ):
+            us = time_us(fn)
+            row = dict(rows=M, kernel=name, us=us, floor_us=nbytes / bw * 1e6)
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--rows", nargs="*", type=int, default=[64, 256])
+    ap.add_argument("--contexts", nargs="*", type=int, default=[128, 384, 640])
+    ap.add_argument("--inductor", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("decode_kernels.py times CUDA kernels from CUDA graphs: it needs a CUDA device")
+    x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() / (time_us(lambda: y.copy_(x), reps=10, inner=5) / 1e6)  # read + write bytes per second
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    res = dict(device=torch.cuda.get_device_name(), copy_gb_s=bw / 1e9)
+    res["gemms"] = gemms(args.rows, args.inductor, bw)
+    res["attention"] = attention(args.rows, args.contexts, bw)
+    res["elementwise"] = elementwise(args.rows, bw)
+    print("\n| rows | projection | floor us | cuBLAS us | cuBLASLt us | split-K 2 / 4 / 8 us | Inductor us |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in res["gemms"]:
+        sk = " / ".join(f"{r.get(f'splitk{s}_us', float('nan')):.1f}" for s in (2, 4, 8))
+        print(
+            f"| {r['rows']} | {r['proj']} | {r['floor_us']:.1f} | {r['cublas_us']:.1f} | {r['cublaslt_us']:.1f} | {sk} "
+            f"| {r.get('inductor_us', float('nan')):.1f} |"
+        )
+    print("\n| rows | context | attention us | K/V MB | floor us | GB/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in res["attention"]:
+        print(f"| {r['rows']} | {r['ctx']} | {r['us']:.1f} | {r['kv_mb']:.1f} | {r['floor_us']:.1f} | {r['gb_s']:.0f} |")
+    print("\n| rows | kernel | us | floor us |")
+    print("| --- | --- | --- | --- |")
+    for r in res["elementwise"]:
+        print(f"| {r['rows']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} |")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "decode_kernels.json").write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

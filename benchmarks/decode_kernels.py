@@ -5,9 +5,13 @@ kind alone at the step's shapes, replayed from a CUDA graph (no launch gaps), so
 excess over its floor can be attributed: the four projections, the fused attention at several
 context lengths, and the elementwise kernels. For the projections it also times alternatives:
 cuBLASLt instead of cuBLAS, split-K through a batched GEMM (partials in float32, then summed),
-and Inductor's max-autotune (Triton templates) where --inductor is given.
+and Inductor's max-autotune (Triton templates) where --inductor is given. Two more sections,
+chosen with --only: `attention_configs` times the fused attention at every (BLOCK_N, warps,
+stages) beside the autotuner's pick, and `head` times the LM head's GEMM and the fused sampler
+(Gumbel-max and greedy, at several vocabulary chunk sizes) against a plain read of the logits.
 
     PYTHONPATH=. python benchmarks/decode_kernels.py --out OUT [--rows 64 256] [--inductor]
+    PYTHONPATH=. python benchmarks/decode_kernels.py --out OUT --only attention_configs head
 """
 
 from __future__ import annotations
@@ -153,37 +157,130 @@ def elementwise(rows: list[int], bw: float) -> list[dict]:
     return out
 
 
+def attention_configs(rows: list[int], ctx: int) -> list[dict]:
+    """The fused decode attention at every (BLOCK_N, warps, stages) its autotuner could be given."""
+    from transformers import Qwen2Config
+
+    from hybridrl.models.llama import rope_tables
+    from hybridrl.rollout.native import triton_kernels as kern
+
+    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, 16
+    fn = kern._rope_paged_decode_kernel.fn  # the jit function under the autotuner
+    out = []
+    for B in rows:
+        per = -(-ctx // bs)
+        blocks = B * per + 1
+        ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
+        cv = torch.randn_like(ck)
+        tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
+        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        pos = lens.long() - 1
+        slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+        qkv = torch.randn(B, (H + 2 * n_kv) * D, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (t.view(B, -1, D) for t in qkv.split([H * D, n_kv * D, n_kv * D], -1))
+        cos, sin = (t.cuda() for t in rope_tables(Qwen2Config(rope_theta=1e6), D, ctx + 1))
+        o = torch.empty_like(q)
+        auto = time_us(lambda: kern.rope_paged_decode(q, k, v, cos, sin, pos, slots, ck, cv, tables, lens))
+        row = dict(rows=B, ctx=ctx, autotuned_us=auto, configs=[])
+        for bn, nw_, st in [(n, w, s) for n in (16, 32, 64, 128) for w in (2, 4, 8) for s in (1, 2, 3, 4)]:
+
+            def f(bn=bn, nw_=nw_, st=st):
+                fn[(B, n_kv)](
+                    q, k, v, cos, sin, pos, slots, ck, cv, o, tables, lens,
+                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                    tables.stride(0), ck.stride(0), ck.stride(1), ck.stride(2), o.stride(0), o.stride(1),
+                    D**-0.5, 0, GROUP=H // n_kv, GROUP_PAD=16, D=D, BLOCK_SIZE=bs, BLOCK_N=bn,
+                    PRECISION="tf32", num_warps=nw_, num_stages=st,
+                )  # fmt: skip
+
+            try:
+                us = time_us(f)
+            except Exception as e:
+                row["configs"].append(dict(block_n=bn, warps=nw_, stages=st, error=str(e)[:80]))
+                continue
+            row["configs"].append(dict(block_n=bn, warps=nw_, stages=st, us=us))
+        row["best"] = min((c for c in row["configs"] if "us" in c), key=lambda c: c["us"])
+        print(json.dumps({k: v for k, v in row.items() if k != "configs"}), flush=True)
+        out.append(row)
+    return out
+
+
+def head(rows: list[int], bw: float) -> list[dict]:
+    """The LM head GEMM and the fused sampler (chunk sizes) at Qwen2.5-0.5B's vocabulary."""
+    from hybridrl.rollout.native import triton_kernels as kern
+
+    V = CFG["vocab_size"]
+    w = torch.randn(V, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN**0.5
+    out = []
+    for M in rows:
+        h = torch.randn(M, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        logits = F.linear(h, w)
+        seeds = torch.randint(0, 2**31, (M,), device="cuda")
+        pos = torch.randint(0, 1000, (M,), device="cuda")
+        inv_t = torch.ones((), device="cuda")
+        tok = torch.empty(M, dtype=torch.int64, device="cuda")
+        lp = torch.empty(M, dtype=torch.float32, device="cuda")
+        row = dict(rows=M, lm_head_us=time_us(lambda: F.linear(h, w)))
+        row["lm_head_floor_us"] = (w.numel() + logits.numel()) * 2 / bw * 1e6
+        row["logits_read_floor_us"] = logits.numel() * 2 / bw * 1e6
+        row["amax_us"] = time_us(lambda: logits.amax(-1))
+        for chunk in (1024, 2048, 4096, 8192, 16384):
+            for greedy in (False, True):
+                row[f"sample_{'greedy' if greedy else 't1'}_{chunk}_us"] = time_us(
+                    lambda: kern.fused_sample(logits, seeds, pos, inv_t, tok, lp, greedy, chunk=chunk)
+                )
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--rows", nargs="*", type=int, default=[64, 256])
     ap.add_argument("--contexts", nargs="*", type=int, default=[128, 384, 640])
     ap.add_argument("--inductor", action="store_true")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="sections to run: gemms attention elementwise attention_configs head",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode_kernels.py times CUDA kernels from CUDA graphs: it needs a CUDA device")
     bw = copy_bandwidth(torch.device("cuda"))  # read + write bytes per second, as rollout.py's floor
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     res = dict(device=torch.cuda.get_device_name(), copy_gb_s=bw / 1e9)
-    res["gemms"] = gemms(args.rows, args.inductor, bw)
-    res["attention"] = attention(args.rows, args.contexts, bw)
-    res["elementwise"] = elementwise(args.rows, bw)
-    print("\n| rows | projection | floor us | cuBLAS us | cuBLASLt us | split-K 2 / 4 / 8 us | Inductor us |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in res["gemms"]:
-        sk = " / ".join(f"{r.get(f'splitk{s}_us', float('nan')):.1f}" for s in (2, 4, 8))
-        print(
-            f"| {r['rows']} | {r['proj']} | {r['floor_us']:.1f} | {r['cublas_us']:.1f} | {r['cublaslt_us']:.1f} | {sk} "
-            f"| {r.get('inductor_us', float('nan')):.1f} |"
-        )
-    print("\n| rows | context | attention us | K/V MB | floor us | GB/s |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in res["attention"]:
-        print(f"| {r['rows']} | {r['ctx']} | {r['us']:.1f} | {r['kv_mb']:.1f} | {r['floor_us']:.1f} | {r['gb_s']:.0f} |")
-    print("\n| rows | kernel | us | floor us |")
-    print("| --- | --- | --- | --- |")
-    for r in res["elementwise"]:
-        print(f"| {r['rows']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} |")
+    only = set(args.only or ("gemms", "attention", "elementwise"))
+    if "gemms" in only:
+        res["gemms"] = gemms(args.rows, args.inductor, bw)
+        print("\n| rows | projection | floor us | cuBLAS us | cuBLASLt us | split-K 2 / 4 / 8 us | Inductor us |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in res["gemms"]:
+            sk = " / ".join(f"{r.get(f'splitk{s}_us', float('nan')):.1f}" for s in (2, 4, 8))
+            print(
+                f"| {r['rows']} | {r['proj']} | {r['floor_us']:.1f} | {r['cublas_us']:.1f} | {r['cublaslt_us']:.1f} | {sk} "
+                f"| {r.get('inductor_us', float('nan')):.1f} |"
+            )
+    if "attention" in only:
+        res["attention"] = attention(args.rows, args.contexts, bw)
+        print("\n| rows | context | attention us | K/V MB | floor us | GB/s |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in res["attention"]:
+            print(f"| {r['rows']} | {r['ctx']} | {r['us']:.1f} | {r['kv_mb']:.1f} | {r['floor_us']:.1f} | {r['gb_s']:.0f} |")
+    if "elementwise" in only:
+        res["elementwise"] = elementwise(args.rows, bw)
+        print("\n| rows | kernel | us | floor us |")
+        print("| --- | --- | --- | --- |")
+        for r in res["elementwise"]:
+            print(f"| {r['rows']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} |")
+    if "attention_configs" in only:
+        res["attention_configs"] = attention_configs(args.rows, 512)
+        for r in res["attention_configs"]:
+            print(f"attention rows {r['rows']} ctx {r['ctx']}: autotuned {r['autotuned_us']:.1f} us, best {r['best']}")
+    if "head" in only:
+        res["head"] = head(args.rows, bw)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode_kernels.json").write_text(json.dumps(res, indent=2))
 

@@ -34,9 +34,12 @@ from hybridrl.data import keys as K
 from hybridrl.models.tiny import write_tiny_model_dir
 
 GROUPS = (  # first match wins; lower-case substrings of kernel names
-    ("gemm", ("nvjet", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk")),
+    # attention first: flash-attention's kernel names carry cutlass template arguments
     ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("log-prob reductions", ("logsumexp", "log_prob")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "cublas", "sm90_xmma", "splitk")),
+    # the LM head's softmax algebra: forward statistics and backward d logits (Inductor's or
+    # hybridrl.models.logprob_kernels')
+    ("log-prob algebra", ("logsumexp", "log_prob", "_stats_partial", "_stats_combine", "_grad_kernel", "arange_eq_exp")),
     ("compiled elementwise (Triton)", ("triton_",)),
     ("optimizer", ("adam", "multi_tensor", "foreach", "norm_kernel", "clip")),
     ("copy", ("memcpy", "memset", "copy")),

@@ -117,6 +117,27 @@ def _maybe_compiled(fn, device: torch.device):
     return _COMPILED[fn]
 
 
+# On CUDA, hand-written Triton kernels replace the compiled algebra (`logprob_kernels`): one read
+# of the logits for the forward statistics instead of Inductor's one loop per dependent
+# reduction. False: the compiled functions (the A/B baseline of benchmarks/lm_head_kernels.py).
+USE_TRITON = True
+# The row gradient's float32 accumulation inside the GEMM (cuBLAS with a float32 C) instead of a
+# bf16 product added to it by a second kernel.
+GRAD_H_ADDMM = True
+
+
+def _kernels(device: torch.device, dtype: torch.dtype):
+    """(stats, grad) functions for logits of this device and dtype."""
+    if USE_TRITON and device.type == "cuda" and dtype != torch.float64:
+        try:
+            from hybridrl.models import logprob_kernels as k
+        except ImportError:  # no triton
+            pass
+        else:
+            return k.logit_stats, k.logit_grad
+    return _maybe_compiled(_chunk_stats, device), _maybe_compiled(_chunk_grad, device)
+
+
 class _FusedLogProbs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
 
@@ -127,7 +148,7 @@ class _FusedLogProbs(torch.autograd.Function):
         logp = torch.empty(n, dtype=acc, device=hidden.device)
         lse_all, ent = torch.empty_like(logp), torch.empty_like(logp)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
-        stats = _maybe_compiled(_chunk_stats, hidden.device)
+        stats = _kernels(hidden.device, dtype)[0]
         for s in range(0, n, chunk):
             sl = slice(s, s + chunk)
             logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(h[sl] @ w.T, labels[sl], inv_temp, want_entropy)
@@ -158,12 +179,15 @@ class _FusedLogProbs(torch.autograd.Function):
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
         g_ent = None if g_ent is None else g_ent.to(acc)
-        grad = _maybe_compiled(_chunk_grad, hidden.device)
+        grad = _kernels(hidden.device, ctx.dtype)[1]
         for v0 in range(0, vocab, cols):
             ws = w[v0 : v0 + cols]
             dz = grad(h @ ws.T, labels - v0, lse_all, ent, g_logp, g_ent, ctx.inv_temp)  # (n, c)
             if grad_h is not None:
-                grad_h.add_(dz @ ws)
+                if GRAD_H_ADDMM and grad_h.is_cuda and dz.dtype != acc:  # the GEMM adds in float32 itself
+                    torch.addmm(grad_h, dz, ws, out_dtype=acc, out=grad_h)
+                else:
+                    grad_h.add_(dz @ ws)
             if grad_w is not None:
                 grad_w[v0 : v0 + cols] = dz.T @ h  # summed over all rows in the GEMM, rounded once
         if grad_h is not None:

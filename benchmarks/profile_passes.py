@@ -14,7 +14,8 @@ the two ways' old log-probs compared. With --count-syncs, the calls in each pass
 host wait for the device (`torch.cuda.set_sync_debug_mode`), by call site. With --budgets, the update is also timed at each token
 budget per micro-batch; with --concurrent,
 the old log-prob and reference passes one after the other against the two at once (two threads,
-each on its own CUDA stream).
+each on its own CUDA stream). With --steps-ab, the update with its guarded optimizer steps on the
+device (the fused AdamW's default) and on the host (each step's gradient norm read), alternately.
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
         row["packing_on_host_vs_device"] = compare_packing(w, passes, a.repeats, device)
     if a.concurrent and device.type == "cuda":
         row["old_and_ref"] = old_and_ref(passes["old_log_prob"], passes["ref"], a.repeats, device)
+    if a.steps_ab and w.engine.on_device:
+        row["update_steps_on_device_vs_host"] = steps_ab(w.engine, passes["update_actor"], a.repeats, device)
     for budget in a.budgets:
         w.arr.actor.ppo_max_token_len_per_gpu = budget
         passes["update_actor"]()
@@ -134,6 +137,20 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
         row["update_by_budget"][budget] = statistics.median(seconds)
         print(f"{name} update_actor at a {budget}-token budget: {statistics.median(seconds):.3f} s", flush=True)
     return row
+
+
+def steps_ab(engine, update, repeats: int, device: torch.device) -> dict:
+    """The update with its guarded steps on the device (the default with the fused AdamW) and on
+    the host (reading each step's gradient norm, the code before), alternately in this process."""
+    seconds = {True: [], False: []}
+    for _ in range(repeats):
+        for on_device in (True, False):
+            engine.on_device = on_device
+            seconds[on_device].append(timed(update, device)[1])
+    engine.on_device = True
+    out = {"on_device_s": statistics.median(seconds[True]), "on_host_s": statistics.median(seconds[False]), "all": seconds}
+    print(f"update, steps on the device {out['on_device_s']:.3f} s, on the host {out['on_host_s']:.3f} s", flush=True)
+    return out
 
 
 def count_syncs(fn, device: torch.device) -> dict:
@@ -236,6 +253,9 @@ def main() -> None:
     p.add_argument("--count-syncs", action="store_true", help="count the calls that wait for the device (CUDA)")
     p.add_argument("--compare-packing", action="store_true", help="also each pass with the layout packed on the device")
     p.add_argument("--concurrent", action="store_true", help="also the two log-prob passes at once (CUDA)")
+    p.add_argument(
+        "--steps-ab", action="store_true", help="also the update with guarded steps on the device and on the host, alternately"
+    )
     a = p.parse_args()
     if a.tiny:
         tiny_settings(a)

@@ -194,15 +194,21 @@ def full_named_parameters(model: nn.Module):
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     """Clip to `max_norm` by the global L2 norm of all gradients (over every rank's shards);
     returns that norm, the same number on every rank."""
+    return float(clip_grad_norm_on_device(params, max_norm))
+
+
+def clip_grad_norm_on_device(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm without reading the norm on the host: a 0-dim tensor on the gradients'
+    device (a non-finite norm leaves non-finite gradients: the caller must not step on them)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros((), device=params[0].device if params else "cpu")
     total = torch.nn.utils.get_total_norm(grads, 2.0)
     if math.isfinite(max_norm):
         torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
     if hasattr(total, "full_tensor"):  # DTensor grads: combine the ranks' partial norms
         total = total.full_tensor()
-    return float(total)
+    return total
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:

@@ -28,12 +28,32 @@ from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
 from hybridrl.tracking import perf
 from hybridrl.workers.forward import pack_on_host
-from hybridrl.workers.optim import build_optimizer, build_scheduler, guarded_step, summarize_steps
+from hybridrl.workers.optim import (
+    build_optimizer,
+    build_scheduler,
+    guarded_step,
+    guarded_step_on_device,
+    steps_on_device,
+    summarize_steps,
+)
 
 
 def autocast_dtype(device: torch.device):
     """bf16 autocast over fp32 master weights on GPUs; plain fp32 on CPU."""
     return torch.bfloat16 if device.type == "cuda" else None
+
+
+def _host_floats(values: list) -> list[float]:
+    """Python numbers and 0-dim tensors (any devices) as floats, with one read per device."""
+    out = [v if not isinstance(v, torch.Tensor) else None for v in values]
+    by_device: dict = defaultdict(list)
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device[v.device].append(i)
+    for idx in by_device.values():
+        for i, x in zip(idx, to_floats([values[i].float() for i in idx])):
+            out[i] = x
+    return [float(v) for v in out]
 
 
 def to_floats(values: list[torch.Tensor]) -> list[float]:
@@ -134,6 +154,8 @@ class TrainEngine:
         self.extra: dict[str, _ExtraOptimizer] = {}  # named optimizers beside the main one (the warm-up's)
         self.nonfinite_in_a_row = 0
         self.steps_taken = 0  # optimizer steps that changed the weights (any optimizer): weight sync reads it
+        self.on_device = False  # guarded steps skip a non-finite gradient on the device (fused AdamW)
+        self._unread = None  # the last on-device step's SkipFlag (workers/optim.py), not read yet
         self.slots = 0  # token slots computed (padding included) since the last reset: pad_fraction
         self.share_prompts = False  # packed passes compute a repeated prompt once (models/packing.py)
         self.shared = 0  # token positions not computed since the last reset, their prompt shared
@@ -185,6 +207,7 @@ class TrainEngine:
         self.optimizer = build_optimizer(self.model.parameters(), optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, total_steps)
         self.grad_clip, self.optimizer_offload = grad_clip, offload_state
+        self.on_device = steps_on_device(self.optimizer, offload_state)
 
     def add_optimizer(self, name: str, build: Callable[[list], torch.optim.Optimizer], max_norm: float) -> None:
         """A second optimizer over the trainable parameters, built on first use by `build(params)`
@@ -228,21 +251,34 @@ class TrainEngine:
         """`epochs` passes over `batch` (reshuffled each epoch with `shuffle`), one optimizer step
         per mini-batch of `mini_size` rows (default: the whole batch); the metrics of every step,
         with `<role>/grad_norm` and `<role>/nonfinite_skipped` (1.0 for a skipped step)."""
-        metrics: dict[str, list[float]] = defaultdict(list)
+        # Nothing is read on the host inside the loop: each step's metrics stay on the device and
+        # are summarized after it, and with `on_device` steps the gradient norm too, so the host
+        # can queue the next mini-batch's passes while the device still runs this step's.
+        steps = []
         for _ in range(epochs):
             rows = batch.index(torch.randperm(len(batch))) if shuffle else batch
             for mini in rows.split(mini_size or len(batch)):
-                for k, v in self.backward(mini, objective, split).items():
-                    metrics[k].extend(v)
-                grad_norm, stepped = self.step(optimizer)
-                metrics[f"{self.role}/grad_norm"].append(grad_norm)
-                metrics[f"{self.role}/nonfinite_skipped"].append(0.0 if stepped else 1.0)
+                parts, norms = self._backward(mini, objective, split)
+                steps.append((parts, norms, *self.step(optimizer)))
+        self.read_steps()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for parts, norms, _, _ in steps:
+            for k, v in objective.summarize(parts, norms).items():
+                metrics[k].extend(v)
+        norms_and_flags = _host_floats([x for *_, grad_norm, stepped in steps for x in (grad_norm, stepped)])
+        for grad_norm, stepped in zip(norms_and_flags[0::2], norms_and_flags[1::2]):
+            metrics[f"{self.role}/grad_norm"].append(grad_norm)
+            metrics[f"{self.role}/nonfinite_skipped"].append(0.0 if stepped else 1.0)
         return metrics
 
     def backward(self, mini: Batch, objective: Objective, split: Split) -> dict[str, list[float]]:
         """Accumulate one optimizer step's gradient, micro-batch by micro-batch; its metrics.
         Each micro-batch's loss is its share of the mini-batch loss (`objective.norms` are the
         whole mini-batch's counts), so the gradient does not depend on the split."""
+        return objective.summarize(*self._backward(mini, objective, split))
+
+    def _backward(self, mini: Batch, objective: Objective, split: Split) -> tuple[list[dict], dict]:
+        """`backward` with its micro-batches' metrics still on the device, and the norms."""
         norms = objective.norms(mini)
         micros, _ = dp_micro_batches(mini, self._split(split))
         parts = []
@@ -250,24 +286,47 @@ class TrainEngine:
             loss, m = objective(self.run, pack_on_host(self, micro, self.device), norms)
             loss.backward()
             parts.append(m)
-        return objective.summarize(parts, norms)
+        return parts, norms
 
-    def step(self, optimizer: str | None = None) -> tuple[float, bool]:
+    def step(self, optimizer: str | None = None) -> tuple[float | torch.Tensor, bool | torch.Tensor]:
         """The main optimizer's guarded step (`guarded_step`: clip, skip a non-finite gradient,
-        schedule), or named optimizer `optimizer`'s plain clipped step; (grad_norm, stepped)."""
+        schedule), or named optimizer `optimizer`'s plain clipped step; (grad_norm, stepped).
+        With `on_device` steps both are 0-dim device tensors, and the schedule, `steps_taken`
+        and `nonfinite_in_a_row` catch up when the step's flag is read (`read_steps`: by the next
+        step, and at the end of `update`)."""
         if optimizer is not None:
             extra = self.extra[optimizer]
             grad_norm, stepped = clip_grad_norm(list(self.model.parameters()), extra.max_norm), True
             extra.optimizer.step()
             extra.optimizer.zero_grad(set_to_none=True)
+        elif self.on_device:
+            self.read_steps()  # the previous step's flag: the LR of this step depends on it
+            grad_norm, flag = guarded_step_on_device(self.model, self.optimizer, self.grad_clip)
+            self._unread = flag
+            return grad_norm, 1.0 - flag.device
         else:
             grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.grad_clip, self.optimizer_offload)
             self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1
         self.steps_taken += stepped
         return grad_norm, stepped
 
+    def read_steps(self) -> None:
+        """Read the last on-device step's `skipped` flag and catch up with it: a step taken
+        advances the LR schedule and `steps_taken`, a skipped one counts in `nonfinite_in_a_row`
+        (what `guarded_step` does at once on the host path)."""
+        if self._unread is None:
+            return
+        skipped, self._unread = self._unread.read(), None
+        if skipped:
+            self.nonfinite_in_a_row += 1
+        else:
+            self.scheduler.step()
+            self.nonfinite_in_a_row = 0
+            self.steps_taken += 1
+
     def summarize(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         """An update's metrics (`update`'s lists) averaged over its steps (`summarize_steps`)."""
+        self.read_steps()
         return summarize_steps(metrics, self.role, self.nonfinite_in_a_row, self.scheduler)
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -277,6 +336,7 @@ class TrainEngine:
         if weights:
             dckpt.save_model(self.model, path, self.model.config, tokenizer)
         if self.optimizer is not None:
+            self.read_steps()  # the schedule caught up with the last on-device step
             dckpt.save_optimizer(self.model, self.optimizer, self.scheduler, path)
 
     def load(self, path: str | Path, weights: bool = True) -> None:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from hybridrl.distributed.fsdp import clip_grad_norm, move_optimizer_state
+from hybridrl.distributed.fsdp import clip_grad_norm, clip_grad_norm_on_device, move_optimizer_state
 
 
 def build_optimizer(params, optim_cfg) -> torch.optim.Optimizer:
@@ -69,6 +69,50 @@ def guarded_step(module, optimizer, scheduler, grad_clip: float, offload_state: 
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, True
+
+
+def steps_on_device(optimizer, offload_state: bool = False) -> bool:
+    """Whether `guarded_step_on_device` can take this optimizer's steps: torch's fused AdamW reads
+    a `found_inf` flag (as GradScaler sets it) and leaves the weights, the moments and the step
+    count alone when it is set. Moments offloaded to the CPU between steps take the host path."""
+    return bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False) and not offload_state
+
+
+class SkipFlag:
+    """A guarded step's `skipped` flag on its way to the host: copied into pinned memory right
+    after it is computed, with an event behind the copy, so that `read` waits for that point of
+    the stream only, not for the work queued after it (a `.item()` would wait for all of it)."""
+
+    def __init__(self, skipped: torch.Tensor):
+        self.device = skipped
+        self.host = skipped.to("cpu", non_blocking=True)
+        self.event = None
+        if skipped.is_cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def read(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.host.item())
+
+
+def guarded_step_on_device(module, optimizer, grad_clip: float) -> tuple[torch.Tensor, SkipFlag]:
+    """`guarded_step` without the host reading the gradient norm: clip, then step, with the fused
+    kernel skipping the step on the device when the norm is not finite. Returns the norm (a 0-dim
+    device tensor) and the step's SkipFlag. The LR schedule is left to the caller, to step once
+    it has read the flag (TrainEngine reads it at the next step, when the device is past it)."""
+    max_norm = grad_clip if grad_clip and grad_clip > 0 else float("inf")
+    norm = clip_grad_norm_on_device(list(module.parameters()), max_norm)
+    skipped = (~torch.isfinite(norm)).to(torch.float32)
+    flag = SkipFlag(skipped)
+    optimizer.grad_scale, optimizer.found_inf = None, skipped
+    try:
+        optimizer.step()
+    finally:
+        optimizer.found_inf = None
+    optimizer.zero_grad(set_to_none=True)
+    return norm, flag
 
 
 def summarize_steps(metrics: dict[str, list[float]], role: str, nonfinite_in_a_row: int, scheduler) -> dict[str, float]:

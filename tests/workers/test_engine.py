@@ -10,6 +10,7 @@ import torch
 from hybridrl.config.schema import OptimConfig
 from hybridrl.data.batch import Batch
 from hybridrl.workers.engine import Split, TrainEngine
+from hybridrl.workers.optim import build_scheduler
 
 
 def linear(engine, model, micro):
@@ -77,3 +78,43 @@ def test_named_optimizer_steps_beside_the_main_one():
     torch.testing.assert_close(engine.model.weight[0], 0.5 * 2 / 4 * (y[:, None] * x).sum(0), rtol=1e-12, atol=0)
     assert engine.optimizer.state == {} and engine.scheduler.last_epoch == 0  # the main optimizer never stepped
     assert engine.steps_taken == 1
+
+
+def test_steps_on_the_device_equal_the_host_path_with_a_skipped_step_between():
+    """With the fused AdamW (CUDA's default; fused on CPU here) the guarded step skips a
+    non-finite gradient on the device and the host reads the flag one step later: the weights,
+    the warm-up schedule, the step counters and the metrics equal the host path's, a NaN
+    mini-batch in the middle of an update included."""
+    from hybridrl.workers.optim import steps_on_device
+
+    def run(on_device: bool):
+        engine = make_engine(lr_warmup_steps=5, betas=[0.9, 0.99])
+        engine.optimizer = torch.optim.AdamW(engine.model.parameters(), lr=0.1, weight_decay=0.0, betas=(0.9, 0.99), fused=True)
+        engine.scheduler = build_scheduler(engine.optimizer, OptimConfig(lr=0.1, lr_warmup_steps=5), 100)
+        engine.grad_clip = 0.5
+        engine.on_device = on_device and steps_on_device(engine.optimizer)
+        assert engine.on_device == on_device
+        batch = rows(n=12, seed=3)
+        batch["y"][5] = float("nan")  # the second mini-batch of four rows
+        out = [engine.update(batch, LeastSquares(), Split(2), mini_size=4)]
+        lrs = [engine.scheduler.get_last_lr()[0]]
+        out.append(engine.update(rows(n=8, seed=4), LeastSquares(), Split(4), mini_size=4))
+        lrs.append(engine.scheduler.get_last_lr()[0])
+        return engine, out, lrs
+
+    host, host_metrics, host_lrs = run(False)
+    dev, dev_metrics, dev_lrs = run(True)
+    assert torch.equal(host.model.weight, dev.model.weight)
+    assert host_lrs == dev_lrs == pytest.approx([0.1 * 3 / 5, 0.1 * 5 / 5])  # the skipped step did not advance it
+    assert host_metrics[0]["toy/nonfinite_skipped"] == dev_metrics[0]["toy/nonfinite_skipped"] == [0.0, 1.0, 0.0]
+    for a, b in zip(host_metrics, dev_metrics):
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(torch.tensor(a[k]), torch.tensor(b[k]), rtol=0, atol=0, equal_nan=True)
+    assert host.steps_taken == dev.steps_taken == 4 and host.nonfinite_in_a_row == dev.nonfinite_in_a_row == 0
+    assert host.optimizer.state_dict()["state"][0]["step"] == dev.optimizer.state_dict()["state"][0]["step"] == 4
+    # a skipped last step: read by the end of the update
+    batch = rows(n=4, seed=5)
+    batch["y"][0] = float("inf")
+    dev.update(batch, LeastSquares(), Split(4))
+    assert dev._unread is None and dev.nonfinite_in_a_row == 1 and dev.steps_taken == 4

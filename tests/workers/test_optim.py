@@ -59,3 +59,35 @@ def test_cuda_parameters_get_the_fused_adamw_with_the_default_ones_steps():
     _steps(opt2, again, seed=2)
     for a, b in zip(ps, again):
         assert torch.equal(a, b)
+
+
+@CUDA
+def test_the_on_device_guarded_step_skips_a_non_finite_gradient_without_a_host_read():
+    from hybridrl.workers.optim import guarded_step, guarded_step_on_device, steps_on_device
+
+    cfg = OptimConfig(lr=1e-2, weight_decay=0.1)
+    mods = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        mods.append(torch.nn.Linear(16, 8).cuda())
+    opts = [build_optimizer(m.parameters(), cfg) for m in mods]
+    assert all(steps_on_device(o) for o in opts) and not steps_on_device(opts[0], offload_state=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: 1.0)
+    x = torch.randn(4, 16, device="cuda")
+    for bad in (False, True, False):
+        for m in mods:
+            m(x).square().sum().backward()
+            if bad:
+                m.weight.grad[0, 0] = float("nan")
+        before = [p.detach().clone() for p in mods[1].parameters()]
+        norm0, stepped = guarded_step(mods[0], opts[0], sched, grad_clip=1.0)
+        norm1, flag = guarded_step_on_device(mods[1], opts[1], grad_clip=1.0)
+        assert isinstance(norm1, torch.Tensor) and norm1.device.type == "cuda"
+        assert stepped == (not bad) and flag.read() == bad and float(flag.device) == float(bad)
+        if bad:
+            assert all(torch.equal(a, b) for a, b in zip(before, mods[1].parameters()))
+        else:
+            assert float(norm1) == pytest.approx(norm0, rel=1e-6)
+        for a, b in zip(mods[0].parameters(), mods[1].parameters()):
+            assert torch.equal(a, b)
+    assert opts[1].state[mods[1].weight]["step"].item() == 2

@@ -56,19 +56,19 @@ def _stats_partial_kernel(Z, PM, PS, PT, PI, stride_z, V, n_parts, per_part, inv
 
 @triton.jit
 def _stats_combine_kernel(
-    Z, LABELS, PM, PS, PT, PI, LOGP, LSE, ENT, HIT, stride_z, V, n_blocks, inv_t, WANT_ENT: tl.constexpr, B_PAD: tl.constexpr
-):  # n_blocks: the row's parts
+    Z, LABELS, PM, PS, PT, PI, LOGP, LSE, ENT, HIT, stride_z, V, n_parts, inv_t, WANT_ENT: tl.constexpr, P_PAD: tl.constexpr
+):
     row = tl.program_id(0)
-    b = tl.arange(0, B_PAD)
-    ok = b < n_blocks
-    base = row * n_blocks
+    b = tl.arange(0, P_PAD)  # the row's parts
+    ok = b < n_parts
+    base = row * n_parts
     m = tl.load(PM + base + b, mask=ok, other=float("-inf"))
     s = tl.load(PS + base + b, mask=ok, other=0.0)
     top = tl.max(m, 0)
     r = tl.exp(m - top)
     total = tl.sum(s * r, 0)
     lse = top + tl.log(total)
-    best = tl.argmax(m, 0)  # the first block holding the max: torch's argmax takes the first index
+    best = tl.argmax(m, 0)  # the first part holding the max: torch's argmax takes the first index
     idx = tl.sum(tl.where(b == best, tl.load(PI + base + b, mask=ok, other=0), 0), 0)
     label = tl.load(LABELS + row)
     valid = (label >= 0) & (label < V)  # never read outside the row: a label out of range gives NaN
@@ -131,7 +131,7 @@ def logit_stats(
             parts,
             inv_temp,
             WANT_ENT=want_entropy,
-            B_PAD=max(2, triton.next_power_of_2(parts)),
+            P_PAD=max(2, triton.next_power_of_2(parts)),
         )
     return logp, lse, ent, hit.bool()
 

@@ -109,28 +109,40 @@ def gemms(rows: list[int], inductor: bool, bw: float) -> list[dict]:
     return out
 
 
-def attention(rows: list[int], contexts: list[int], bw: float) -> list[dict]:
+BLOCK_SIZE = 16  # the engine's KV-cache block
+
+
+def attention_inputs(B: int, ctx: int) -> tuple:
+    """rope_paged_decode's arguments for B rows at context `ctx`: q, k, v of the new token, the
+    rope tables, positions, slots, a K/V cache over shuffled blocks, block tables, lengths."""
     from transformers import Qwen2Config
 
     from hybridrl.models.llama import rope_tables
+
+    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE
+    per = -(-ctx // bs)  # blocks per row
+    blocks = B * per + 1
+    ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
+    cv = torch.randn_like(ck)
+    tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    pos = lens.long() - 1
+    slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
+    qkv = torch.randn(B, (H + 2 * n_kv) * D, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.view(B, -1, D) for t in qkv.split([H * D, n_kv * D, n_kv * D], -1))
+    cos, sin = (t.cuda() for t in rope_tables(Qwen2Config(rope_theta=1e6), D, ctx + 1))
+    return q, k, v, cos, sin, pos, slots, ck, cv, tables, lens
+
+
+def attention(rows: list[int], contexts: list[int], bw: float) -> list[dict]:
     from hybridrl.rollout.native import triton_kernels as kern
 
-    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, 16
+    n_kv, D = KV_HEADS, HEAD_DIM
     out = []
     for B in rows:
         for ctx in contexts:
-            per = -(-ctx // bs)  # blocks per row
-            blocks = B * per + 1
-            ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
-            cv = torch.randn_like(ck)
-            tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
-            lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-            pos = lens.long() - 1
-            slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
-            qkv = torch.randn(B, (H + 2 * n_kv) * D, device="cuda", dtype=torch.bfloat16)
-            q, k, v = (t.view(B, -1, D) for t in qkv.split([H * D, n_kv * D, n_kv * D], -1))
-            cos, sin = (t.cuda() for t in rope_tables(Qwen2Config(rope_theta=1e6), D, ctx + 1))
-            us = time_us(lambda: kern.rope_paged_decode(q, k, v, cos, sin, pos, slots, ck, cv, tables, lens))
+            args = attention_inputs(B, ctx)
+            us = time_us(lambda: kern.rope_paged_decode(*args))
             kv_bytes = B * (ctx - 1) * n_kv * D * 2 * 2
             row = dict(rows=B, ctx=ctx, us=us, kv_mb=kv_bytes / 1e6, floor_us=kv_bytes / bw * 1e6, gb_s=kv_bytes / us / 1e3)
             print(json.dumps(row), flush=True)
@@ -159,26 +171,13 @@ def elementwise(rows: list[int], bw: float) -> list[dict]:
 
 def attention_configs(rows: list[int], ctx: int) -> list[dict]:
     """The fused decode attention at every (BLOCK_N, warps, stages) its autotuner could be given."""
-    from transformers import Qwen2Config
-
-    from hybridrl.models.llama import rope_tables
     from hybridrl.rollout.native import triton_kernels as kern
 
-    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, 16
+    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE
     fn = kern._rope_paged_decode_kernel.fn  # the jit function under the autotuner
     out = []
     for B in rows:
-        per = -(-ctx // bs)
-        blocks = B * per + 1
-        ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
-        cv = torch.randn_like(ck)
-        tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
-        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-        pos = lens.long() - 1
-        slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
-        qkv = torch.randn(B, (H + 2 * n_kv) * D, device="cuda", dtype=torch.bfloat16)
-        q, k, v = (t.view(B, -1, D) for t in qkv.split([H * D, n_kv * D, n_kv * D], -1))
-        cos, sin = (t.cuda() for t in rope_tables(Qwen2Config(rope_theta=1e6), D, ctx + 1))
+        q, k, v, cos, sin, pos, slots, ck, cv, tables, lens = attention_inputs(B, ctx)
         o = torch.empty_like(q)
         auto = time_us(lambda: kern.rope_paged_decode(q, k, v, cos, sin, pos, slots, ck, cv, tables, lens))
         row = dict(rows=B, ctx=ctx, autotuned_us=auto, configs=[])

@@ -39,8 +39,10 @@ def arith_data(tmp_path_factory):
     return make_arith(str(out), n_train=64, n_test=16, n_sft=64, max_operand=20, seed=0)
 
 
-# The end-to-end tests share `tests/e2e/cli_helpers.py`, the API tests `tests/api/api_helpers.py`;
-# pytest's importlib mode does not put test folders on sys.path, so add those.
+# The end-to-end tests share `tests/e2e/cli_helpers.py`, the API tests `tests/api/api_helpers.py`,
+# the kernel tests `tests/triton_helpers.py`; pytest's importlib mode does not put test folders on
+# sys.path, so add those.
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).parent / "api"))
 sys.path.insert(0, str(Path(__file__).parent / "rollout" / "agent"))

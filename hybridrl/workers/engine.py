@@ -303,7 +303,7 @@ class TrainEngine:
             self.read_steps()  # the previous step's flag: the LR of this step depends on it
             grad_norm, flag = guarded_step_on_device(self.model, self.optimizer, self.grad_clip)
             self._unread = flag
-            return grad_norm, 1.0 - flag.device
+            return grad_norm, 1.0 - flag.tensor
         else:
             grad_norm, stepped = guarded_step(self.model, self.optimizer, self.scheduler, self.grad_clip, self.optimizer_offload)
             self.nonfinite_in_a_row = 0 if stepped else self.nonfinite_in_a_row + 1

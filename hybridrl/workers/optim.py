@@ -84,7 +84,7 @@ class SkipFlag:
     the stream only, not for the work queued after it (a `.item()` would wait for all of it)."""
 
     def __init__(self, skipped: torch.Tensor):
-        self.device = skipped
+        self.tensor = skipped  # on the device, for the fused kernel and the metrics
         self.host = skipped.to("cpu", non_blocking=True)
         self.event = None
         if skipped.is_cuda:

@@ -1,50 +1,28 @@
 """The LM head's Triton kernels (hybridrl.models.logprob_kernels) against the torch functions they
 replace on CUDA: run by the Triton interpreter on CPU (float32), directly on a GPU (also bf16)."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_helpers import INTERPRETED, KDEV, RUN_INTERPRETED, require_kernels, run_interpreted
 
 from hybridrl.models import logprobs
 from hybridrl.models.logprobs import _chunk_grad, _chunk_stats, fused_log_probs
 
-# Triton reads TRITON_INTERPRET when it is imported: on a CPU-only machine the kernel tests run in
-# a child pytest with the variable set (test_kernels_under_the_triton_interpreter).
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KDEV = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 CUDA = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs CUDA")
 
 
 @pytest.fixture
 def k():
-    if importlib.util.find_spec("triton") is None:
-        if sys.platform.startswith("linux"):
-            pytest.fail("triton is not installed: `pip install -e '.[test]'` installs it (the kernel tests need it)")
-        pytest.skip("triton is available on Linux only")
-    if not (INTERPRETED or torch.cuda.is_available()):
-        pytest.skip("run by test_kernels_under_the_triton_interpreter")
+    require_kernels()
     from hybridrl.models import logprob_kernels
 
     return logprob_kernels
 
 
 @pytest.mark.slow  # a child pytest
-@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the kernel tests run directly here")
+@RUN_INTERPRETED
 def test_kernels_under_the_triton_interpreter():
-    if importlib.util.find_spec("triton") is None and not sys.platform.startswith("linux"):
-        pytest.skip("triton is available on Linux only")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 13, proc.stdout[-3000:]
+    run_interpreted(__file__, passed=13)
 
 
 def _logits(seed: int, n: int, V: int, dtype=torch.float32):

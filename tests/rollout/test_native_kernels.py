@@ -1,14 +1,10 @@
 """Paged attention and sampling: the gather reference against plain attention, and the Triton
 kernels (run by the Triton interpreter on CPU) against the torch references."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_helpers import KDEV, RUN_INTERPRETED, require_kernels, run_interpreted
 
 from hybridrl.rollout.native.attention import paged_decode_reference
 from hybridrl.rollout.native.sampling import sample
@@ -75,47 +71,18 @@ def test_gumbel_sampling_follows_the_distribution():
     assert abs((toks == 0).float().mean().item() - 0.563 / (0.563 + 0.207)) < 0.015
 
 
-# Triton reads TRITON_INTERPRET when it is imported, so on a CPU-only machine the kernel tests
-# run in a child pytest with the variable set (test_kernels_under_the_triton_interpreter).
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-# The kernels run on CUDA tensors on a GPU machine, on CPU tensors under the interpreter.
-KDEV = "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
-
-
-def _require_triton() -> None:
-    """The test extra installs triton on Linux: there a missing triton is a broken install, and the
-    kernel tests fail rather than skip (a skip would hide that they never ran)."""
-    if importlib.util.find_spec("triton") is not None:
-        return
-    if sys.platform.startswith("linux"):
-        pytest.fail("triton is not installed: `pip install -e '.[test]'` installs it (the kernel tests need it)")
-    pytest.skip("triton is available on Linux only")
-
-
 @pytest.fixture
 def kernels():
-    _require_triton()
-    if not (INTERPRETED or torch.cuda.is_available()):
-        pytest.skip("run by test_kernels_under_the_triton_interpreter")
+    require_kernels()
     from hybridrl.rollout.native import triton_kernels
 
     return triton_kernels
 
 
 @pytest.mark.slow  # a child pytest: ~10 s
-@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the kernel tests run directly here")
+@RUN_INTERPRETED
 def test_kernels_under_the_triton_interpreter():
-    _require_triton()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-vv", "-p", "no:cacheprovider", __file__, "-k", "test_triton_"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and proc.stdout.count("PASSED") == 13, proc.stdout[-3000:]
+    run_interpreted(__file__, passed=13)
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])

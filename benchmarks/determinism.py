@@ -26,7 +26,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, child_env, versions  # noqa: E402
 
-VOLATILE = ("timing_s/", "perf/", "rollout/decode_ms_per_step", "async/idle_s/")  # wall-clock numbers
+VOLATILE = (
+    "timing_s/",
+    "perf/",
+    "rollout/decode_ms_per_step",
+    "rollout/graph_capture_s",
+    "rollout/wake_s",
+    "rollout/loop_s",
+    "rollout/assemble_s",
+    "rollout/sleep_s",
+    "async/idle_s/",
+)  # wall-clock numbers
 SCORE, HELD_OUT = "critic/score/mean", "val-core/arith/reward/mean@1"
 
 

@@ -13,6 +13,7 @@ short delegation to the parts.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
@@ -161,14 +162,18 @@ class ActorRolloutRefWorker(ProfiledWorker):
             metrics = self.sync.push_resharded(self.rollout, lambda: Reshard(self.model, self.model.config, tp_rank, tp))
         else:
             metrics = self.sync.push(self.rollout, lambda: self.policy.named_weights(self.model))
+        t0 = time.perf_counter()
         self.rollout.wake()
+        metrics["rollout/wake_s"] = time.perf_counter() - t0
         with self.sync.serving(self.rollout):
             if on_finish is not None and getattr(self.rollout, "streams_finished", False):
                 out = self.rollout.generate(prompts, sampling, on_finish=on_finish)
             else:
                 out = self.rollout.generate(prompts, sampling)
         if self.arr.rollout.free_cache_engine:
+            t0 = time.perf_counter()
             self.rollout.sleep()
+            metrics["rollout/sleep_s"] = time.perf_counter() - t0
         metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out

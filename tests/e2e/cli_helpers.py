@@ -25,6 +25,10 @@ VOLATILE = (
     "rollout/extend_",  # wall-clock, and how answers arrive (which ones rejoin together)
     "agent/tool_latency_s",
     "rollout/graph_capture_s",
+    "rollout/wake_s",  # where generation's time goes (wall-clock)
+    "rollout/loop_s",
+    "rollout/assemble_s",
+    "rollout/sleep_s",
 )  # wall-clock numbers differ between runs
 
 

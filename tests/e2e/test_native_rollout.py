@@ -39,6 +39,11 @@ def test_grpo_with_the_native_engine(tiny_model_with_weights, arith_data, tmp_pa
     for key in ("critic/score/mean", "rollout/kv_cache_usage", "perf/rollout_tokens_per_s", "response_length/mean"):
         assert all(key in r for r in train), key
     assert all(0 < r["rollout/kv_cache_usage"] <= 1 for r in train)
+    # where generation's time goes: allocating the cache, the loop, building the batch, freeing it
+    for r in train:
+        parts = [r[f"rollout/{k}_s"] for k in ("wake", "loop", "assemble", "sleep")]
+        assert all(p >= 0 for p in parts) and r["rollout/loop_s"] > 0
+        assert sum(parts) <= r["timing_s/gen"]
     # the policy changes every step; the engine must sample from the current one
     assert all("timing_s/update_weights" in r for r in train[1:])
     # float32 on CPU: the engine's log-probs are the trainer's old log-probs of the same tokens

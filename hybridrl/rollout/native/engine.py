@@ -307,6 +307,7 @@ class NativeRolloutEngine:
                     stats["tool_wait_s"] += time.perf_counter() - t
         elapsed = time.perf_counter() - t0
         out = self._assemble(prompts.repeat_interleave(n) if n > 1 else prompts)
+        assemble_s = time.perf_counter() - t0 - elapsed
         if weight_swap is not None and agent is None:
             out[K.ROLLOUT_TOKEN_VERSION] = token_versions(start_version, switches, out[K.RESPONSES].shape)
         new_tokens = float(out[K.RESPONSE_MASK].sum())
@@ -315,6 +316,8 @@ class NativeRolloutEngine:
             "perf/rollout_tokens_per_s": new_tokens / max(elapsed, 1e-9),
             "rollout/decode_steps": stats["steps"],
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
+            "rollout/loop_s": elapsed,
+            "rollout/assemble_s": assemble_s,
         }
         if self.runner.use_graphs:  # captures happen on first use of a batch size, and after the cache moved
             self.last_metrics["rollout/graph_captures"] = float(self.runner.captures)

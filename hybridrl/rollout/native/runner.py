@@ -228,11 +228,14 @@ class ModelRunner:
         self._cache_ptr = ptr
 
     def sleep(self) -> None:
-        """Free the KV cache (the trainer gets the memory); weights and row buffers stay."""
+        """Free the KV cache; weights and row buffers stay. The memory goes back to PyTorch's
+        caching allocator, where the trainer in this process takes it, and not to the driver:
+        `torch.cuda.empty_cache()` here unmapped it, and the trainer's own cached blocks with it,
+        so that the update, the log-prob passes and the next wake-up mapped it all again (0.18 s
+        of the GSM8K step on an H100, BENCHMARKS.md). An allocation that finds no room still
+        releases the cached memory to the driver and retries."""
         self.cache = None
         self.attn.cache = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     # -- one generate call ---------------------------------------------------------------------
     def start_run(self) -> None:

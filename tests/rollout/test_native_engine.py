@@ -116,6 +116,12 @@ def test_continuous_batching_with_a_small_cache_matches_one_at_a_time():
     assert eng.last_metrics["rollout/decode_steps"] > max(lengths)  # they could not all run at once
     assert eng.last_metrics["rollout/kv_cache_usage"] > 0.5
     assert eng.cache.allocator.num_free == eng.cache.allocator.usable  # every block came back
+    # the texts of rows that ended mid-run were detokenized in the decode loop: the same strings
+    decoded_in_loop = sum(t is not None for t in eng.texts)
+    assert decoded_in_loop >= len(texts) - 1
+    assert list(out[K.RESPONSE_TEXT]) == TOK.batch_decode(
+        [r[: int(m.sum())] for r, m in zip(out[K.RESPONSES], out[K.RESPONSE_MASK])], skip_special_tokens=True
+    )
 
 
 def test_samples_share_the_prompt_blocks():

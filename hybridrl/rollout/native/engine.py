@@ -350,6 +350,9 @@ class NativeRolloutEngine:
         self.lp_hist = np.zeros((total, max_new), dtype=np.float32)
         self.lengths = np.zeros(total, dtype=np.int64)  # tokens recorded per output row
         self.done = np.zeros(total, dtype=bool)  # per output row
+        # RESPONSE_TEXT of the rows that ended, detokenized in the decode loop while the device runs
+        # the next step (single-turn; the rest are detokenized by _assemble)
+        self.texts: list[str | None] = [None] * total
         S = self.max_num_seqs
         # per running row: output row, tokens cached (= position of its next input token), and
         # tokens it will have once every launched step has returned
@@ -537,6 +540,10 @@ class NativeRolloutEngine:
             rows = out_rows[ended]
             sched.postprocess([seqs[r] for r in ended], self.lengths[rows].tolist())
             self._report(rows)
+            # the next step is already queued: the device does not wait for this
+            texts = self.tokenizer.batch_decode([self.tok_hist[r, : self.lengths[r]] for r in rows], skip_special_tokens=True)
+            for r, t in zip(rows.tolist(), texts):
+                self.texts[r] = t
 
     def _report(self, rows: np.ndarray) -> None:
         """Hand finished output rows and their tokens to `on_finish`, if the caller gave one."""
@@ -638,9 +645,14 @@ class NativeRolloutEngine:
             mask = mask * torch.from_numpy(~self.env_hist[:, :width]).float()
             batch[K.RESPONSE_MASK] = mask
         batch[K.ROLLOUT_LOG_PROBS] = torch.from_numpy(self.lp_hist[:, :width].copy()) * mask
-        batch[K.RESPONSE_TEXT] = self.tokenizer.batch_decode(
-            [r[: int(n)] for r, n in zip(responses, lengths)], skip_special_tokens=True
-        )
+        texts = self.texts if self.agent is None else [None] * len(self.texts)
+        todo = [i for i, t in enumerate(texts) if t is None]
+        if todo:
+            done = self.tokenizer.batch_decode([responses[i, : int(lengths[i])] for i in todo], skip_special_tokens=True)
+            texts = list(texts)
+            for i, t in zip(todo, done):
+                texts[i] = t
+        batch[K.RESPONSE_TEXT] = texts
         return batch
 
 

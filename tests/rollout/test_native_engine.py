@@ -122,6 +122,11 @@ def test_continuous_batching_with_a_small_cache_matches_one_at_a_time():
     assert list(out[K.RESPONSE_TEXT]) == TOK.batch_decode(
         [r[: int(m.sum())] for r, m in zip(out[K.RESPONSES], out[K.RESPONSE_MASK])], skip_special_tokens=True
     )
+    # a caller that streams the ended rows decodes them itself: the engine detokenizes at the end
+    reported = []
+    again = eng.generate(prompts(texts), GREEDY, on_finish=lambda rows, toks: reported.extend(rows.tolist()))
+    assert sorted(reported) == list(range(len(texts))) and all(t is None for t in eng.texts)
+    assert list(again[K.RESPONSE_TEXT]) == list(out[K.RESPONSE_TEXT])
 
 
 def test_samples_share_the_prompt_blocks():

@@ -351,7 +351,7 @@ class NativeRolloutEngine:
         self.lengths = np.zeros(total, dtype=np.int64)  # tokens recorded per output row
         self.done = np.zeros(total, dtype=bool)  # per output row
         # RESPONSE_TEXT of the rows that ended, detokenized in the decode loop while the device runs
-        # the next step (single-turn; the rest are detokenized by _assemble)
+        # the next step (single-turn without on_finish; the rest are detokenized by _assemble)
         self.texts: list[str | None] = [None] * total
         S = self.max_num_seqs
         # per running row: output row, tokens cached (= position of its next input token), and
@@ -540,10 +540,12 @@ class NativeRolloutEngine:
             rows = out_rows[ended]
             sched.postprocess([seqs[r] for r in ended], self.lengths[rows].tolist())
             self._report(rows)
-            # the next step is already queued: the device does not wait for this
-            texts = self.tokenizer.batch_decode([self.tok_hist[r, : self.lengths[r]] for r in rows], skip_special_tokens=True)
-            for r, t in zip(rows.tolist(), texts):
-                self.texts[r] = t
+            if self.on_finish is None:  # (a streaming caller decodes the texts in its own thread)
+                # the next step is already queued: the device does not wait for this
+                ended_rows = rows.tolist()
+                tokens = [self.tok_hist[r, : self.lengths[r]] for r in ended_rows]
+                for r, t in zip(ended_rows, self.tokenizer.batch_decode(tokens, skip_special_tokens=True)):
+                    self.texts[r] = t
 
     def _report(self, rows: np.ndarray) -> None:
         """Hand finished output rows and their tokens to `on_finish`, if the caller gave one."""

@@ -647,11 +647,10 @@ class NativeRolloutEngine:
             mask = mask * torch.from_numpy(~self.env_hist[:, :width]).float()
             batch[K.RESPONSE_MASK] = mask
         batch[K.ROLLOUT_LOG_PROBS] = torch.from_numpy(self.lp_hist[:, :width].copy()) * mask
-        texts = self.texts if self.agent is None else [None] * len(self.texts)
+        texts = list(self.texts)  # those the decode loop did not detokenize are done here
         todo = [i for i, t in enumerate(texts) if t is None]
         if todo:
             done = self.tokenizer.batch_decode([responses[i, : int(lengths[i])] for i in todo], skip_special_tokens=True)
-            texts = list(texts)
             for i, t in zip(todo, done):
                 texts[i] = t
         batch[K.RESPONSE_TEXT] = texts

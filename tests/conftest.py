@@ -5,11 +5,20 @@ Nothing is downloaded: the model is built from a config with random weights.
 
 from __future__ import annotations
 
+import os
+import platform
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One CPU kernel family for the whole session, set before torch is imported (the CLI server and the
+# subprocesses inherit it): the golden metrics (tests/e2e/golden) were made with the AVX2 kernels,
+# and an AVX-512 machine's kernels round differently: a short run's metrics then differ from them in
+# the last digits, and the quickstart's drift. Any x86-64 machine with AVX-512 has AVX2. A value already set (e.g. ATEN_CPU_CAPABILITY=default) wins.
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from hybridrl.data.converters import make_arith
 from hybridrl.models.tiny import write_tiny_model_dir

@@ -5,7 +5,9 @@ CPU architecture and vector ISA, intra-op threads), then one row per logged step
 deterministic metrics only (wall-clock numbers dropped). `assert_matches_golden` checks that every
 stored key of every stored step is present and equal; keys a run adds beyond the golden ones are
 allowed. On another CPU ISA or torch build the kernels may round differently, so the comparison
-falls back to a relative tolerance of 1e-6 and says so.
+falls back to a relative tolerance of 1e-6 and says so. tests/conftest.py pins torch's AVX2 kernels
+on x86-64 (ATEN_CPU_CAPABILITY=avx2, unless set), the ones the stored files were made with, so an
+AVX-512 machine compares exactly too.
 
 Regenerate (only on purpose, on the commit whose numbers are the reference):
     HYBRIDRL_UPDATE_GOLDEN=1 python -m pytest tests/e2e/test_quickstart.py tests/e2e/test_golden_metrics.py

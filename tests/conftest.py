@@ -13,7 +13,8 @@ from pathlib import Path
 # One CPU kernel family for the whole session, set before torch is imported (the CLI server and the
 # subprocesses inherit it): the golden metrics (tests/e2e/golden) were made with the AVX2 kernels,
 # and an AVX-512 machine's kernels round differently: a short run's metrics then differ from them in
-# the last digits, and the quickstart's drift. Any x86-64 machine with AVX-512 has AVX2. A value already set (e.g. ATEN_CPU_CAPABILITY=default) wins.
+# the last digits, and the quickstart's drift. Any x86-64 machine with AVX-512 has AVX2. A value
+# already set (e.g. ATEN_CPU_CAPABILITY=default) wins.
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 

@@ -34,8 +34,10 @@ from hybridrl.models import logprobs  # noqa: E402
 VARIANTS = {"torch": (False, False), "triton": (True, False), "triton+addmm": (True, True)}
 
 
-def timed(fn, reps: int) -> float:
-    fn()
+def timed(fn, reps: int, warmup: int = 1) -> float:
+    """Median ms of `reps` calls of `fn` (CUDA events), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):

@@ -20,29 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from lm_head_kernels import timed  # noqa: E402  (median ms by CUDA events)
+
 from hybridrl.models import packing  # noqa: E402
-
-
-def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def lengths(tokens: int, prompt: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
@@ -97,13 +84,13 @@ def run(tokens: int, hq: int, hkv: int, d: int, args, gen) -> list[dict]:
         row = {"tokens": n, "sequences": len(lens), "max_len": max_len, "heads": [hq, hkv, d], "backend": name}
         try:
             with torch.no_grad():
-                fwd = timed(lambda: fn(q, k, v, cu, max_len, scale), args.reps)
+                fwd = timed(lambda: fn(q, k, v, cu, max_len, scale), args.reps, warmup=3)
 
             def step():
                 q.grad = k.grad = v.grad = None
                 fn(q, k, v, cu, max_len, scale).backward(grad)
 
-            both = timed(step, args.reps)
+            both = timed(step, args.reps, warmup=3)
             out = fn(q, k, v, cu, max_len, scale)
             q.grad = k.grad = v.grad = None
             out.backward(grad)

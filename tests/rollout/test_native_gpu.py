@@ -122,3 +122,35 @@ def test_the_decode_loop_never_makes_the_host_wait(setup):
     assert sites, "the prefill's first tokens are read: the debug mode must have seen that"
     assert not [names & loop for names in sites if names & loop]
     assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])  # block tables and rows intact
+
+
+def test_graphs_are_captured_while_another_thread_launches_kernels(setup):
+    """A capture checks only its own thread's CUDA calls: a thread busy on another stream (a
+    log-prob pass, a scorer on the GPU) neither breaks it nor changes the tokens."""
+    import threading
+
+    model, tok, prompts, _ = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=8)
+    s = SamplingParams(n=3, temperature=1.0, max_new_tokens=12)
+    seeds = list(range(15))
+    want = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw).generate(prompts(), s, seeds=seeds)
+    stop, launched = threading.Event(), []
+
+    def busy():
+        x = torch.randn(1024, 1024, device="cuda")
+        with torch.cuda.stream(torch.cuda.Stream()):
+            while not stop.is_set():
+                x = (x @ x).tanh()
+                launched.append(1)
+            torch.cuda.synchronize()
+
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        engine = NativeRolloutEngine.from_hf_model(model, tok, **kw)
+        got = engine.generate(prompts(), s, seeds=seeds)
+    finally:
+        stop.set()
+        t.join()
+    assert engine.graphs and launched  # the graphs were captured while the thread ran
+    assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])

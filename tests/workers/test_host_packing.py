@@ -91,3 +91,33 @@ def test_profile_passes_benchmark_smoke(tmp_path):
     assert compared["max_abs_log_prob_diff"] == 0.0
     assert all(compared[p]["host"] > 0 and compared[p]["device"] > 0 for p in row["passes"])
     assert row["update_by_budget"]["128"] > 0 and row["model"] == "tiny"
+
+
+def _bench(script: str, tmp_path, name: str) -> dict:
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--tiny", "--out", str(tmp_path)], cwd=root, env=env, check=True, timeout=300
+    )
+    return json.loads((tmp_path / name).read_text())
+
+
+def test_residual_dtype_benchmark_smoke(tmp_path):
+    """benchmarks/residual_dtype.py --tiny: both layouts timed for each pass; the bf16 residual
+    moves the log-probs by bf16 rounding, neither nothing nor more."""
+    (row,) = _bench("residual_dtype.py", tmp_path, "residual_dtype.json")["rows"]
+    assert 0 < row["mean_abs_log_prob_diff"] <= row["max_abs_log_prob_diff"] < 0.1
+    for p in ("update_actor", "old_log_prob", "ref"):
+        assert row[p]["median_s"]["fp32"] > 0 and row[p]["median_s"]["bf16"] > 0
+
+
+def test_overlap_decode_benchmark_smoke(tmp_path):
+    """benchmarks/overlap_decode.py --tiny: generation, the passes, and both at once, all timed."""
+    (row,) = _bench("overlap_decode.py", tmp_path, "overlap_decode.json")["rows"]
+    assert row["sequences"] == 8 and row["new_tokens"] == 8
+    assert all(row[k] > 0 for k in ("gen", "passes", "together", "together_gen", "prio", "prio_gen"))
+    assert row["together"] >= row["together_gen"]

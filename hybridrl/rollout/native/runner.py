@@ -459,13 +459,12 @@ class ModelRunner:
                 self.buf_pos.copy_(saved[1])
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            kw = {}
             if self.tp:
-                # The NCCL watchdog thread queries the events of earlier collectives; let it finish
-                # them first, and let its queries (another thread) not invalidate the capture.
+                # The NCCL watchdog thread queries the events of earlier collectives; let it finish them first.
                 torch.cuda.synchronize(self.device)
-                kw["capture_error_mode"] = "thread_local"
-            with torch.cuda.graph(graph, pool=self._graph_pool, **kw):
+            # Other threads' CUDA calls (the NCCL watchdog's queries, passes run while decoding)
+            # must not invalidate the capture: only this thread's are checked.
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
                 self._decode_steps(Bp, mode)
             self.graphs[key] = graph
             self.captures += 1

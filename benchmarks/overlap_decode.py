@@ -1,0 +1,121 @@
+"""Can the log-prob passes run while the engine decodes? Generation alone, K reference passes alone,
+and both at once (the passes in a thread on a CUDA stream of their own, generation on the current
+stream or on a high-priority one), random weights of a Qwen2.5 architecture.
+
+Command (one GPU):  PYTHONPATH=. python benchmarks/overlap_decode.py --models 0.5b --out $OUT
+CPU smoke test:     PYTHONPATH=. python benchmarks/overlap_decode.py --tiny
+
+Random weights almost never sample EOS, so every sequence runs `--new-tokens`: `--gen-prompts`
+sets how many decode at once (the GSM8K step's batch early on, its tail later). The overlap's gain
+is `alone_gen + alone_passes - together`, the work hidden; the table gives each run's seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from rollout import make_prompts  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402
+from update import ARCH  # noqa: E402
+
+from hybridrl.models.tiny import write_tiny_model_dir
+from hybridrl.rollout import SamplingParams
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    batch_arguments(p, models="0.5b", update_budget=16384)
+    p.add_argument("--gen-prompts", type=int, nargs="+", default=[32, 4], help="prompts (x n samples) decoding at once")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--passes", type=int, default=1, help="reference passes over the GRPO batch per run")
+    a = p.parse_args()
+    if a.tiny:
+        tiny_settings(a)
+        a.gen_prompts, a.new_tokens = [2], 8
+    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    name = a.models.split(",")[0]
+    model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
+    a.response_range = (a.response_range[0], max(a.response_range[1], a.new_tokens))
+    w = make_worker(model_dir, a, device)
+    batch = grpo_batch(a.prompts, a.n, a.prompt_range, (a.response_range[0], 400 if not a.tiny else 10), ARCH[name]["vocab_size"])
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    high = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+
+    def passes():
+        for _ in range(a.passes):
+            w.compute_ref_log_prob(batch.select(list(batch.tensors)))
+
+    rows = []
+    for gp in a.gen_prompts:
+        prompts = make_prompts(gp, 110, ARCH[name]["vocab_size"])
+        sampling = SamplingParams(n=a.n, temperature=1.0, max_new_tokens=a.new_tokens)
+
+        def gen(stream=None):
+            ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
+            with ctx:
+                w.generate(prompts, sampling)
+            sync(device)
+
+        def in_thread(stream):
+            ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
+            with ctx:
+                passes()
+            sync(device)
+
+        def together(gen_stream=None):
+            t = threading.Thread(target=in_thread, args=(side,))
+            t0 = time.perf_counter()
+            t.start()
+            gen(gen_stream)
+            gen_s = time.perf_counter() - t0
+            t.join()
+            return gen_s
+
+        def timed(fn):
+            sync(device)
+            t0 = time.perf_counter()
+            extra = fn()
+            return time.perf_counter() - t0, extra
+
+        gen(), passes(), together()  # warm-up: graphs, compiled layers, allocator
+        res: dict[str, list] = {"gen": [], "passes": [], "together": [], "together_gen": [], "prio": [], "prio_gen": []}
+        for _ in range(a.repeats):
+            res["gen"].append(timed(gen)[0])
+            res["passes"].append(timed(passes)[0])
+            wall, g = timed(together)
+            res["together"].append(wall), res["together_gen"].append(g)
+            wall, g = timed(lambda: together(high))
+            res["prio"].append(wall), res["prio_gen"].append(g)
+        med = {k: statistics.median(v) for k, v in res.items()}
+        row = {"sequences": gp * a.n, "new_tokens": a.new_tokens, **med, "all": res}
+        hidden = med["gen"] + med["passes"] - med["together"]
+        hidden_p = med["gen"] + med["passes"] - med["prio"]
+        print(
+            f"{name} {gp * a.n} seqs x {a.new_tokens}: gen {med['gen']:.3f} s, {a.passes} ref passes {med['passes']:.3f} s | "
+            f"together {med['together']:.3f} s (gen done at {med['together_gen']:.3f}; hidden {hidden:.3f}) | "
+            f"gen on a high-priority stream {med['prio']:.3f} s (gen {med['prio_gen']:.3f}; hidden {hidden_p:.3f})",
+            flush=True,
+        )
+        rows.append(row)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+        result = {"device": device_name, "settings": vars(a), "rows": rows}
+        (Path(a.out) / "overlap_decode.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

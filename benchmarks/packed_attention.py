@@ -5,7 +5,10 @@ inside each. This builds such a row at the GSM8K step's shapes (prompts of ~108 
 drawn from --response-range, up to --tokens tokens in the row, the unshared layout attention runs
 on) and times the attention forward, and forward + backward, of
 
-- varlen: `torch.nn.attention.varlen.varlen_attn` (FlashAttention-2), the CUDA default,
+- varlen: FlashAttention-2's varlen kernels through aten, grouped KV heads as they are (the CUDA
+          default, `packing._FlashVarlen`),
+- torch_varlen: `torch.nn.attention.varlen.varlen_attn`, the same kernels through torch's custom op
+          (torch 2.11 takes no GQA flag: the KV heads are repeated to Hq first; the default before),
 - flex:   FlexAttention with the causal document mask, compiled as the trainer compiles it,
 - sdpa:   SDPA over the sequences re-padded to rows (flash / cuDNN / efficient as torch picks),
 - cudnn:  the same padded rows through the cuDNN backend alone.
@@ -48,6 +51,22 @@ def cudnn_padded(q, k, v, cu, max_len, scale):
         return packing._sdpa_padded(q, k, v, cu, max_len, scale)
 
 
+def torch_varlen(q, k, v, cu, max_len, scale):
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **kw)
+
+
 def run(tokens: int, hq: int, hkv: int, d: int, args, gen) -> list[dict]:
     dev = "cuda"
     lens = lengths(tokens, args.prompt, *args.response_range, gen)
@@ -74,7 +93,13 @@ def run(tokens: int, hq: int, hkv: int, d: int, args, gen) -> list[dict]:
         )
         return out[0].transpose(0, 1)
 
-    backends = {"varlen": packing._varlen, "flex": flex, "sdpa": packing._sdpa_padded, "cudnn": cudnn_padded}
+    backends = {
+        "varlen": packing._varlen,
+        "torch_varlen": torch_varlen,
+        "flex": flex,
+        "sdpa": packing._sdpa_padded,
+        "cudnn": cudnn_padded,
+    }
     if args.only:
         backends = {k: v for k, v in backends.items() if k in args.only}
     ref_out = ref_grads = None

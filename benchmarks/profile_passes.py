@@ -25,11 +25,12 @@ import json
 import statistics
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
 from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from update import ARCH, timed  # noqa: E402
+from update import ARCH, sync, timed  # noqa: E402
 
 from hybridrl.data import keys as K
 from hybridrl.models.tiny import write_tiny_model_dir
@@ -94,6 +95,26 @@ def profile(fn, device: torch.device) -> dict:
     }
 
 
+def host_profile(fn, device: torch.device, top: int = 30) -> dict:
+    """One run under cProfile: the host's seconds by function (own time), the biggest first. Time
+    the host spends waiting for the device shows up in the call that waits (a read, a sync)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    sync(device)
+    t0 = time.perf_counter()
+    prof.enable()
+    fn()
+    sync(device)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats
+    rows = [(f"{Path(f).name}:{line}({func})", calls, own, cum) for (f, line, func), (_, calls, own, cum, _) in stats.items()]
+    rows.sort(key=lambda r: -r[2])
+    return {"wall_s": wall, "own_s_total": sum(r[2] for r in rows), "top": rows[:top]}
+
+
 def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
     model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
     batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])
@@ -118,6 +139,12 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
             print(f"    {g:18s} {s:.3f} s")
         for k, s in p["top_s"]:
             print(f"      {s:.3f} s  {k}")
+    if a.host_profile:
+        row["host"] = {pass_name: host_profile(fn, device) for pass_name, fn in passes.items()}
+        for pass_name, h in row["host"].items():
+            print(f"{pass_name} on the host (cProfile, {h['wall_s']:.3f} s):", flush=True)
+            for where, calls, own, cum in h["top"][:20]:
+                print(f"    {own:7.4f} s own {cum:7.4f} s cum {calls:7d} calls  {where}")
     if a.count_syncs:
         row["syncs"] = {pass_name: count_syncs(fn, device) for pass_name, fn in passes.items()}
         for pass_name, c in row["syncs"].items():
@@ -252,6 +279,7 @@ def main() -> None:
     p.add_argument("--budgets", type=int, nargs="*", default=[], help="also time the update at these budgets")
     p.add_argument("--count-syncs", action="store_true", help="count the calls that wait for the device (CUDA)")
     p.add_argument("--compare-packing", action="store_true", help="also each pass with the layout packed on the device")
+    p.add_argument("--host-profile", action="store_true", help="also each pass under cProfile (the host's time by function)")
     p.add_argument("--concurrent", action="store_true", help="also the two log-prob passes at once (CUDA)")
     p.add_argument(
         "--steps-ab", action="store_true", help="also the update with guarded steps on the device and on the host, alternately"

@@ -7,7 +7,7 @@ inside each sequence by a varlen attention backend hooked into transformers' att
 registry, so any Hugging Face causal LM that uses the registry (Llama, Qwen2/3, Mistral, ...)
 runs packed without model code of our own:
 
-- `varlen`: torch's `torch.nn.attention.varlen.varlen_attn` (FlashAttention kernels, GPU);
+- `varlen`: FlashAttention-2's varlen kernels through aten (GPU; `_FlashVarlen`);
 - `flex`:   FlexAttention with a causal document mask (compiled);
 - `sdpa`:   SDPA over per-sequence padded rows, rebuilt inside the attention call (any device;
             the CPU default and the float64 exactness tests).
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -188,35 +187,38 @@ def _sdpa_padded(q, k, v, cu, max_len: int, scale):
     return out.transpose(1, 2)[seq, pos]
 
 
-_VARLEN_PARAMS: set[str] | None = None
-
-
 def varlen_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return device.type == "cuda" and torch.backends.cuda.is_flash_attention_available()
+
+
+class _FlashVarlen(torch.autograd.Function):
+    """Causal FlashAttention-2 over the packed row: (N, Hq, D) queries, (N, Hkv, D) keys and
+    values, sequences cut by `cu`. aten's kernels directly: they take grouped KV heads as they
+    are (torch 2.11's `varlen_attn` wants them repeated to Hq, a copy in and a reduction back),
+    and a compiled layer calls them as plain aten ops, not through the Python of a custom op
+    (~0.2 ms of host time per call, measured: BENCHMARKS.md)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_len, scale):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        n = ctx.max_len
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu, cu, n, n, 0.0, True, rng, unused, scale=ctx.scale
+        )
+        return dq, dk, dv, None, None, None
 
 
 def _varlen(q, k, v, cu, max_len: int, scale):
-    global _VARLEN_PARAMS
-    from torch.nn.attention.varlen import varlen_attn
-
-    if _VARLEN_PARAMS is None:
-        _VARLEN_PARAMS = set(inspect.signature(varlen_attn).parameters)
-    kw = {"scale": scale}
-    # torch 2.11 says `is_causal`, later versions a causal `window_size`.
-    kw.update({"window_size": (-1, 0)} if "window_size" in _VARLEN_PARAMS else {"is_causal": True})
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in _VARLEN_PARAMS:
-            kw["enable_gqa"] = True
-        else:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+    return _FlashVarlen.apply(q, k, v, cu, max_len, scale)
 
 
 _FLEX = None

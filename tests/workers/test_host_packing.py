@@ -121,3 +121,15 @@ def test_overlap_decode_benchmark_smoke(tmp_path):
     assert row["sequences"] == 8 and row["new_tokens"] == 8
     assert all(row[k] > 0 for k in ("gen", "passes", "together", "together_gen", "prio", "prio_gen"))
     assert row["together"] >= row["together_gen"]
+
+
+def test_update_peak_benchmark_smoke():
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "benchmarks/update_peak.py", "tiny-run", "--tiny"]
+    out = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True, timeout=300).stdout
+    name, _, _, seconds, _, _, peak = out.split()[-7:]
+    assert name == "tiny-run" and float(seconds) > 0 and float(peak) == 0.0  # CPU: no GPU memory to report

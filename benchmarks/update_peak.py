@@ -1,0 +1,46 @@
+"""The GSM8K-shaped update's time and peak GPU memory (random weights of a Qwen2.5 architecture,
+benchmarks/shared_prompts.py's batch and worker: 32 prompts x 16 samples, budget 24,576 tokens).
+
+Command (one GPU):  PYTHONPATH=. python benchmarks/update_peak.py NAME [--models 0.5b]
+CPU smoke test:     PYTHONPATH=. python benchmarks/update_peak.py NAME --tiny
+
+One warm-up update, then --repeats timed ones: prints NAME, the median seconds and the largest peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+import torch
+from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ on sys.path)
+from update import ARCH, timed  # noqa: E402
+
+from hybridrl.models.tiny import write_tiny_model_dir
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="a label for the printed line (e.g. before / now)")
+    batch_arguments(p, models="0.5b", update_budget=24576)
+    a = p.parse_args()
+    if a.tiny:
+        tiny_settings(a)
+    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    name = a.models.split(",")[0]
+    model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
+    batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])
+    w = make_worker(model_dir, a, device)
+
+    def update():
+        return w.update_actor(batch.select(list(batch.tensors)))
+
+    update()
+    runs = [timed(update, device) for _ in range(a.repeats)]
+    peak = max(r[2] or 0.0 for r in runs)
+    print(f"{a.name} update s {statistics.median(r[1] for r in runs):.3f} peak GB {peak:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -188,7 +188,10 @@ def _sdpa_padded(q, k, v, cu, max_len: int, scale):
 
 
 def varlen_available(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.backends.cuda.is_flash_attention_available()
+    """FlashAttention-2 is built into this torch and runs on this GPU (Ampere, sm80, or newer)."""
+    if device.type != "cuda" or not torch.backends.cuda.is_flash_attention_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 class _FlashVarlen(torch.autograd.Function):
@@ -320,7 +323,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
             return "sdpa"
         return "varlen" if varlen_available(device) else "flex"
     if backend == "varlen" and not varlen_available(device):
-        raise ValueError("packed_attn_backend=varlen needs a CUDA device and torch.nn.attention.varlen; use auto")
+        raise ValueError(
+            "packed_attn_backend=varlen needs FlashAttention-2: a CUDA GPU of compute capability 8.0 or newer "
+            "(Ampere, Hopper) and a torch built with it; use auto (flex on other GPUs)"
+        )
     return backend
 
 

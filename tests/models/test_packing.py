@@ -213,3 +213,24 @@ def test_shared_prompts_with_gradient_checkpointing():
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     g1 = torch.autograd.grad(packed_log_probs(model, pack(*seqs, share_prompts=True))[0].sum(), params)
     assert_same_gradients(g1, g0)
+
+
+def test_backend_choice_and_the_varlen_error(monkeypatch):
+    """`auto` takes SDPA rows on CPU; an explicit `varlen` where FlashAttention-2 cannot run
+    (a CPU, or a GPU older than Ampere) stops with what it needs, not inside the first pass."""
+    from hybridrl.models import packing
+
+    cpu = torch.device("cpu")
+    assert packing.resolve_backend("auto", cpu) == "sdpa"
+    assert packing.resolve_backend("flex", cpu) == "flex"
+    with pytest.raises(ValueError, match="compute capability 8.0"):
+        packing.resolve_backend("varlen", cpu)
+    # a Turing GPU (sm75) with a FlashAttention build: auto falls back to flex, varlen is refused
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    gpu = torch.device("cuda")
+    assert not packing.varlen_available(gpu) and packing.resolve_backend("auto", gpu) == "flex"
+    with pytest.raises(ValueError, match="Ampere"):
+        packing.resolve_backend("varlen", gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert packing.varlen_available(gpu) and packing.resolve_backend("auto", gpu) == "varlen"

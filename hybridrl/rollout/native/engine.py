@@ -541,11 +541,13 @@ class NativeRolloutEngine:
             sched.postprocess([seqs[r] for r in ended], self.lengths[rows].tolist())
             self._report(rows)
             if self.on_finish is None:  # (a streaming caller decodes the texts in its own thread)
-                # the next step is already queued: the device does not wait for this
-                ended_rows = rows.tolist()
-                tokens = [self.tok_hist[r, : self.lengths[r]] for r in ended_rows]
-                for r, t in zip(ended_rows, self.tokenizer.batch_decode(tokens, skip_special_tokens=True)):
-                    self.texts[r] = t
+                out = rows.tolist()  # the next step is already queued: the device does not wait for this
+                for r, text in zip(out, self._detokenize(out)):
+                    self.texts[r] = text
+
+    def _detokenize(self, rows: list[int]) -> list[str]:
+        """RESPONSE_TEXT of these output rows, from their tokens so far."""
+        return self.tokenizer.batch_decode([self.tok_hist[r, : self.lengths[r]] for r in rows], skip_special_tokens=True)
 
     def _report(self, rows: np.ndarray) -> None:
         """Hand finished output rows and their tokens to `on_finish`, if the caller gave one."""
@@ -647,12 +649,10 @@ class NativeRolloutEngine:
             mask = mask * torch.from_numpy(~self.env_hist[:, :width]).float()
             batch[K.RESPONSE_MASK] = mask
         batch[K.ROLLOUT_LOG_PROBS] = torch.from_numpy(self.lp_hist[:, :width].copy()) * mask
-        texts = list(self.texts)  # those the decode loop did not detokenize are done here
-        todo = [i for i, t in enumerate(texts) if t is None]
-        if todo:
-            done = self.tokenizer.batch_decode([responses[i, : int(lengths[i])] for i in todo], skip_special_tokens=True)
-            for i, t in zip(todo, done):
-                texts[i] = t
+        texts = list(self.texts)
+        todo = [r for r, t in enumerate(texts) if t is None]  # rows the decode loop did not detokenize
+        for r, text in zip(todo, self._detokenize(todo) if todo else []):
+            texts[r] = text
         batch[K.RESPONSE_TEXT] = texts
         return batch
 

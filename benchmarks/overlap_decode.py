@@ -13,17 +13,15 @@ is `alone_gen + alone_passes - together`, the work hidden; the table gives each 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 from rollout import make_prompts  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402
+from shared_prompts import batch_arguments, grpo_batch, make_worker, parse, save_rows  # noqa: E402
 from update import ARCH  # noqa: E402
 
 from hybridrl.models.tiny import write_tiny_model_dir
@@ -41,11 +39,9 @@ def main() -> None:
     p.add_argument("--gen-prompts", type=int, nargs="+", default=[32, 4], help="prompts (x n samples) decoding at once")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--passes", type=int, default=1, help="reference passes over the GRPO batch per run")
-    a = p.parse_args()
+    a, device = parse(p)
     if a.tiny:
-        tiny_settings(a)
         a.gen_prompts, a.new_tokens = [2], 8
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     name = a.models.split(",")[0]
     model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
     a.response_range = (a.response_range[0], max(a.response_range[1], a.new_tokens))
@@ -110,11 +106,7 @@ def main() -> None:
             flush=True,
         )
         rows.append(row)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        result = {"device": device_name, "settings": vars(a), "rows": rows}
-        (Path(a.out) / "overlap_decode.json").write_text(json.dumps(result, indent=1))
+    save_rows(a, device, rows, "overlap_decode.json")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ device (the fused AdamW's default) and on the host (each step's gradient norm re
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from shared_prompts import batch_arguments, grpo_batch, make_worker, parse, save_rows  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from update import ARCH, sync, timed  # noqa: E402
 
 from hybridrl.data import keys as K
@@ -284,16 +283,11 @@ def main() -> None:
     p.add_argument(
         "--steps-ab", action="store_true", help="also the update with guarded steps on the device and on the host, alternately"
     )
-    a = p.parse_args()
+    a, device = parse(p)
     if a.tiny:
-        tiny_settings(a)
         a.budgets = a.budgets or [128]
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     rows = [bench(name, a, device) for name in a.models.split(",")]
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "settings": vars(a), "rows": rows}
-        (Path(a.out) / "profile_passes.json").write_text(json.dumps(result, indent=1))
+    save_rows(a, device, rows, "profile_passes.json")
 
 
 if __name__ == "__main__":

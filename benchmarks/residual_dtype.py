@@ -13,13 +13,11 @@ the old log-probs of the two are compared (the same weights: bf16 rounding of th
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
-from pathlib import Path
 
 import torch
-from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ on sys.path)
+from shared_prompts import batch_arguments, grpo_batch, make_worker, parse, save_rows  # noqa: E402  (benchmarks/ on sys.path)
 from update import ARCH, timed  # noqa: E402
 
 from hybridrl.data import keys as K
@@ -37,10 +35,7 @@ def residual_in(models, dtype):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     batch_arguments(p, models="0.5b", update_budget=24576)
-    a = p.parse_args()
-    if a.tiny:
-        tiny_settings(a)
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    a, device = parse(p)
     low = torch.bfloat16
     rows = []
     for name in a.models.split(","):
@@ -82,11 +77,7 @@ def main() -> None:
                 flush=True,
             )
         rows.append(row)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-        result = {"device": device_name, "settings": vars(a), "rows": rows}
-        (Path(a.out) / "residual_dtype.json").write_text(json.dumps(result, indent=1))
+    save_rows(a, device, rows, "residual_dtype.json")
 
 
 if __name__ == "__main__":

@@ -145,19 +145,32 @@ def tiny_settings(a: argparse.Namespace) -> None:
     a.prompt_range, a.response_range, a.update_budget, a.logprob_budget = (4, 12), (2, 10), 64, 256
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    batch_arguments(p, models="0.5b,1.5b", update_budget=24576)
+def parse(p: argparse.ArgumentParser) -> tuple[argparse.Namespace, torch.device]:
+    """The parsed options (--tiny applied) and the device: CPU for --tiny or without a GPU."""
     a = p.parse_args()
     if a.tiny:
         tiny_settings(a)
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    return a, torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+
+
+def save_rows(a: argparse.Namespace, device: torch.device, rows: list, filename: str) -> None:
+    """--out/filename: the device's name, the settings and the rows (nothing without --out)."""
+    if not a.out:
+        return
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "settings": vars(a), "rows": rows}
+    (Path(a.out) / filename).write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    batch_arguments(p, models="0.5b,1.5b", update_budget=24576)
+    a, device = parse(p)
     rows = []
     for name in a.models.split(","):
         rows.append(bench(name, a, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "settings": vars(a), "rows": rows}
     print("| model | pass | unshared s | shared s | speedup | tokens computed (unshared -> shared) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
@@ -169,9 +182,7 @@ def main() -> None:
             )
         diff_max, diff_mean = r["max_abs_log_prob_diff"], r["mean_abs_log_prob_diff"]
         print(f"log-prob difference shared vs unshared ({r['model']}): max {diff_max:.2e}, mean {diff_mean:.2e}")
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "shared_prompts.json").write_text(json.dumps(result, indent=1))
+    save_rows(a, device, rows, "shared_prompts.json")
 
 
 if __name__ == "__main__":

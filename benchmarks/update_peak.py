@@ -13,8 +13,7 @@ import argparse
 import statistics
 import tempfile
 
-import torch
-from shared_prompts import batch_arguments, grpo_batch, make_worker, tiny_settings  # noqa: E402  (benchmarks/ on sys.path)
+from shared_prompts import batch_arguments, grpo_batch, make_worker, parse  # noqa: E402  (benchmarks/ on sys.path)
 from update import ARCH, timed  # noqa: E402
 
 from hybridrl.models.tiny import write_tiny_model_dir
@@ -24,10 +23,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help="a label for the printed line (e.g. before / now)")
     batch_arguments(p, models="0.5b", update_budget=24576)
-    a = p.parse_args()
-    if a.tiny:
-        tiny_settings(a)
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    a, device = parse(p)
     name = a.models.split(",")[0]
     model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
     batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])

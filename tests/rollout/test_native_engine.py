@@ -211,6 +211,26 @@ def test_sleep_frees_the_cache_and_wake_restores_it():
     assert torch.equal(eng.generate(prompts(), GREEDY)[K.RESPONSES], first)
 
 
+def test_decode_graphs_are_dropped_when_the_cache_changes_size(monkeypatch):
+    """Graphs bake the cache's layout in (layer l's K/V start l x num_blocks blocks in): a cache of
+    another size at the same address (free memory changed between steps) must not reuse them."""
+    from hybridrl.rollout.native import runner as runner_module
+
+    eng = engine_for(hf_model("qwen2", seed=8), num_blocks=40)
+    r = eng.runner
+    monkeypatch.setattr(runner_module, "cache_key", lambda cache: (0, tuple(cache.data.shape)))  # the address repeats
+    eng.sleep()
+    eng.wake()
+    r.graphs["captured"] = object()
+    eng.sleep()
+    eng.wake()
+    assert "captured" in r.graphs  # same address, same size: kept
+    eng.sleep()
+    r.fixed_num_blocks = 30
+    eng.wake()
+    assert r.graphs == {} and eng.cache.data.shape[2] == 30
+
+
 def test_bad_inputs_fail_clearly():
     model = hf_model("qwen2")
     eng = engine_for(model, max_num_seqs=2)

@@ -99,7 +99,7 @@ class ModelRunner:
         self.attn = DecodeAttention(None, triton_kernels if self.use_triton else None)
         self.attn.rope_tables = (self.model.rope_cos, self.model.rope_sin)
         self.cache: KVCache | None = None
-        self._cache_ptr: int | None = None
+        self._cache_key: tuple | None = None  # the cache the graphs were captured with (`cache_key`)
         self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
         # block-table columns: past max_model_len, the steps a multi-step launch may overrun point at scratch block 0
         self.table_width = blocks_for(max_model_len + decode_steps, block_size)
@@ -182,6 +182,12 @@ class ModelRunner:
             return min(useful, CPU_KV_TOKENS // self.block_size + 1)
         free, _ = torch.cuda.mem_get_info(self.device)
         budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
+        if budget < useful * per_block:
+            # `sleep` leaves freed memory cached in PyTorch's allocator, which the driver does not
+            # count as free: give it back before settling for a smaller cache (or none)
+            torch.cuda.empty_cache()
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
         if budget < 2 * per_block * self.max_blocks_per_seq:
             raise RuntimeError(
                 f"native rollout: {free / 2**30:.1f} GiB free x gpu_memory_utilization={self.gpu_memory_utilization} "
@@ -199,8 +205,11 @@ class ModelRunner:
         return decode + prefill + WORKSPACE_SLACK
 
     def wake(self) -> None:
-        """Allocate the KV cache. CUDA graphs bake its address in: they are kept when the new cache
-        lands at the same address (the usual case when nothing else moved), re-captured otherwise."""
+        """Allocate the KV cache. CUDA graphs bake its address and its layout in (each layer's K and
+        V sit num_blocks blocks apart): they are kept when the new cache lands at the same address
+        with the same number of blocks (the usual case when nothing else moved), re-captured
+        otherwise. (A cache of another size at the same address, when the free memory changed
+        between steps, made the old graphs read and write past its end.)"""
         if self.cache is not None:
             return
         m = self.model
@@ -219,13 +228,13 @@ class ModelRunner:
             self.device,
         )
         self.attn.cache = self.cache
-        ptr = self.cache.data.data_ptr()
-        if ptr != self._cache_ptr:
+        key = cache_key(self.cache)
+        if key != self._cache_key:
             # The graphs' private memory pool goes with them: a pool whose graphs are all gone
             # cannot take a new capture, so the next capture starts a fresh one.
             self.graphs.clear()
             self._graph_pool = None
-        self._cache_ptr = ptr
+        self._cache_key = key
 
     def sleep(self) -> None:
         """Free the KV cache; weights and row buffers stay. The memory goes back to PyTorch's
@@ -470,6 +479,11 @@ class ModelRunner:
             self.captures += 1
             self.capture_s += time.perf_counter() - t0
         return self.graphs[key]
+
+
+def cache_key(cache: KVCache) -> tuple:
+    """What decode graphs bake in of a KV cache: its address and its shape (the layers' offsets)."""
+    return cache.data.data_ptr(), tuple(cache.data.shape)
 
 
 def _ladder(max_num_seqs: int) -> list[int]:

@@ -206,6 +206,13 @@ class ActorConfig:
     use_torch_compile: bool = option(
         True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
     )
+    use_cuda_graph: bool = option(
+        False,
+        "Replay the packed passes of the policy and the reference (update, old log-prob, reference log-prob) as "
+        "CUDA graphs, one launch per micro-batch instead of thousands: for short micro-batches and slow host CPUs "
+        "(docs/performance.md). One GPU, use_remove_padding with varlen attention, no LoRA; keeps the graphs' "
+        "activations and fp32 gradient buffers allocated between updates.",
+    )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the policy over several devices.")
     ulysses_sequence_parallel_size: int = option(

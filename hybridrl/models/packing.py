@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridrl.models import graphs as decoder_graphs
 from hybridrl.models.logprobs import fused_log_probs
 
 ATTN_PREFIX = "hybridrl_packed"  # registered in transformers' AttentionInterface as hybridrl_packed_<backend>
@@ -364,6 +365,11 @@ def packed_hidden(backbone, packed: Packed, sp_group=None) -> torch.Tensor:
         )
     if sp_group is not None:
         return _sequence_parallel_hidden(backbone, packed, sp_group)
+    graphs = decoder_graphs.runner(backbone)  # actor.use_cuda_graph (models/graphs.py)
+    if graphs is not None:
+        hidden = graphs(packed)
+        if hidden is not None:
+            return hidden
     kwargs = packed.attention_kwargs()
     if config._attn_implementation == attn_name("flex"):
         mask = document_block_mask(packed.cu_seqlens, packed.attn_tokens)

@@ -91,6 +91,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             checkpointing=m.enable_gradient_checkpointing,
             compile_layers=a.use_torch_compile,
             param_offload=a.fsdp_config.param_offload,
+            cuda_graph=a.use_cuda_graph,
         )
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer

@@ -26,6 +26,8 @@ from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.fsdp import clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
+from hybridrl.models import graphs as decoder_graphs
+from hybridrl.models.packing import base_model
 from hybridrl.tracking import perf
 from hybridrl.workers.forward import pack_on_host
 from hybridrl.workers.optim import (
@@ -159,6 +161,7 @@ class TrainEngine:
         self.slots = 0  # token slots computed (padding included) since the last reset: pad_fraction
         self.share_prompts = False  # packed passes compute a repeated prompt once (models/packing.py)
         self.shared = 0  # token positions not computed since the last reset, their prompt shared
+        self.graphs = None  # the CUDA graphs of the packed passes (actor.use_cuda_graph), if on
 
     # -- setup -----------------------------------------------------------------------------------
     def place(
@@ -174,10 +177,12 @@ class TrainEngine:
         hooks_on=None,
         train: bool = True,
         share_prompts: bool = False,
+        cuda_graph: bool = False,
     ):
         """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
         in train mode, or frozen (eval mode, no gradients) with `train=False`. `share_prompts`:
-        packed passes compute a prompt that several rows repeat once."""
+        packed passes compute a prompt that several rows repeat once. `cuda_graph`: its packed passes
+        replay CUDA graphs (`models/graphs.py`) where they can."""
         self.model, self.packing = parallelize(
             model,
             self.device,
@@ -194,7 +199,14 @@ class TrainEngine:
             self.model.train()
         else:
             self.freeze()
+        if cuda_graph:
+            self.enable_graphs()
         return self.model
+
+    def enable_graphs(self) -> None:
+        """Replay the model's packed passes as CUDA graphs (`models/graphs.py`), or say why not."""
+        hf = base_model(self.model)
+        self.graphs = decoder_graphs.enable(self.model, hf.get_decoder(), self.device, self.packing)
 
     def freeze(self) -> None:
         self.model.eval()
@@ -294,6 +306,8 @@ class TrainEngine:
         With `on_device` steps both are 0-dim device tensors, and the schedule, `steps_taken`
         and `nonfinite_in_a_row` catch up when the step's flag is read (`read_steps`: by the next
         step, and at the end of `update`)."""
+        if self.graphs is not None:
+            self.graphs.settle()  # every backward of this step has run
         if optimizer is not None:
             extra = self.extra[optimizer]
             grad_norm, stepped = clip_grad_norm(list(self.model.parameters()), extra.max_norm), True

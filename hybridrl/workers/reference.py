@@ -37,6 +37,7 @@ class Reference:
             compile_layers=self.arr.actor.use_torch_compile,
             param_offload=self.arr.ref.fsdp_config.param_offload,
             train=False,
+            cuda_graph=self.arr.actor.use_cuda_graph,
         )
 
     def load(self, path: str, random_init: bool = False) -> None:
@@ -61,6 +62,8 @@ class Reference:
         self.engine.model, self.engine.packing = ref, policy.packing  # the copy has the policy's hooks
         self.engine.share_prompts = policy.share_prompts
         self.engine.freeze()
+        if self.arr.actor.use_cuda_graph:
+            self.engine.enable_graphs()
 
     @contextmanager
     def passes(self, policy_engine):

@@ -240,8 +240,10 @@ class TrainEngine:
         the host and concatenated in the batch's row order (token-budget micro-batches come
         reordered). The caller picks the train/eval mode."""
         micros, order = dp_micro_batches(batch, self._split(split))
-        outs = [(fn or self.run)(pack_on_host(self, micro, self.device)).cpu() for micro in micros]
-        return restore_order(torch.cat(outs), order)
+        # One copy to the host at the end: a copy per micro-batch would make the host wait for
+        # each pass before it could prepare the next one, and the device would idle meanwhile.
+        outs = [(fn or self.run)(pack_on_host(self, micro, self.device)) for micro in micros]
+        return restore_order(torch.cat(outs).cpu(), order)
 
     def _split(self, split: Split) -> Split:
         """Token budgets that count a shared prompt once, when this engine's passes share them

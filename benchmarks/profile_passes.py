@@ -138,6 +138,14 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
             print(f"    {g:18s} {s:.3f} s")
         for k, s in p["top_s"]:
             print(f"      {s:.3f} s  {k}")
+    if device.type == "cuda":  # CUDA graphs keep their memory pools: reserved, not only allocated, memory counts
+        row["max_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+        print(f"{name}: most memory reserved {row['max_reserved_gb']:.1f} GB", flush=True)
+    for role, engine in (("actor", w.engine), ("ref", w.reference.engine)):
+        g = engine.graphs
+        if g is not None:
+            row[f"{role}_graphs"] = dict(captures=g.captures, replays=g.replays, eager=g.eager, off=g.off)
+            print(f"{name} {role} graphs: {row[f'{role}_graphs']}", flush=True)
     if a.host_profile:
         row["host"] = {pass_name: host_profile(fn, device) for pass_name, fn in passes.items()}
         for pass_name, h in row["host"].items():

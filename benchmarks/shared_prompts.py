@@ -65,6 +65,7 @@ def make_worker(model_dir: str, a: argparse.Namespace, device: torch.device) -> 
                     "use_kl_loss": True,
                     "kl_loss_type": "low_var_kl",
                     "optim": {"lr": 1e-6, "weight_decay": 0.0},
+                    "use_cuda_graph": bool(getattr(a, "cuda_graph", False)),
                 },
                 "rollout": {"n": a.n, "log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": a.logprob_budget},
                 "ref": {"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": a.logprob_budget},
@@ -136,6 +137,7 @@ def batch_arguments(p: argparse.ArgumentParser, models: str, update_budget: int)
     p.add_argument("--update-budget", type=int, default=update_budget)
     p.add_argument("--logprob-budget", type=int, default=65536)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cuda-graph", action="store_true", help="actor.use_cuda_graph: the passes replay CUDA graphs")
     p.add_argument("--out", default="")
 
 

@@ -74,6 +74,7 @@ def settings(args) -> dict:
         rollout=args.rollout or ("hf" if tiny else "native"),
         seed=1,
         device="cpu" if tiny else "cuda",
+        hybridrl_overrides=list(args.set or []),
     )
     seqs = s["mini_prompts"] * s["n"]
     if s["prompts"] % s["mini_prompts"] or seqs % s["micro"]:
@@ -174,6 +175,7 @@ def run_hybridrl(work: Path, s: dict) -> dict:
         "trainer.val_before_train=false",
         "trainer.log_samples=0",
         "warmup.steps=0",
+        *s["hybridrl_overrides"],
     ]
     cfg = load_config(REPO / "configs" / "gsm8k_grpo.yaml", overrides)
     if s["device"] == "cuda":
@@ -412,6 +414,12 @@ def main() -> int:
     ap.add_argument("--eval-limit", type=int, help="first N test questions (default all 1319)")
     ap.add_argument("--rollout", choices=["native", "hf"], help="hybridrl's engine (default native on GPU)")
     ap.add_argument("--only", choices=["hybridrl", "trl"], action="append")
+    ap.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a hybridrl config override (repeatable), e.g. actor_rollout_ref.actor.use_cuda_graph=true",
+    )
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--worker", choices=["hybridrl", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)

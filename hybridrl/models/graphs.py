@@ -297,8 +297,10 @@ class DecoderGraphs:
         of varying lengths make many one-off shapes; each capture costs a few passes and pool
         memory), not past MAX_GRAPHS, and not when the device's free memory runs low: the pools
         stay allocated, and generation's KV cache is sized from what is free."""
+        if self.full or len(self.graphs) >= MAX_GRAPHS:
+            return False
         self.seen[shape] = self.seen.get(shape, 0) + 1
-        if self.full or len(self.graphs) >= MAX_GRAPHS or self.seen[shape] < SEEN_BEFORE_CAPTURE:
+        if self.seen[shape] < SEEN_BEFORE_CAPTURE:
             return False
         torch.cuda.empty_cache()  # what the allocator caches is free for a capture (which empties it anyway)
         free, total = torch.cuda.mem_get_info(device)

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from graph_helpers import grouped_rows, tiny_qwen2
 
 from hybridrl.models import graphs
 from hybridrl.models.packing import enable_packing, pack, packed_log_probs
@@ -17,19 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 
 
 def _models(compile_layers: bool):
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
-    eager = Qwen2ForCausalLM(cfg).cuda()
+    eager = tiny_qwen2(vocab=512, hidden=256, intermediate=512, layers=3, heads=4, kv_heads=2).cuda()
     assert enable_packing(eager, "varlen", torch.device("cuda")) == "varlen"
     graphed = copy.deepcopy(eager)
     drop_compiled(graphed)
@@ -42,16 +30,8 @@ def _models(compile_layers: bool):
 
 
 def _micro(seed: int, groups: int, n: int, R: int, share: bool):
-    g = torch.Generator().manual_seed(seed)
-    P = 48
-    b = groups * n
-    prompt_lens = torch.randint(8, P + 1, (groups,), generator=g).repeat_interleave(n)
-    prompts = torch.randint(2, 512, (groups, P), generator=g).repeat_interleave(n, 0)
-    responses = torch.randint(2, 512, (b, R), generator=g)
-    response_lens = torch.randint(1, R + 1, (b,), generator=g)
-    prompt_mask = (torch.arange(P)[None] >= P - prompt_lens[:, None]).long()
-    response_mask = (torch.arange(R)[None] < response_lens[:, None]).long()
-    return pack(prompts, prompt_mask, responses, response_mask, share_prompts=share).to("cuda")
+    rows = grouped_rows(seed, groups, n, P=48, R=R, vocab=512, min_prompt=8)
+    return pack(*rows, share_prompts=share).to("cuda")
 
 
 def _loss(model, packed, w):

@@ -4,7 +4,7 @@ that the decoder on padded inputs gives the packed pass's hidden states and grad
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from graph_helpers import grouped_rows, tiny_qwen2
 
 from hybridrl.models import graphs
 from hybridrl.models.packing import enable_packing, pack, packed_hidden
@@ -20,35 +20,9 @@ def test_buckets_round_up_by_at_most_a_sixteenth_and_stay_few():
 
 
 def _model():
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=60,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
-    model = Qwen2ForCausalLM(cfg).double()
+    model = tiny_qwen2(vocab=60, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2).double()
     enable_packing(model, "sdpa", torch.device("cpu"))
     return model
-
-
-def _batch(seed: int, groups: int, n: int):
-    """`groups` prompts x `n` samples: ragged prompts (left-padded) and responses (right-padded)."""
-    g = torch.Generator().manual_seed(seed)
-    P, R = 40, 300
-    b = groups * n
-    prompt_lens = torch.randint(1, P + 1, (groups,), generator=g).repeat_interleave(n)
-    prompts = torch.randint(2, 60, (groups, P), generator=g).repeat_interleave(n, 0)
-    responses = torch.randint(2, 60, (b, R), generator=g)
-    response_lens = torch.randint(1, R + 1, (b,), generator=g)
-    prompt_mask = (torch.arange(P)[None] >= P - prompt_lens[:, None]).long()
-    response_mask = (torch.arange(R)[None] < response_lens[:, None]).long()
-    return prompts, prompt_mask, responses, response_mask
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -56,7 +30,7 @@ def _batch(seed: int, groups: int, n: int):
 def test_padded_inputs_give_the_packed_hidden_states_and_gradients(share, seed):
     model = _model()
     decoder = model.get_decoder()
-    packed = pack(*_batch(seed, groups=3, n=4), share_prompts=share)
+    packed = pack(*grouped_rows(seed, groups=3, n=4, P=40, R=300, vocab=60), share_prompts=share)
     assert (packed.prompt_gather is not None) == share
     shape = graphs.plan(packed, grad=True)
     assert shape.n >= packed.num_tokens and shape.v >= packed.attn_tokens

@@ -152,7 +152,6 @@ class _Graph:
     the backward graph, its incoming gradient and the embeddings' gradient."""
 
     def __init__(self, shape: Shape, inputs: dict[str, torch.Tensor], embeds: torch.Tensor):
-        self.shape = shape
         self.inputs = {k: v.clone() for k, v in inputs.items()}
         self.embeds = embeds.detach().clone().requires_grad_(shape.grad)
         self.fwd = torch.cuda.CUDAGraph()

@@ -112,17 +112,23 @@ def gemms(rows: list[int], inductor: bool, bw: float) -> list[dict]:
 BLOCK_SIZE = 16  # the engine's KV-cache block
 
 
-def attention_inputs(B: int, ctx: int) -> tuple:
+def attention_inputs(B: int, ctx: int, bs: int = BLOCK_SIZE, head_major: bool = False) -> tuple:
     """rope_paged_decode's arguments for B rows at context `ctx`: q, k, v of the new token, the
-    rope tables, positions, slots, a K/V cache over shuffled blocks, block tables, lengths."""
+    rope tables, positions, slots, a K/V cache over shuffled blocks, block tables, lengths.
+    `head_major`: each block stores its KV heads one after the other, (blocks, Hkv, bs, D), passed
+    to the kernel as a (blocks, bs, Hkv, D) view (its reads take any strides; its store of the new
+    token assumes the engine's layout, so with this layout it lands elsewhere: timing only)."""
     from transformers import Qwen2Config
 
     from hybridrl.models.llama import rope_tables
 
-    H, n_kv, D, bs = HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE
+    H, n_kv, D = HEADS, KV_HEADS, HEAD_DIM
     per = -(-ctx // bs)  # blocks per row
     blocks = B * per + 1
-    ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
+    if head_major:
+        ck = torch.randn(blocks, n_kv, bs, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        ck = torch.randn(blocks, bs, n_kv, D, device="cuda", dtype=torch.bfloat16)
     cv = torch.randn_like(ck)
     tables = (1 + torch.randperm(blocks - 1, device="cuda")[: B * per]).view(B, per).int()
     lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
@@ -233,6 +239,26 @@ def head(rows: list[int], bw: float) -> list[dict]:
     return out
 
 
+def attention_layouts(rows: list[int], contexts: list[int], bw: float) -> list[dict]:
+    """The fused decode attention over KV caches of other layouts: blocks of 16 or 64 tokens, each
+    block token-major (the engine's: a token's KV heads side by side) or head-major."""
+    from hybridrl.rollout.native import triton_kernels as kern
+
+    out = []
+    for B in rows:
+        for ctx in contexts:
+            kv_bytes = B * (ctx - 1) * KV_HEADS * HEAD_DIM * 2 * 2
+            row = dict(rows=B, ctx=ctx, floor_us=kv_bytes / bw * 1e6)
+            for bs in (16, 64):
+                for head_major in (False, True):
+                    args = attention_inputs(B, ctx, bs, head_major)
+                    key = f"bs{bs}_{'head' if head_major else 'token'}_us"
+                    row[key] = time_us(lambda args=args: kern.rope_paged_decode(*args))
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -243,7 +269,7 @@ def main():
         "--only",
         nargs="*",
         default=None,
-        help="sections to run: gemms attention elementwise attention_configs head",
+        help="sections to run: gemms attention elementwise attention_layouts attention_configs head",
     )
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -274,6 +300,18 @@ def main():
         print("| --- | --- | --- | --- |")
         for r in res["elementwise"]:
             print(f"| {r['rows']} | {r['kernel']} | {r['us']:.1f} | {r['floor_us']:.1f} |")
+    if "attention_layouts" in only:
+        res["attention_layouts"] = attention_layouts(args.rows, args.contexts, bw)
+        print(
+            "\n| rows | context | floor us | block 16, token-major (engine) us | block 16, head-major us "
+            "| block 64, token-major us | block 64, head-major us |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in res["attention_layouts"]:
+            print(
+                f"| {r['rows']} | {r['ctx']} | {r['floor_us']:.1f} | {r['bs16_token_us']:.1f} | {r['bs16_head_us']:.1f} "
+                f"| {r['bs64_token_us']:.1f} | {r['bs64_head_us']:.1f} |"
+            )
     if "attention_configs" in only:
         res["attention_configs"] = attention_configs(args.rows, 512)
         for r in res["attention_configs"]:

@@ -11,7 +11,9 @@ on) and times the attention forward, and forward + backward, of
           (torch 2.11 takes no GQA flag: the KV heads are repeated to Hq first; the default before),
 - flex:   FlexAttention with the causal document mask, compiled as the trainer compiles it,
 - sdpa:   SDPA over the sequences re-padded to rows (flash / cuDNN / efficient as torch picks),
-- cudnn:  the same padded rows through the cuDNN backend alone.
+- cudnn:  the same padded rows through the cuDNN backend alone,
+- cudnn_ragged: cuDNN's fused attention on the packed row itself (ragged offsets, grouped KV heads
+          as they are; `_rep`: repeated to Hq first).
 
 Useful FLOPs are those of the causal blocks inside each sequence: 4 * d * H * L(L+1)/2 per sequence
 for the forward, 2.5 times that for the backward. Outputs and gradients are compared with varlen.
@@ -67,6 +69,52 @@ def torch_varlen(q, k, v, cu, max_len, scale):
     return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **kw)
 
 
+class CudnnRagged(torch.autograd.Function):
+    """cuDNN's fused attention over the packed row itself (ragged offsets, no padding)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_len, scale):
+        out, lse, _, _, _, _, seed, offset, _ = torch.ops.aten._cudnn_attention_forward(
+            q, k, v, None, cu, cu, max_len, max_len, True, 0.0, True, False, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
+        n = ctx.max_len
+        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(
+            grad_out.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seed,
+            offset,
+            None,
+            cu,
+            cu,
+            n,
+            n,
+            0.0,
+            True,
+            scale=ctx.scale,
+        )
+        return dq, dk, dv, None, None, None
+
+
+def cudnn_ragged(q, k, v, cu, max_len, scale):
+    return CudnnRagged.apply(q, k, v, cu, max_len, scale)
+
+
+def cudnn_ragged_rep(q, k, v, cu, max_len, scale):
+    rep = q.shape[1] // k.shape[1]
+    return CudnnRagged.apply(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), cu, max_len, scale)
+
+
 def run(tokens: int, hq: int, hkv: int, d: int, args, gen) -> list[dict]:
     dev = "cuda"
     lens = lengths(tokens, args.prompt, *args.response_range, gen)
@@ -99,6 +147,8 @@ def run(tokens: int, hq: int, hkv: int, d: int, args, gen) -> list[dict]:
         "flex": flex,
         "sdpa": packing._sdpa_padded,
         "cudnn": cudnn_padded,
+        "cudnn_ragged": cudnn_ragged,
+        "cudnn_ragged_rep": cudnn_ragged_rep,
     }
     if args.only:
         backends = {k: v for k, v in backends.items() if k in args.only}

@@ -75,6 +75,7 @@ def settings(args) -> dict:
         seed=1,
         device="cpu" if tiny else "cuda",
         hybridrl_overrides=list(args.set or []),
+        profile_update=args.profile_update,
     )
     seqs = s["mini_prompts"] * s["n"]
     if s["prompts"] % s["mini_prompts"] or seqs % s["micro"]:
@@ -185,14 +186,18 @@ def run_hybridrl(work: Path, s: dict) -> dict:
     run = trainer.run
     setup_s = time.perf_counter() - t0
     cycles: list[dict] = []
+    profiles: dict = {}
+    update = run.actor.update_actor
     start = time.perf_counter()
     while time.perf_counter() - start < s["budget_s"] and len(cycles) < s["max_cycles"]:
         run.global_step += 1
+        profiled = _profile_update(run, update, s.get("profile_update"), len(cycles) + 1, profiles)
         t = time.perf_counter()
         m = trainer.step(run.loader.next_batch())  # its metrics are Python floats: the GPU work is done
         now = time.perf_counter()
         cycles.append(
             {
+                "profiled": profiled,
                 "cycle_s": now - t,
                 "t_end_s": now - start,
                 "reward": m["critic/score/mean"],
@@ -209,7 +214,35 @@ def run_hybridrl(work: Path, s: dict) -> dict:
         )
     mem = memory(s["device"])
     run.actor.save_model(str(work / "hybridrl_model"))
-    return {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "hybridrl_model")}
+    out = {**summarize(cycles), **mem, "setup_s": setup_s, "model_dir": str(work / "hybridrl_model")}
+    return {**out, "update_profiles": profiles} if profiles else out
+
+
+def _profile_update(run, update, first: int | None, cycle: int, profiles: dict) -> str | None:
+    """--profile-update N: cycle N's actor update runs under cProfile (the host's time by function),
+    cycle N + 1's under torch.profiler (kernel time, GPU busy); the results go to `profiles`."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from profile_passes import host_profile, profile
+
+    run.actor.update_actor = update
+    if first is None or cycle not in (first, first + 1):
+        return None
+    kind = "host" if cycle == first else "device"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def wrapped(batch):
+        box = {}
+
+        def call():
+            box["out"] = update(batch)
+
+        profiles[kind] = (host_profile if kind == "host" else profile)(call, device)
+        return box["out"]
+
+    run.actor.update_actor = wrapped
+    return kind
 
 
 def reward_kwargs(args) -> dict:
@@ -344,7 +377,8 @@ def run_trl(work: Path, s: dict) -> dict:
 
 
 def summarize(cycles: list[dict]) -> dict:
-    timed = cycles[1:] or cycles  # the first cycle carries one-time costs (CUDA graphs, allocator, kernels)
+    # the first cycle carries one-time costs (CUDA graphs, allocator, kernels); profiled ones run slower
+    timed = [c for c in cycles[1:] if not c.get("profiled")] or cycles
     med = statistics.median(c["cycle_s"] for c in timed) if timed else None
     toks = [c["response_tokens"] / c["cycle_s"] for c in timed if c.get("response_tokens")]
     return {
@@ -419,6 +453,13 @@ def main() -> int:
         action="append",
         metavar="KEY=VALUE",
         help="a hybridrl config override (repeatable), e.g. actor_rollout_ref.actor.use_cuda_graph=true",
+    )
+    ap.add_argument(
+        "--profile-update",
+        type=int,
+        metavar="N",
+        help="hybridrl: cycle N's actor update under cProfile and cycle N+1's under torch.profiler "
+        "(in vs_trl.json; both cycles left out of the median)",
     )
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--worker", choices=["hybridrl", "trl"], help=argparse.SUPPRESS)

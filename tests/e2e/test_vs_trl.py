@@ -48,6 +48,17 @@ def test_hybridrl_half_then_trl_half_merge(tmp_path):
     assert "faster" in r.stdout
 
 
+def test_profile_update_profiles_two_cycles_and_leaves_them_out_of_the_median(tmp_path):
+    r = _run(tmp_path, "--only", "hybridrl", "--max-cycles", "4", "--skip-eval", "--profile-update", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    h = json.loads((tmp_path / "vs_trl.json").read_text())["hybridrl"]
+    assert [c["profiled"] for c in h["cycles"]] == [None, "host", "device", None]
+    assert h["median_cycle_s"] == h["cycles"][3]["cycle_s"]  # cycle 1 warms up, 2 and 3 are profiled
+    host, device = h["update_profiles"]["host"], h["update_profiles"]["device"]
+    assert host["wall_s"] > 0 and host["top"] and any("backward" in row[0] for row in host["top"])
+    assert device["wall_s"] > 0 and device["kernels"] == 0  # CPU: no kernels, and it says so
+
+
 def test_bad_reward_kwargs_is_a_clear_error(tmp_path):
     r = _run(tmp_path, "--reward-kwargs", "format_score=0.1")
     assert r.returncode != 0

@@ -320,20 +320,26 @@ class DecoderGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         # The capture differentiates fresh leaves over the parameters' storage: a parameter's own
         # autograd leaf may still belong to an eager pass's graph (a loss not freed yet), made on
-        # another stream, and autograd would then sync with that stream inside the capture.
-        leaves = [p.detach().requires_grad_(shape.grad) for p in self.params]
+        # another stream, and autograd would then sync with that stream inside the capture. They
+        # are Parameters with the parameters' requires_grad, so compiled layers meet the guards of
+        # the eager passes and run the code compiled for them (no recompilation for a capture).
+        leaves = [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in self.params]
         by_name = dict(zip(self.names, leaves))
+        # The caller's autocast, its cache setting included (compiled layers guard on it). No cast
+        # copy may cross the capture's edges: one made before it would be read by every replay
+        # after its memory is freed; one made during it is the graph's memory. So the cache is
+        # emptied before the warm-up, before the capture and after it.
+        cache = torch.is_autocast_cache_enabled()
+        amp = dict(dtype=shape.amp or torch.float32, enabled=shape.amp is not None, cache_enabled=cache)
 
         def forward():
-            # the caller's autocast, without its cache of cast weights (cast copies made during a
-            # capture would be the graph's memory, and reused outside it)
-            amp = dict(dtype=shape.amp or torch.float32, enabled=shape.amp is not None, cache_enabled=False)
             with torch.autocast(dev.type, **amp):
                 return run_decoder(decoder, graph.embeds, graph.inputs, shape.max_len, by_name)
 
         used = list(range(len(leaves)))
 
         # Warm up on a side stream (compiled layers specialize, cuBLAS picks kernels), then capture.
+        torch.clear_autocast_cache()
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
@@ -345,6 +351,7 @@ class DecoderGraphs:
                     del grads
             del out
         torch.cuda.current_stream(dev).wait_stream(side)
+        torch.clear_autocast_cache()  # the warm-up's casts
         with torch.cuda.graph(graph.fwd, pool=self.pool, capture_error_mode="thread_local"):
             graph.out = forward()
         if shape.grad:
@@ -356,6 +363,7 @@ class DecoderGraphs:
                 torch._foreach_add_(bufs, list(grads[1:]))
             graph.grad_embeds = grads[0]
             graph.out = graph.out.detach()
+        torch.clear_autocast_cache()
         self.graphs[shape] = graph
         self.captures += 1
         if os.environ.get("HYBRIDRL_GRAPHS_DEBUG"):

@@ -122,3 +122,29 @@ def test_a_forward_waiting_for_its_backward_sends_other_passes_to_eager(capture_
     assert runner.replays == 3
     with pytest.raises(RuntimeError, match="reused before its backward"):
         stale.backward()
+
+
+def test_a_capture_runs_the_code_compiled_for_the_eager_passes():
+    """The capture's leaves and autocast meet the compiled layers' guards: capturing a shape,
+    with and without gradients, compiles nothing new (each recompilation costs seconds)."""
+    from torch._dynamo.utils import counters
+
+    eager, graphed, runner = _models(True)
+    w = torch.randn(64, 300, device="cuda")
+    micros = [_micro(s, 4, 8, R, False) for s, R in ((0, 300), (1, 200), (2, 120))]
+    for packed in micros:  # each bucket's first pass runs eagerly: compiled, and dynamic after the first
+        loss, _ = _loss(graphed, packed, w)
+        loss.backward()
+        with torch.no_grad():
+            _loss(graphed, packed, w)
+        runner.settle()
+    assert runner.captures == 0
+    compiled = counters["stats"]["unique_graphs"]
+    loss_g, logp_g = _loss(graphed, micros[0], w)  # the second pass of a bucket: captured
+    loss_g.backward()
+    with torch.no_grad():
+        _, logp_g0 = _loss(graphed, micros[0], w)
+    assert runner.captures == 2 and runner.replays == 2
+    assert counters["stats"]["unique_graphs"] == compiled
+    loss_e, logp_e = _loss(eager, micros[0], w)
+    assert float((logp_e - logp_g).abs().max()) < 0.05 and float((logp_e - logp_g0).abs().max()) < 0.05

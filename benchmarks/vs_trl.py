@@ -191,7 +191,9 @@ def run_hybridrl(work: Path, s: dict) -> dict:
     start = time.perf_counter()
     while time.perf_counter() - start < s["budget_s"] and len(cycles) < s["max_cycles"]:
         run.global_step += 1
-        profiled = _profile_update(run, update, s.get("profile_update"), len(cycles) + 1, profiles)
+        first, cycle = s.get("profile_update"), len(cycles) + 1
+        profiled = None if first is None or cycle not in (first, first + 1) else "host" if cycle == first else "device"
+        run.actor.update_actor = _profiled(update, profiled, profiles) if profiled else update
         t = time.perf_counter()
         m = trainer.step(run.loader.next_batch())  # its metrics are Python floats: the GPU work is done
         now = time.perf_counter()
@@ -218,18 +220,16 @@ def run_hybridrl(work: Path, s: dict) -> dict:
     return {**out, "update_profiles": profiles} if profiles else out
 
 
-def _profile_update(run, update, first: int | None, cycle: int, profiles: dict) -> str | None:
-    """--profile-update N: cycle N's actor update runs under cProfile (the host's time by function),
-    cycle N + 1's under torch.profiler (kernel time, GPU busy); the results go to `profiles`."""
+def _profiled(update, kind: str, profiles: dict):
+    """--profile-update N: cycle N's actor update runs under cProfile (kind "host": the host's time
+    by function), cycle N + 1's under torch.profiler ("device": kernel time, GPU busy); the result
+    goes to profiles[kind]."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if str(Path(__file__).resolve().parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
     from profile_passes import host_profile, profile
 
-    run.actor.update_actor = update
-    if first is None or cycle not in (first, first + 1):
-        return None
-    kind = "host" if cycle == first else "device"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def wrapped(batch):
@@ -241,8 +241,7 @@ def _profile_update(run, update, first: int | None, cycle: int, profiles: dict) 
         profiles[kind] = (host_profile if kind == "host" else profile)(call, device)
         return box["out"]
 
-    run.actor.update_actor = wrapped
-    return kind
+    return wrapped
 
 
 def reward_kwargs(args) -> dict:

@@ -321,9 +321,9 @@ class DecoderGraphs:
         # The capture differentiates fresh leaves over the parameters' storage: a parameter's own
         # autograd leaf may still belong to an eager pass's graph (a loss not freed yet), made on
         # another stream, and autograd would then sync with that stream inside the capture. They
-        # are Parameters with the parameters' requires_grad, so compiled layers meet the guards of
-        # the eager passes and run the code compiled for them (no recompilation for a capture).
-        leaves = [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in self.params]
+        # are Parameters (that require grad, as `self.params` do) so compiled layers meet the guards
+        # of the eager passes and run the code compiled for them (no recompilation for a capture).
+        leaves = [nn.Parameter(p.detach()) for p in self.params]
         by_name = dict(zip(self.names, leaves))
         # The caller's autocast, its cache setting included (compiled layers guard on it). No cast
         # copy may cross the capture's edges: one made before it would be read by every replay

@@ -16,6 +16,7 @@ import tempfile
 from shared_prompts import batch_arguments, grpo_batch, make_worker, parse  # noqa: E402  (benchmarks/ on sys.path)
 from update import ARCH, timed  # noqa: E402
 
+from hybridrl.models import logprobs
 from hybridrl.models.tiny import write_tiny_model_dir
 
 
@@ -23,7 +24,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help="a label for the printed line (e.g. before / now)")
     batch_arguments(p, models="0.5b", update_budget=24576)
+    p.add_argument(
+        "--keep-logits-gb",
+        type=float,
+        default=None,
+        help="logprobs.KEEP_LOGITS_BYTES in GiB (0: the LM head's backward recomputes the logits; default: the library's)",
+    )
     a, device = parse(p)
+    if a.keep_logits_gb is not None:
+        logprobs.KEEP_LOGITS_BYTES = int(a.keep_logits_gb * 2**30)
     name = a.models.split(",")[0]
     model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
     batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])

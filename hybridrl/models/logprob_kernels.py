@@ -171,11 +171,13 @@ def _grad_kernel(
     tl.store(DZ + r[:, None].to(tl.int64) * stride_dz + col[None, :], (dz * inv_t).to(DZ.dtype.element_ty), mask=ok)
 
 
-def logit_grad(z, labels, lse, ent, g_logp, g_ent, inv_temp: float, block_r: int = 16, block_c: int = 512):
+def logit_grad(z, labels, lse, ent, g_logp, g_ent, inv_temp: float, out=None, block_r: int = 16, block_c: int = 512):
     """Same contract as logprobs._chunk_grad: z (rows, c) a block of the logits, labels counted from
-    its first column -> d loss / d z in z's dtype."""
+    its first column -> d loss / d z in z's dtype, written to `out` when given (`z` itself is fine:
+    each entry is read and written by the same program)."""
     n, c = z.shape
-    dz = torch.empty((n, c), dtype=z.dtype, device=z.device)
+    dz = torch.empty((n, c), dtype=z.dtype, device=z.device) if out is None else out
+    assert dz.shape == (n, c) and dz.stride(1) == 1 and z.stride(1) == 1
     if n and c:
         _grad_kernel[(triton.cdiv(n, block_r), triton.cdiv(c, block_c))](
             z,

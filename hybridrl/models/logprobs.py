@@ -88,17 +88,19 @@ def _chunk_stats(z16: torch.Tensor, labels: torch.Tensor, inv_temp: float, want_
     return logp, lse, ent, hit
 
 
-def _chunk_grad(z16, labels, lse, ent, g_logp, g_ent, inv_temp: float):
+def _chunk_grad(z16, labels, lse, ent, g_logp, g_ent, inv_temp: float, out=None):
     """d loss / d raw logits of one block (rows, c) of the logits, in the logits' dtype:
     d log p_y / dz = onehot(y) - p;  d H / dz = p * (E_p[z] - z), with E_p[z] = lse - H.
-    `labels` count from the block's first vocabulary entry (outside [0, c): no one-hot)."""
+    `labels` count from the block's first vocabulary entry (outside [0, c): no one-hot).
+    `out`: where to write it (may be `z16` itself)."""
     z = z16.to(_accum_dtype(z16.dtype)) * inv_temp
     p = torch.exp(z - lse[:, None])  # (rows, c)
     onehot = torch.arange(z.shape[-1], device=z.device)[None] == labels[:, None]  # an iota compare: fuses
     dz = (onehot.to(z.dtype) - p) * g_logp[:, None]
     if g_ent is not None:
         dz = dz + p * ((lse - ent)[:, None] - z) * g_ent[:, None]
-    return (dz * inv_temp).to(z16.dtype)
+    dz = (dz * inv_temp).to(z16.dtype)
+    return dz if out is None else out.copy_(dz)
 
 
 # On CUDA the per-chunk algebra is compiled: each is a handful of passes over (c, V) in eager
@@ -138,21 +140,53 @@ def _kernels(device: torch.device, dtype: torch.dtype):
     return _maybe_compiled(_chunk_stats, device), _maybe_compiled(_chunk_grad, device)
 
 
+# The backward needs the logits again. Up to this many bytes of them (N x V in the matmul dtype),
+# and on CUDA only while they fit in the memory left (`_keep_logits`), the forward keeps them and
+# the backward turns them into their gradient in place: one GEMM fewer than recomputing them, and
+# the two gradient GEMMs run over the whole vocabulary at once (the GSM8K-shaped update of
+# Qwen2.5-0.5B: 4-6% faster, +5.6 GB at its peak; BENCHMARKS.md). Otherwise the backward
+# recomputes them slice by slice (memory O(chunk x V)). 0: always recompute.
+KEEP_LOGITS_BYTES = 8 << 30
+
+
+def _keep_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the forward keeps the logits for the backward (see KEEP_LOGITS_BYTES). On CUDA they
+    must fit, with a quarter to spare and 1 GiB for the backward's temporaries, in the device's
+    free memory plus what PyTorch's allocator holds unused (it frees that before failing): the
+    activations of the pass are all allocated by now, so a run that fitted before still fits. Not
+    inside a CUDA-graph capture, whose memory pool would keep them for good."""
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        return False
+    need = hidden.shape[0] * weight.shape[0] * dtype.itemsize
+    if need > KEEP_LOGITS_BYTES:
+        return False
+    if hidden.is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        free, _ = torch.cuda.mem_get_info(hidden.device)
+        room = free + torch.cuda.memory_reserved(hidden.device) - torch.cuda.memory_allocated(hidden.device)
+        return need * 5 // 4 + (1 << 30) <= room
+    return True
+
+
 class _FusedLogProbs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, inv_temp: float, chunk: int, want_entropy: bool, dtype):
+    def forward(ctx, hidden, weight, labels, inv_temp: float, chunk: int, want_entropy: bool, dtype, keep: bool):
         h, w = hidden.to(dtype), weight.to(dtype)
         n, acc = hidden.shape[0], _accum_dtype(dtype)
         logp = torch.empty(n, dtype=acc, device=hidden.device)
         lse_all, ent = torch.empty_like(logp), torch.empty_like(logp)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
         stats = _kernels(hidden.device, dtype)[0]
+        logits = torch.empty(n, weight.shape[0], dtype=dtype, device=hidden.device) if keep else None
         for s in range(0, n, chunk):
             sl = slice(s, s + chunk)
-            logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(h[sl] @ w.T, labels[sl], inv_temp, want_entropy)
+            z = torch.matmul(h[sl], w.T, out=logits[sl]) if keep else h[sl] @ w.T
+            logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(z, labels[sl], inv_temp, want_entropy)
         ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
+        ctx.logits = logits  # an intermediate the caller never sees: consumed (overwritten) by backward
         ctx.inv_temp, ctx.chunk, ctx.dtype = inv_temp, chunk, dtype
         ctx.mark_non_differentiable(hit)
         ctx.set_materialize_grads(False)  # an unused entropy arrives as None: no work for it
@@ -167,19 +201,32 @@ class _FusedLogProbs(torch.autograd.Function):
         # is what gets accumulated now, (N, H) per slice. A slice's logits are recomputed from h
         # and the saved logsumexp; it holds the same number of elements as a forward chunk.
         hidden, weight, labels, lse_all, ent = ctx.saved_tensors
+        logits, ctx.logits = ctx.logits, None
         if g_logp is None and g_ent is None:
-            return (None,) * 7
+            return (None,) * 8
         h, w = hidden.to(ctx.dtype), weight.to(ctx.dtype)
         acc = lse_all.dtype
         n, vocab = hidden.shape[0], weight.shape[0]
+        g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
+        g_ent = None if g_ent is None else g_ent.to(acc)
+        grad = _kernels(hidden.device, ctx.dtype)[1]
+        if logits is not None:  # kept by the forward: d loss / d logits in place, then one GEMM each
+            dz = grad(logits, labels, lse_all, ent, g_logp, g_ent, ctx.inv_temp, out=logits)  # (n, V)
+            grad_h = grad_w = None
+            if ctx.needs_input_grad[0]:
+                if GRAD_H_ADDMM and dz.is_cuda and dz.dtype != acc:
+                    grad_h = torch.mm(dz, w, out_dtype=acc)  # the GEMM sums in float32 and writes it
+                else:
+                    grad_h = (dz @ w).to(acc)
+                grad_h = grad_h.to(hidden.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_w = (dz.T @ h).to(weight.dtype)
+            return grad_h, grad_w, None, None, None, None, None, None
         cols = max(1, ctx.chunk * vocab // max(n, 1))
         if cols >= 128:  # a multiple of 128: unaligned widths send cuBLAS to slow fallback kernels
             cols -= cols % 128
         grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
-        g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
-        g_ent = None if g_ent is None else g_ent.to(acc)
-        grad = _kernels(hidden.device, ctx.dtype)[1]
         for v0 in range(0, vocab, cols):
             ws = w[v0 : v0 + cols]
             dz = grad(h @ ws.T, labels - v0, lse_all, ent, g_logp, g_ent, ctx.inv_temp)  # (n, c)
@@ -192,7 +239,7 @@ class _FusedLogProbs(torch.autograd.Function):
                 grad_w[v0 : v0 + cols] = dz.T @ h  # summed over all rows in the GEMM, rounded once
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def fused_log_probs(
@@ -215,6 +262,7 @@ def fused_log_probs(
     # Matmuls run in autocast's dtype when it is on (as the LM head would), else in hidden's.
     dev = hidden.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+    keep = _keep_logits(hidden, weight, dtype)
     with torch.autocast(dev, enabled=False):
-        logp, ent, hit = _FusedLogProbs.apply(hidden, weight, labels, inv_temp, rows, with_entropy, dtype)
+        logp, ent, hit = _FusedLogProbs.apply(hidden, weight, labels, inv_temp, rows, with_entropy, dtype, keep)
     return logp, (ent if with_entropy else None), hit

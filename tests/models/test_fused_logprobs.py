@@ -8,6 +8,17 @@ from hybridrl.models.logprobs import fused_log_probs
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.fixture(params=["keep", "recompute"])
+def backward_path(request, monkeypatch):
+    """The backward over logits kept by the forward (in-place gradient, one GEMM each) and over
+    logits recomputed slice by slice (KEEP_LOGITS_BYTES=0, as for batches too large to keep)."""
+    from hybridrl.models import logprobs
+
+    if request.param == "recompute":
+        monkeypatch.setattr(logprobs, "KEEP_LOGITS_BYTES", 0)
+    return request.param
+
+
 def naive(hidden, weight, labels, temperature):
     logits = hidden @ weight.T / temperature  # (N, V)
     logp_all = torch.log_softmax(logits, -1)
@@ -17,7 +28,7 @@ def naive(hidden, weight, labels, temperature):
 
 
 @pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.7, 4), (1.3, 64)])
-def test_fused_matches_naive_value_and_gradient_float64(temperature, chunk):
+def test_fused_matches_naive_value_and_gradient_float64(temperature, chunk, backward_path):
     g = torch.Generator().manual_seed(0)
     N, H, V = 11, 8, 37
     hidden = (torch.randn(N, H, generator=g, dtype=torch.float64) * 2).requires_grad_()
@@ -37,7 +48,7 @@ def test_fused_matches_naive_value_and_gradient_float64(temperature, chunk):
     torch.testing.assert_close(gw, gw0)
 
 
-def test_fused_log_prob_only_gradient_and_no_entropy():
+def test_fused_log_prob_only_gradient_and_no_entropy(backward_path):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(9, 4, generator=g, dtype=torch.float64, requires_grad=True)
@@ -55,7 +66,7 @@ def test_fused_log_prob_only_gradient_and_no_entropy():
     "device,addmm", [("cpu", False), pytest.param("cuda", False, marks=CUDA), pytest.param("cuda", True, marks=CUDA)]
 )
 @pytest.mark.parametrize("chunk", [8, 1000])
-def test_bf16_gradients_stay_close_to_float64(chunk, device, addmm, monkeypatch):
+def test_bf16_gradients_stay_close_to_float64(chunk, device, addmm, monkeypatch, backward_path):
     """Under bf16 autocast (float32 weights, as the trainer holds them) the gradients, computed over
     vocabulary slices (chunk=8: 10 slices of 100 entries) or in one piece, stay within bf16's
     rounding of the float64 reference (measured ~3e-3 on CPU). `addmm`: the row gradient
@@ -79,3 +90,54 @@ def test_bf16_gradients_stay_close_to_float64(chunk, device, addmm, monkeypatch)
     for got, want in ((gh, gh0), (gw, gw0)):
         rel = (got.double() - want).norm() / want.norm()
         assert rel < 1e-2, rel
+
+
+def test_logits_are_kept_only_for_a_backward_and_within_the_byte_limit(monkeypatch):
+    """No-grad passes (log-probs, reference) keep nothing; a pass with gradients keeps N x V
+    logits only up to KEEP_LOGITS_BYTES; the backward releases them; the results never depend on
+    which path ran."""
+    from hybridrl.models import logprobs
+
+    kept = []
+    forward = logprobs._FusedLogProbs.forward
+
+    def spy(ctx, *args):
+        out = forward(ctx, *args)
+        kept.append(ctx.logits is not None)
+        return out
+
+    monkeypatch.setattr(logprobs._FusedLogProbs, "forward", staticmethod(spy))
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(10, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 10, (6,), generator=g)
+    with torch.no_grad():
+        lp_nograd = fused_log_probs(hidden, weight, labels)[0]
+    grads = {}
+    for limit in (6 * 10 * 8, 6 * 10 * 8 - 1):  # exactly the logits' bytes: kept; one byte less: recomputed
+        monkeypatch.setattr(logprobs, "KEEP_LOGITS_BYTES", limit)
+        lp = fused_log_probs(hidden, weight, labels)[0]
+        torch.testing.assert_close(lp, lp_nograd, rtol=0, atol=0)
+        grads[limit] = torch.autograd.grad(lp.sum(), [hidden, weight])
+    assert kept == [False, True, False]
+    for a, b in zip(*grads.values()):
+        torch.testing.assert_close(a, b)
+
+
+@CUDA
+def test_on_cuda_logits_are_kept_only_where_they_fit(monkeypatch):
+    """The kept logits must fit, with margin, in the free device memory plus the allocator's unused
+    cache, and are never kept inside a CUDA-graph capture (its pool would hold them for good)."""
+    from hybridrl.models import logprobs
+
+    hidden = torch.randn(64, 16, device="cuda", requires_grad=True)
+    weight = torch.randn(1000, 16, device="cuda", requires_grad=True)
+    need = 64 * 1000 * 2  # bf16 logits
+    assert logprobs._keep_logits(hidden, weight, torch.bfloat16)
+    unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    for free, keep in ((need * 5 // 4 + (1 << 30) - unused, True), (need * 5 // 4 + (1 << 30) - unused - 1, False)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, f=free: (f, 80 << 30))
+        assert logprobs._keep_logits(hidden, weight, torch.bfloat16) is keep
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not logprobs._keep_logits(hidden, weight, torch.bfloat16)

@@ -81,6 +81,11 @@ def test_triton_grad_matches_torch(k, with_entropy, v0, block_r, block_c):
     got = k.logit_grad(block, labels - v0, lse, ent, g_logp, g_ent, 1.0, block_r=block_r, block_c=block_c)
     want = _chunk_grad(block, labels - v0, lse, ent, g_logp, g_ent, 1.0)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    # in place, over the logits themselves (the backward of kept logits): the same values
+    inplace = block.clone()
+    got = k.logit_grad(inplace, labels - v0, lse, ent, g_logp, g_ent, 1.0, out=inplace, block_r=block_r, block_c=block_c)
+    assert got is inplace
+    torch.testing.assert_close(inplace, want, atol=1e-6, rtol=1e-5)
 
 
 @CUDA

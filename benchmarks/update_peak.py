@@ -5,6 +5,8 @@ Command (one GPU):  PYTHONPATH=. python benchmarks/update_peak.py NAME [--models
 CPU smoke test:     PYTHONPATH=. python benchmarks/update_peak.py NAME --tiny
 
 One warm-up update, then --repeats timed ones: prints NAME, the median seconds and the largest peak.
+`--keep-logits-gb 0` makes the LM head's backward recompute the logits (the code before 2026-11-27's
+kept logits; docs/performance.md), for an A/B in one call.
 """
 
 from __future__ import annotations

@@ -154,14 +154,16 @@ def _keep_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype)
     must fit, with a quarter to spare and 1 GiB for the backward's temporaries, in the device's
     free memory plus what PyTorch's allocator holds unused (it frees that before failing): the
     activations of the pass are all allocated by now, so a run that fitted before still fits. Not
-    inside a CUDA-graph capture, whose memory pool would keep them for good."""
+    inside a CUDA-graph capture, whose memory pool would keep them for good. Never under
+    `trainer.deterministic` (torch's deterministic algorithms) on CUDA: the choice would depend on
+    the memory free at that moment, and the two paths round differently."""
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         return False
     need = hidden.shape[0] * weight.shape[0] * dtype.itemsize
     if need > KEEP_LOGITS_BYTES:
         return False
     if hidden.is_cuda:
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing() or torch.are_deterministic_algorithms_enabled():
             return False
         free, _ = torch.cuda.mem_get_info(hidden.device)
         room = free + torch.cuda.memory_reserved(hidden.device) - torch.cuda.memory_allocated(hidden.device)

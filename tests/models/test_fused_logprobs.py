@@ -141,3 +141,6 @@ def test_on_cuda_logits_are_kept_only_where_they_fit(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert not logprobs._keep_logits(hidden, weight, torch.bfloat16)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)  # trainer.deterministic
+    assert not logprobs._keep_logits(hidden, weight, torch.bfloat16)

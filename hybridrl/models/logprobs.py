@@ -171,6 +171,15 @@ def _keep_logits(hidden: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype)
     return True
 
 
+def _logits_buffer(n: int, vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The kept logits' memory, or None (recompute in the backward) when the device cannot give it
+    after all (fragmentation the free-memory check cannot see)."""
+    try:
+        return torch.empty(n, vocab, dtype=dtype, device=device)
+    except torch.OutOfMemoryError:
+        return None
+
+
 class _FusedLogProbs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), labels (N,)) -> (log_prob (N,), entropy (N,), hit (N,))."""
 
@@ -182,10 +191,10 @@ class _FusedLogProbs(torch.autograd.Function):
         lse_all, ent = torch.empty_like(logp), torch.empty_like(logp)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
         stats = _kernels(hidden.device, dtype)[0]
-        logits = torch.empty(n, weight.shape[0], dtype=dtype, device=hidden.device) if keep else None
+        logits = _logits_buffer(n, weight.shape[0], dtype, hidden.device) if keep else None
         for s in range(0, n, chunk):
             sl = slice(s, s + chunk)
-            z = torch.matmul(h[sl], w.T, out=logits[sl]) if keep else h[sl] @ w.T
+            z = h[sl] @ w.T if logits is None else torch.matmul(h[sl], w.T, out=logits[sl])
             logp[sl], lse_all[sl], ent[sl], hit[sl] = stats(z, labels[sl], inv_temp, want_entropy)
         ctx.save_for_backward(hidden, weight, labels, lse_all, ent)
         ctx.logits = logits  # an intermediate the caller never sees: consumed (overwritten) by backward

@@ -144,3 +144,27 @@ def test_on_cuda_logits_are_kept_only_where_they_fit(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)  # trainer.deterministic
     assert not logprobs._keep_logits(hidden, weight, torch.bfloat16)
+
+
+def test_an_allocation_that_fails_falls_back_to_recomputing(monkeypatch):
+    """Logits that passed the memory check but cannot be allocated after all: no buffer, and the
+    backward recomputes them, with the same values, instead of the run failing."""
+    from hybridrl.models import logprobs
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", no_memory)
+        assert logprobs._logits_buffer(3, 5, torch.float32, torch.device("cpu")) is None
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 11, (7,), generator=g)
+    want = torch.autograd.grad(fused_log_probs(hidden, weight, labels)[0].sum(), [hidden, weight])
+    calls = []
+    monkeypatch.setattr(logprobs, "_logits_buffer", lambda *args: calls.append(args))  # returns None
+    got = torch.autograd.grad(fused_log_probs(hidden, weight, labels)[0].sum(), [hidden, weight])
+    assert calls == [(7, 11, torch.float64, torch.device("cpu"))]  # the keep path was chosen
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

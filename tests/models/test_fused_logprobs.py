@@ -98,12 +98,13 @@ def test_logits_are_kept_only_for_a_backward_and_within_the_byte_limit(monkeypat
     which path ran."""
     from hybridrl.models import logprobs
 
-    kept = []
+    kept, contexts = [], []
     forward = logprobs._FusedLogProbs.forward
 
     def spy(ctx, *args):
         out = forward(ctx, *args)
         kept.append(ctx.logits is not None)
+        contexts.append(ctx)
         return out
 
     monkeypatch.setattr(logprobs._FusedLogProbs, "forward", staticmethod(spy))
@@ -120,6 +121,7 @@ def test_logits_are_kept_only_for_a_backward_and_within_the_byte_limit(monkeypat
         torch.testing.assert_close(lp, lp_nograd, rtol=0, atol=0)
         grads[limit] = torch.autograd.grad(lp.sum(), [hidden, weight])
     assert kept == [False, True, False]
+    assert all(ctx.logits is None for ctx in contexts)  # the backward let go of the kept ones
     for a, b in zip(*grads.values()):
         torch.testing.assert_close(a, b)
 

@@ -221,26 +221,18 @@ class _FusedLogProbs(torch.autograd.Function):
         g_logp = torch.zeros_like(lse_all) if g_logp is None else g_logp.to(acc)
         g_ent = None if g_ent is None else g_ent.to(acc)
         grad = _kernels(hidden.device, ctx.dtype)[1]
-        if logits is not None:  # kept by the forward: d loss / d logits in place, then one GEMM each
-            dz = grad(logits, labels, lse_all, ent, g_logp, g_ent, ctx.inv_temp, out=logits)  # (n, V)
-            grad_h = grad_w = None
-            if ctx.needs_input_grad[0]:
-                if GRAD_H_ADDMM and dz.is_cuda and dz.dtype != acc:
-                    grad_h = torch.mm(dz, w, out_dtype=acc)  # the GEMM sums in float32 and writes it
-                else:
-                    grad_h = (dz @ w).to(acc)
-                grad_h = grad_h.to(hidden.dtype)
-            if ctx.needs_input_grad[1]:
-                grad_w = (dz.T @ h).to(weight.dtype)
-            return grad_h, grad_w, None, None, None, None, None, None
-        cols = max(1, ctx.chunk * vocab // max(n, 1))
-        if cols >= 128:  # a multiple of 128: unaligned widths send cuBLAS to slow fallback kernels
-            cols -= cols % 128
+        if logits is not None:  # kept by the forward: one slice, the whole vocabulary, turned into its gradient in place
+            cols = vocab
+        else:
+            cols = max(1, ctx.chunk * vocab // max(n, 1))
+            if cols >= 128:  # a multiple of 128: unaligned widths send cuBLAS to slow fallback kernels
+                cols -= cols % 128
         grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         for v0 in range(0, vocab, cols):
             ws = w[v0 : v0 + cols]
-            dz = grad(h @ ws.T, labels - v0, lse_all, ent, g_logp, g_ent, ctx.inv_temp)  # (n, c)
+            z = h @ ws.T if logits is None else logits
+            dz = grad(z, labels - v0, lse_all, ent, g_logp, g_ent, ctx.inv_temp, out=logits)  # (n, c)
             if grad_h is not None:
                 if GRAD_H_ADDMM and grad_h.is_cuda and dz.dtype != acc:  # the GEMM adds in float32 itself
                     torch.addmm(grad_h, dz, ws, out_dtype=acc, out=grad_h)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 import time
 from importlib import resources
 
@@ -79,7 +80,12 @@ def summarize(run: RunData) -> dict:
         }
     stage_keys = sorted({key for r in steps for key in r if key.startswith("timing_s/") and key != "timing_s/step"})
     stage_means = {key.removeprefix("timing_s/"): _mean([r[key] for r in steps if key in r]) for key in stage_keys}
-    step_times = [r["timing_s/step"] for r in steps if "timing_s/step" in r]
+    timed = [r for r in steps if "timing_s/step" in r]
+    step_times = [r["timing_s/step"] for r in timed]
+    # The first step compiles, captures CUDA graphs and warms caches (often 10x a later one), so the
+    # typical step is the median of the steps after it; one recorded step is its own median.
+    steady = timed[1:] or timed
+    stage_medians = {key.removeprefix("timing_s/"): _median([r[key] for r in steady if key in r]) for key in stage_keys}
     name = algo.get("name", "rl")
     return {
         "name": run.name,
@@ -93,6 +99,11 @@ def summarize(run: RunData) -> dict:
         "train_time_s": sum(step_times),
         "mean_step_s": _mean(step_times),
         "stage_mean_s": stage_means,
+        "first_step": timed[0]["step"] if timed else None,
+        "first_step_s": step_times[0] if step_times else None,
+        "median_step_s": _median([r["timing_s/step"] for r in steady]),
+        "median_steps": [steady[0]["step"], steady[-1]["step"]] if steady else None,
+        "stage_median_s": stage_medians,
         "reward_key": reward_key,
         "reward_first": _mean(rewards[:k]) if rewards else None,
         "reward_last": _mean(rewards[-k:]) if rewards else None,
@@ -107,6 +118,11 @@ def summarize(run: RunData) -> dict:
 def _mean(xs):
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return sum(xs) / len(xs) if xs else None
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(xs) if xs else None
 
 
 def thin_samples(groups: list[dict], max_groups: int) -> list[dict]:

@@ -48,6 +48,11 @@ def build_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall
         "wall_time_s": wall_time_s,
         "mean_step_s": s["mean_step_s"],
         "stage_mean_s": s["stage_mean_s"],
+        "first_step": s["first_step"],
+        "first_step_s": s["first_step_s"],
+        "median_step_s": s["median_step_s"],
+        "median_steps": s["median_steps"],
+        "stage_median_s": s["stage_median_s"],
         "reward_key": s["reward_key"],
         "reward_first": s["reward_first"],
         "reward_last": s["reward_last"],
@@ -71,11 +76,17 @@ def format_summary(d: dict) -> str:
             f"  {key:<34} before {_fmt(v['first'])} (step {v['first_step']}) -> after {_fmt(v['last'])} "
             f"(step {v['last_step']}); best {_fmt(v['best'])} at step {v['best_step']}"
         )
-    stages = {k: v for k, v in d["stage_mean_s"].items() if v}
-    if d["mean_step_s"]:
+    if d.get("median_step_s"):
+        # medians of the steps after the first, which compiles and warms up (see report.summarize)
+        stages = {k: v for k, v in d["stage_median_s"].items() if v}
         total = sum(stages.values()) or 1.0
         parts = ", ".join(f"{k} {v:.3g}s ({100 * v / total:.0f}%)" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  step time {d['mean_step_s']:.3g}s mean" + (f": {parts}" if parts else ""))
+        a, b = d["median_steps"]
+        span = f"step {a}" if a == b else f"steps {a}-{b}"
+        first = ""
+        if a != d["first_step"]:
+            first = f"; step {d['first_step']}, with compilation and warm-up: {d['first_step_s']:.3g}s"
+        lines.append(f"  step time {d['median_step_s']:.3g}s (median of {span}{first})" + (f": {parts}" if parts else ""))
     lines.append(f"  final checkpoint: {d['checkpoint'] or 'none written'}")
     lines.append("  next:")
     lines += [f"    {cmd}" for cmd in d["commands"].values()]

@@ -102,6 +102,7 @@ def test_report_renders_the_runs_numbers_and_the_sample_filter_works(run_dir, tm
     for chart in ("entropy", "resp_len", "grad_norm", "throughput", "step_time"):
         assert int(chart_attrs(dom, chart)["ink"]) > 0, chart
     assert f">{rows[-1]['step']} / 4<" in dom  # the summary's steps row
+    assert " s/step, median of steps 2–4; step 1: " in dom  # the training time row: without the first step's compiling
 
     # the rollout inspector: the filter in the page's address selects what Python selects
     groups = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]

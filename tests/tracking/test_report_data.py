@@ -46,6 +46,9 @@ def test_summarize_reward_validation_and_stage_times(tmp_path):
     scores = [0.1 * s for s in range(1, 21)]  # 20 steps: first/last 10% = 2 steps
     for s, sc in enumerate(scores, 1):
         rows.append({"step": s, "critic/score/mean": sc, "timing_s/gen": 0.3, "timing_s/update_actor": 0.1, "timing_s/step": 0.5})
+    # the first step compiles: 10x the others; step 7 captured a graph
+    rows[1].update({"timing_s/step": 5.0, "timing_s/gen": 4.0, "timing_s/update_actor": 0.8})
+    rows[7].update({"timing_s/step": 1.4, "timing_s/gen": 1.1})
     rows[10]["val-core/arith/reward/mean@1"] = 0.75
     rows[20]["val-core/arith/reward/mean@1"] = 0.5
     _write(tmp_path / "metrics.jsonl", rows)
@@ -54,15 +57,29 @@ def test_summarize_reward_validation_and_stage_times(tmp_path):
     assert s["reward_first"] == pytest.approx(0.15) and s["reward_last"] == pytest.approx(1.95)
     v = s["validation"]["val-core/arith/reward/mean@1"]
     assert (v["first"], v["first_step"], v["last"], v["last_step"], v["best"], v["best_step"]) == (0.25, 0, 0.5, 20, 0.75, 10)
-    assert s["stage_mean_s"] == {"gen": pytest.approx(0.3), "update_actor": pytest.approx(0.1)}
-    assert s["train_time_s"] == pytest.approx(10.0)
+    gen_mean, update_mean = (4.0 + 1.1 + 18 * 0.3) / 20, (0.8 + 19 * 0.1) / 20
+    assert s["stage_mean_s"] == {"gen": pytest.approx(gen_mean), "update_actor": pytest.approx(update_mean)}
+    assert s["train_time_s"] == pytest.approx(5.0 + 1.4 + 18 * 0.5)
+    assert s["mean_step_s"] == pytest.approx((5.0 + 1.4 + 18 * 0.5) / 20)
+    # the typical step: the median of steps 2..20, without the first step's compilation
+    assert (s["first_step"], s["first_step_s"], s["median_steps"]) == (1, 5.0, [2, 20])
+    assert s["median_step_s"] == 0.5 and s["stage_median_s"] == {"gen": 0.3, "update_actor": 0.1}
 
     d = build_summary(tmp_path, {"data": {"val_files": "v.jsonl", "max_response_length": 4}}, 20, 20, 12.0, tmp_path / "ck")
     text = format_summary(d)
     assert "first 0.15 -> last 1.95" in text and "before 0.25 (step 0) -> after 0.5 (step 20); best 0.75 at step 10" in text
-    assert "gen 0.3s (75%), update_actor 0.1s (25%)" in text
+    assert "step time 0.5s (median of steps 2-20; step 1, with compilation and warm-up: 5s): " in text
+    assert "): gen 0.3s (75%), update_actor 0.1s (25%)" in text
     assert f"hybridrl eval --model {tmp_path / 'ck'} --data v.jsonl --max-response-length 4" in text
     assert f"hybridrl report {tmp_path}" in text and "hybridrl export" in text
+
+
+def test_summary_of_a_one_step_run_has_no_warm_up_split(tmp_path):
+    _write(tmp_path / "metrics.jsonl", [{"step": 1, "critic/score/mean": 0.5, "timing_s/gen": 2.0, "timing_s/step": 3.0}])
+    s = summarize(load_run(tmp_path))
+    assert (s["first_step"], s["median_steps"], s["median_step_s"], s["mean_step_s"]) == (1, [1, 1], 3.0, 3.0)
+    text = format_summary(build_summary(tmp_path, {}, 1, 1, 4.0, None))
+    assert "step time 3s (median of step 1): gen 2s (100%)" in text
 
 
 def test_prompt_groups_keep_all_n_responses_and_the_verl_dump_round_trips():

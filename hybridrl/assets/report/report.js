@@ -236,6 +236,13 @@
     const runs = visibleRuns().map(([r]) => r);
     if (!runs.length) return;
     const S = runs.map((r) => r.summary);
+    // the typical step: the median of the steps after the first, which compiles and warms up
+    const stepTime = (s) => {
+      if (!s.median_step_s) return s.mean_step_s ? " (" + fmt(s.mean_step_s) + " s/step)" : "";
+      const [a, b] = s.median_steps;
+      if (a === s.first_step) return " (" + fmt(s.median_step_s) + " s/step)";
+      return " (" + fmt(s.median_step_s) + " s/step, median of steps " + a + "–" + b + "; step " + s.first_step + ": " + fmt(s.first_step_s) + " s)";
+    };
     const row = (label, f, cls) => el("tr", {}, el("th", {}, label), S.map((s, i) => el("td", { class: cls || "", "data-field": label }, f(s, runs[i]))));
     const valKeys = [...new Set(S.flatMap((s) => Object.keys(s.validation || {})))].sort();
     const t = el("table", { id: "summary-table" },
@@ -245,7 +252,7 @@
       row("algorithm", (s) => s.algorithm || "–"),
       row("steps", (s) => s.last_step + (s.total_steps ? " / " + s.total_steps : ""), "num"),
       row("devices", (s) => (s.devices ? s.devices + " × " : "") + (s.device || "–")),
-      row("training time", (s) => dur(s.train_time_s) + (s.mean_step_s ? " (" + fmt(s.mean_step_s) + " s/step)" : ""), "num"),
+      row("training time", (s) => dur(s.train_time_s) + stepTime(s), "num"),
       row("reward, first → last", (s) => s.reward_key ? fmt(s.reward_first) + " → " + fmt(s.reward_last) + " (" + s.reward_key + ", mean of " + s.reward_window + " step(s) at each end)" : "–"),
       valKeys.map((k) => row(k, (s) => {
         const v = (s.validation || {})[k];

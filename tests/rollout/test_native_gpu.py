@@ -50,6 +50,39 @@ def test_graphs_equal_eager_and_hf_in_float32(setup):
     assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
 
 
+def test_the_first_capture_warms_up_every_smaller_batch_size(setup, monkeypatch):
+    """A batch shrinks as its sequences end. The first capture compiles and tunes the decode
+    kernels of every smaller size of the ladder too, so a size met later is captured after one
+    warm-up run, and the tokens stay those of eager decoding."""
+    model, tok, prompts, _ = setup
+    kw = dict(device="cuda", dtype=torch.float32, max_model_len=64, max_num_seqs=16)
+    eng = NativeRolloutEngine.from_hf_model(model, tok, **kw)
+    eager = NativeRolloutEngine.from_hf_model(model, tok, enforce_eager=True, **kw)
+    runner, calls = eng.runner, []
+    run_steps = runner._decode_steps
+    monkeypatch.setattr(runner, "_decode_steps", lambda B, mode: (calls.append(B), run_steps(B, mode))[1])
+    s = SamplingParams(n=3, temperature=1.0, max_new_tokens=20)
+    seeds = list(range(15))  # 5 prompts x 3 samples
+    assert runner.ladder == [1, 2, 4, 8, 16]
+    a, b = eng.generate(prompts(), s, seeds=seeds), eager.generate(prompts(), s, seeds=seeds)
+    assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])
+    torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=0)
+    assert calls[:6] == [1, 2, 4, 8, 16, 16]  # the first capture (16 rows): every size warmed up, then captured
+    later = calls[6:]
+    assert later, "rows ended mid-run: smaller sizes were captured"
+    assert later[0::2] == later[1::2]  # each later capture: one warm-up of its size, then the capture
+    mode = (1.0, s.top_k, s.top_p)
+    assert {(k, mode) for k in runner.ladder} <= runner._warm
+    # the KV cache moves: the graphs are captured again, each after a single warm-up run
+    held = eng.cache.data
+    eng.sleep()
+    eng.wake()
+    assert eng.cache.data.data_ptr() != held.data_ptr() and not eng.graphs
+    calls.clear()
+    assert torch.equal(eng.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
+    assert calls and calls[0::2] == calls[1::2]
+
+
 def test_bf16_engine_matches_trainer_log_probs_loosely(setup):
     model, tok, prompts, _ = setup
     from test_native_engine import trainer_log_probs

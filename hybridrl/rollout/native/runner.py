@@ -109,6 +109,7 @@ class ModelRunner:
         self.captures, self.capture_s = 0, 0.0  # graphs captured (and the time it took) since start_run
         self._inv_t: dict[tuple, torch.Tensor] = {}
         self.ladder = _ladder(max_num_seqs)
+        self._warm: set[tuple] = set()  # (batch size, mode): its kernels compiled and tuned (see _graph)
 
     # -- weights -------------------------------------------------------------------------------
     def alias_weights(self, model) -> None:
@@ -452,21 +453,39 @@ class ModelRunner:
             tok_out.copy_(tok)
             lp_out.copy_(lp)
 
+    def _warm_up(self, sizes: list[int], mode) -> None:
+        """Run the decode steps of each batch size once, eagerly, and undo their effect on the rows.
+        Triton compiles its kernels for each size's specialization (sizes of 1, and sizes that are
+        not multiples of 16, compile apart) and the fused attention tunes its tile for each
+        batch-size band; cuBLAS picks its kernels. Rows past n_active are padding: their block
+        tables point at scratch block 0, so their K/V writes land there. The K/V the active rows
+        write now is written again, the same, by the real step."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            saved = self.buf_ids.clone(), self.buf_pos.clone()
+            for b in sizes:
+                self._decode_steps(b, mode)
+                self.buf_ids.copy_(saved[0])
+                self.buf_pos.copy_(saved[1])
+                self._warm.add((b, mode))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
     def _graph(self, Bp: int, mode) -> torch.cuda.CUDAGraph:
         key = (Bp, mode)
         if key not in self.graphs:
             t0 = time.perf_counter()
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
-            # Warm up on a side stream (Triton compiles, cuBLAS picks kernels), then capture.
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                saved = self.buf_ids.clone(), self.buf_pos.clone()  # the warm-up advances the rows: undo it
-                self._decode_steps(Bp, mode)
-                self.buf_ids.copy_(saved[0])
-                self.buf_pos.copy_(saved[1])
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+            # Warm up on a side stream, then capture. The first capture of a mode also warms up
+            # every smaller size of the ladder: a batch shrinks as its sequences end, and a size
+            # first met mid-run cost its compilation and tuning then (3.8 s in one step of a GSM8K
+            # run on an H100, BENCHMARKS.md); now the first step pays it, and a later capture of a
+            # size, or a capture again after the KV cache moved, is only the capture.
+            if (Bp, mode) not in self._warm:
+                self._warm_up([b for b in self.ladder if b <= Bp and (b, mode) not in self._warm], mode)
+            else:
+                self._warm_up([Bp], mode)  # a capture replays what ran before it: warm the allocator's blocks
             graph = torch.cuda.CUDAGraph()
             if self.tp:
                 # The NCCL watchdog thread queries the events of earlier collectives; let it finish them first.

@@ -62,10 +62,13 @@ class ConsoleLogger:
     def __init__(self, total_steps: int, start_step: int = 0, max_wall_time_s: float | None = None):
         self.total, self.start_step, self.t0 = total_steps, start_step, time.perf_counter()
         self.max_wall_time_s, self.launched = max_wall_time_s, time.perf_counter()
+        self.t1: float | None = None  # when the first step of this process ended
 
     def log(self, metrics: dict, step: int) -> None:
         if step == self.start_step:  # the pre-training line: time the ETA from here, not from load
             self.t0 = time.perf_counter()
+        elif step == self.start_step + 1:
+            self.t1 = time.perf_counter()
         parts = [f"step {step}/{self.total}"]
         parts += [f"{key} {fmt.format(metrics[key])}" for key, fmt in self.FIELDS if key in metrics]
         for key in ("reward/errors", "reward/timeouts", "val-aux/reward/errors", "val-aux/reward/timeouts"):
@@ -80,12 +83,15 @@ class ConsoleLogger:
 
     def eta(self, step: int, now: float | None = None) -> float | None:
         """Seconds left: (time per step so far) x (steps left), capped by the wall-clock budget
-        left; None before the first step and after the last."""
+        left; None before the first step and after the last. The time per step leaves out the
+        first step once there is another: it compiles and warms up (on a GPU often 10x a later
+        step), which made early estimates several times too long."""
         now = time.perf_counter() if now is None else now
         done = step - self.start_step
         if done <= 0 or step >= self.total:
             return None
-        eta = (now - self.t0) / done * (self.total - step)
+        per_step = (now - self.t1) / (done - 1) if self.t1 is not None and done >= 2 else (now - self.t0) / done
+        eta = per_step * (self.total - step)
         if self.max_wall_time_s is not None:
             eta = min(eta, max(0.0, self.max_wall_time_s - (now - self.launched)))
         return eta

@@ -185,6 +185,24 @@ def test_console_eta_honours_the_wall_time_budget():
     assert c.eta(100, now=5.0) is None
 
 
+def test_console_eta_leaves_out_the_first_steps_compilation():
+    c = ConsoleLogger(total_steps=100, start_step=0)
+    c.t0 = 0.0
+    assert c.eta(1, now=30.0) == pytest.approx(30.0 * 99)  # one step: all there is to go on
+    c.t1 = 30.0  # the first step compiled for 30 s; the next ten took 2 s each
+    assert c.eta(11, now=50.0) == pytest.approx(2.0 * 89)  # not 50 / 11 s per step
+    r = ConsoleLogger(total_steps=100, start_step=40)  # resumed: the first step of this process compiles
+    r.t0, r.t1 = 0.0, 25.0
+    assert r.eta(41, now=25.0) == pytest.approx(25.0 * 59) and r.eta(46, now=40.0) == pytest.approx(3.0 * 54)
+    live = ConsoleLogger(total_steps=10, start_step=0)
+    live.log({}, 0)
+    assert live.t1 is None
+    live.log({}, 1)
+    t1 = live.t1
+    live.log({}, 2)
+    assert t1 is not None and live.t1 == t1  # the end of the first step, kept
+
+
 def test_page_inlines_everything_and_escapes_script_closers():
     page = render_page({"runs": [], "x": "</script><b>"}, title="t")
     assert "</script><b>" not in page and "\\u003c/script\\u003e" in page

@@ -1,5 +1,7 @@
 """The native engine on CPU against HF `generate` and the trainer's log-probs (tiny models, float32)."""
 
+import time
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
@@ -339,6 +341,27 @@ def test_chunked_prefill_gives_the_same_samples_and_lets_others_decode(prefix_ca
     # every chunk pass, the sampling last ones included (which are the only other extends without prefix hits)
     chunks = engine.last_metrics["rollout/prefill_chunks"]
     assert chunks == log.count("chunk") + log.count("extend") if not prefix_caching else chunks > log.count("chunk")
+
+
+def test_max_launch_gap_covers_a_prefill_chunk_between_decode_steps():
+    """rollout/max_launch_gap_ms: the longest wait between two decode launches. A chunk of a long
+    prompt's prefill runs between them; made to take 0.25 s, the gap is at least that."""
+    texts = ["1+2=", "(12+34)*56-78=(9*8)+1=", "7*8="]
+    engine = engine_for(hf_model(), max_num_batched_tokens=8, chunked_prefill=True)
+    extend, chunks = engine.runner.extend, []
+
+    def slow_chunk(*a, **k):
+        if k.get("sample") is False:
+            chunks.append(time.sleep(0.25))
+        return extend(*a, **k)
+
+    engine.runner.extend = slow_chunk
+    engine.generate(prompts(texts), SamplingParams(n=2, temperature=1.0, max_new_tokens=10), seeds=list(range(6)))
+    assert chunks  # the long prompt was prefilled in chunks, between decode steps of the short ones
+    assert engine.last_metrics["rollout/max_launch_gap_ms"] >= 250
+    engine.runner.extend = extend
+    engine.generate(prompts(texts[::2]), SamplingParams(n=2, temperature=1.0, max_new_tokens=10), seeds=list(range(4)))
+    assert 0 < engine.last_metrics["rollout/max_launch_gap_ms"] < 250  # short prompts only: no pass between steps
 
 
 def test_on_finish_reports_each_sequence_once_as_it_ends():

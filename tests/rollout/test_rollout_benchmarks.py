@@ -48,3 +48,19 @@ def test_rollout_benchmark_reports_every_row(tmp_path):
         assert n["tokens_per_s"] == pytest.approx(r["prompts"] * result["new_tokens"] / n["wall_s"])
     assert result["switch"]["tiny"] > 0
     assert "| tiny | 8 |" in out
+
+
+def test_prefill_features_benchmark_compares_each_feature_with_it_off(tmp_path):
+    out = _run("prefill_features.py", tmp_path)
+    rows = json.loads((tmp_path / "prefill_features.json").read_text())["rows"]
+    prefix = [r for r in rows if r["feature"] == "prefix_caching"]
+    assert [(r["new_tokens"], r["on"]) for r in prefix] == [(1, False), (1, True), (8, False), (8, True)]
+    for r in prefix:
+        assert r["seconds"] > 0 and r["same_responses"] == 1.0  # float32 on CPU: the same samples
+        # 4 prompts of 32 shared + 8 own tokens, 16-token blocks: the 3 later ones share 2 blocks each
+        assert r["hit_rate"] == (pytest.approx(3 * 32 / (4 * 40)) if r["on"] else 0.0)
+    chunked = [r for r in rows if r["feature"] == "chunked_prefill"]
+    assert [r["on"] for r in chunked] == [False, True]
+    assert chunked[0]["prefill_chunks"] == 0 and chunked[1]["prefill_chunks"] >= 64 // 16  # the long prompt, in chunks
+    assert all(r["max_launch_gap_ms"] > 0 and r["same_responses"] == 1.0 for r in chunked)
+    assert "chunked prefill on" in out and "prefix caching on" in out

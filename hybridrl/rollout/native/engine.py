@@ -265,7 +265,8 @@ class NativeRolloutEngine:
             self.prompt_of = [ids[i // n][mask[i // n]].numpy() for i in range(total)]
             agent.begin(prompts, n, max_new)
             self.limit[:] = [agent.turn_limit(row, 0) for row in range(total)]
-        stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0)
+        stats = dict(steps=0, decode_s=0.0, peak_usage=0.0, tool_wait_s=0.0, max_gap_s=0.0)
+        last_launch = None  # when the previous decode step was launched (the gaps: prefill passes, chunks)
         swap = weight_swap if agent is None else None
         start_version = swap.version if swap is not None else 0
         switches = []  # (version, tokens recorded per row when it was loaded)
@@ -295,6 +296,9 @@ class NativeRolloutEngine:
             if launched is not None:
                 stats["decode_s"] += time.perf_counter() - t
                 stats["steps"] += self.runner.decode_steps
+                if last_launch is not None:
+                    stats["max_gap_s"] = max(stats["max_gap_s"], t - last_launch)
+                last_launch = t
             pending = launched
             if agent is not None:
                 self._end_turns()
@@ -318,6 +322,9 @@ class NativeRolloutEngine:
             "rollout/decode_ms_per_step": 1000 * stats["decode_s"] / max(stats["steps"], 1),
             "rollout/loop_s": elapsed,
             "rollout/assemble_s": assemble_s,
+            # the longest wait between two decode launches: what a prefill pass between them held
+            # running sequences up (chunked prefill bounds it by one chunk's pass)
+            "rollout/max_launch_gap_ms": 1000 * stats["max_gap_s"],
         }
         if self.runner.use_graphs:  # captures happen on first use of a batch size, and after the cache moved
             self.last_metrics["rollout/graph_captures"] = float(self.runner.captures)

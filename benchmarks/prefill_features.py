@@ -33,19 +33,15 @@ from rollout import MODELS, _Tok, hf_model, sync  # noqa: E402  (benchmarks/ is 
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.rollout import SamplingParams
 from hybridrl.rollout.native.engine import NativeRolloutEngine
 
 
 def batch_of(rows: list[torch.Tensor], pad: int) -> Batch:
     """Left-padded prompts (the trainer's layout)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = r
-        mask[i, width - len(r) :] = 1
-    return Batch({K.PROMPTS: ids, K.PROMPT_MASK: mask}, {K.UID: [str(i) for i in range(len(rows))]})
+    records = [PromptRecord(r.tolist(), "", "bench", None, {}) for r in rows]
+    return collate_prompts(records, pad, [str(i) for i in range(len(rows))])
 
 
 def make_engine(trainer, name: str, device, max_model_len: int, max_num_seqs: int, **kw) -> NativeRolloutEngine:

@@ -352,7 +352,8 @@ def test_max_launch_gap_covers_a_prefill_chunk_between_decode_steps():
 
     def slow_chunk(*a, **k):
         if k.get("sample") is False:
-            chunks.append(time.sleep(0.25))
+            time.sleep(0.25)
+            chunks.append(k)
         return extend(*a, **k)
 
     engine.runner.extend = slow_chunk

@@ -482,10 +482,8 @@ class ModelRunner:
             # first met mid-run cost its compilation and tuning then (3.8 s in one step of a GSM8K
             # run on an H100, BENCHMARKS.md); now the first step pays it, and a later capture of a
             # size, or a capture again after the KV cache moved, is only the capture.
-            if (Bp, mode) not in self._warm:
-                self._warm_up([b for b in self.ladder if b <= Bp and (b, mode) not in self._warm], mode)
-            else:
-                self._warm_up([Bp], mode)  # a capture replays what ran before it: warm the allocator's blocks
+            # Bp itself always runs right before its capture (the capture replays the allocator's blocks).
+            self._warm_up([b for b in self.ladder if b < Bp and (b, mode) not in self._warm] + [Bp], mode)
             graph = torch.cuda.CUDAGraph()
             if self.tp:
                 # The NCCL watchdog thread queries the events of earlier collectives; let it finish them first.

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import leave_process_group  # noqa: E402
 from rollout import MODELS  # noqa: E402  (the benchmarks' model shapes)
 from rollout_tp import SHAPES  # noqa: E402
 
@@ -123,7 +124,7 @@ def main() -> None:
             )
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "reshard.json").write_text(json.dumps(rows, indent=2) + "\n")
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import leave_process_group  # noqa: E402
 from rollout import COMMON, MODELS, _Tok, make_prompts  # noqa: E402
 
 from hybridrl.data import keys as K  # noqa: E402
@@ -173,7 +174,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(world=world, device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__)
         (out / "rollout_tp.json").write_text(json.dumps(dict(meta, args=vars(args), rows=rows), indent=1))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def test_benchmark_smoke_mode(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "benchmarks/reshard.py", "--smoke"]
     cmd += ["--repeats", "1", "--out", str(tmp_path)]
-    subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=300)
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (row,) = json.loads((tmp_path / "reshard.json").read_text())
     assert row["model"] == "tiny" and row["world"] == 2 and row["tp"] == 2
     assert 0 < row["reshard_gb_per_rank"] < 0.75 * row["full_gather_gb_per_rank"]

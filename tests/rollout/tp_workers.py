@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,11 @@ def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: st
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     dist.destroy_process_group()
+    # skip interpreter teardown: gloo threads outliving it can abort a rank ("terminate called
+    # without an active exception"), as benchmarks/harness.py's leave_process_group says
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_tp(world: int, families: tuple, tmp_path, device: str = "cpu") -> list[dict]:

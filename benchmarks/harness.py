@@ -27,7 +27,7 @@ def leave_process_group() -> None:
     """End a torchrun benchmark: leave together, then skip interpreter teardown. Under load, a gloo
     rank that tears down while its peer is still finishing (or whose gloo threads outlive the
     interpreter) aborts with "terminate called without an active exception" (1 run in 12 of
-    `reshard.py --smoke` on 2 busy cores; 0 in 24 with this)."""
+    `reshard.py --smoke` on 2 busy cores; 0 in 48 with this)."""
     import torch.distributed as dist
 
     dist.barrier()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
+from spmd_helpers import leave
 
 from hybridrl.models import lora
 from hybridrl.models.packing import enable_packing, pack, packed_log_probs
@@ -74,14 +72,3 @@ def rank_main(rank: int, world: int, port: int, out: str, ckpt: str) -> None:
     if rank == 0:
         torch.save({"grads": grads, "merged": merged, "generated": ids}, out)
     leave()
-
-
-def leave() -> None:
-    """Leave together, then skip interpreter teardown: a rank that tears gloo down while a peer is
-    still writing its result, or gloo threads outliving the interpreter, can abort a rank with
-    "terminate called without an active exception" (seen once in CI, test_reshard)."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spmd_helpers import leave
 from test_native_engine import GREEDY, TOK, engine_for, hf_model, prompts
 
 from hybridrl.data import keys as K
@@ -62,19 +62,13 @@ def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: st
         results[family]["sharded_load_equal"] = same
         results[family]["kv_heads"] = engine.model.n_kv_heads
     torch.save(results, os.path.join(result_dir, f"rank{rank}.pt"))
-    dist.barrier()
     # CUDA graphs that captured NCCL all-reduces must go before the communicator: destroying the
     # process group under live graphs hangs (seen on 2 H200s, torch 2.11)
     del engine, fresh
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    dist.destroy_process_group()
-    # skip interpreter teardown: gloo threads outliving it can abort a rank ("terminate called
-    # without an active exception"), as benchmarks/harness.py's leave_process_group says
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()
 
 
 def run_tp(world: int, families: tuple, tmp_path, device: str = "cpu") -> list[dict]:

@@ -59,7 +59,7 @@ class HFRolloutEngine:
                     attention_mask=attn,
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
-                    logits_processor=LogitsProcessorList([recorder]),
+                    logits_processor=LogitsProcessorList([recorder, _NeverPastVocab(len(self.tokenizer))]),
                     **kwargs,
                 )
         finally:
@@ -104,6 +104,20 @@ class _SampledLogProbs(LogitsProcessor):
             return torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
         self.out.append(self.prev.gather(-1, responses[:, -1:]).squeeze(-1))
         return torch.stack(self.out, dim=1)
+
+
+class _NeverPastVocab(LogitsProcessor):
+    """Ids at or past the tokenizer's length (the embedding's padding rows) are never drawn. It runs
+    after `_SampledLogProbs`, so the recorded log-probs keep the trainer's full-vocabulary normalizer."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def __call__(self, input_ids, scores):
+        if scores.shape[-1] > self.limit:
+            scores = scores.clone()
+            scores[:, self.limit :] = float("-inf")
+        return scores
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:

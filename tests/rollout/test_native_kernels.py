@@ -82,7 +82,7 @@ def kernels():
 @pytest.mark.slow  # a child pytest: ~10 s
 @RUN_INTERPRETED
 def test_kernels_under_the_triton_interpreter():
-    run_interpreted(__file__, passed=13)
+    run_interpreted(__file__, passed=16)
 
 
 @pytest.mark.parametrize("H, n_kv, D, bs", [(4, 2, 16, 4), (6, 2, 32, 16), (2, 2, 8, 8)])
@@ -116,6 +116,46 @@ def test_triton_sampler_matches_torch(kernels, greedy):
     torch.testing.assert_close(lps, want_lp1, atol=1e-4, rtol=0)
     if not greedy:
         assert want_t1.tolist() != want_t.tolist()  # the offset changes the noise
+
+
+def test_triton_noise_matches_torch_at_the_extremes(kernels):
+    """The fused sampler's noise (`_gumbel`) against sampling.gumbel_noise's: the hash values near
+    u = 1 (the series branch, and the clamp for the one value that rounds to u = 1.0), near u = 0,
+    around the branch point w = 1/16, and random ones. On CUDA tests/gpu checks all 2**24."""
+    from sampler_stats import unmix32
+
+    from hybridrl.rollout.native.sampling import gumbel_noise
+
+    k = torch.cat(
+        [
+            torch.arange(2**24 - 4096, 2**24),
+            torch.arange(0, 4096),
+            torch.arange(int(2**24 * 15 / 16) - 2048, int(2**24 * 15 / 16) + 2048),
+            torch.randint(0, 2**24, (8192,)),
+        ]
+    )
+    h = (k << 8) | torch.randint(0, 256, k.shape)
+    got = kernels.noise_from_hash(h.to(KDEV)).cpu()
+    want = gumbel_noise(unmix32(h), 1)[:, 0]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=3e-6 if KDEV == "cuda" else 1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_triton_sampler_never_draws_past_the_vocabulary_limit(kernels, greedy):
+    torch.manual_seed(1)
+    B, V, limit = 8, 9000, 8500
+    logits = torch.randn(B, V)
+    logits[:, limit:] += 8.0
+    logits = logits.to(KDEV)
+    seeds, pos = torch.arange(B).to(KDEV) * 31 + 5, torch.arange(B).to(KDEV)
+    temp = 0.0 if greedy else 1.0
+    want_t, want_lp = sample(logits, seeds, pos, temp, vocab_limit=limit)
+    toks, lps = torch.empty(B, dtype=torch.long, device=KDEV), torch.empty(B, device=KDEV)
+    kernels.fused_sample(logits, seeds, pos, torch.tensor(1.0, device=KDEV), toks, lps, greedy, vocab_limit=limit)
+    assert int(toks.max()) < limit
+    assert toks.tolist() == want_t.tolist()
+    torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=0)
 
 
 def test_triton_rope_and_store_matches_torch(kernels):

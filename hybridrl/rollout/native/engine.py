@@ -105,6 +105,7 @@ class NativeRolloutEngine:
             decode_steps=decode_steps_per_sync
             if decode_steps_per_sync is not None
             else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
+            vocab_limit=len(tokenizer),
         )
         self.resume_wait_steps = resume_wait_steps
         self.prefix_caching = prefix_caching and (tp is None or tp.size == 1)

@@ -72,8 +72,11 @@ class ModelRunner:
         num_blocks: int | None,
         tp: TensorParallel | None = None,
         decode_steps: int = 1,
+        vocab_limit: int | None = None,
     ):
+        """`vocab_limit`: the tokenizer's length; ids at or past it (the embedding's padding rows) are never sampled."""
         self.device, self.dtype, self.hf_config = device, dtype, hf_config
+        self.vocab_limit = vocab_limit if vocab_limit is not None and vocab_limit < hf_config.vocab_size else None
         if not (isinstance(decode_steps, int) and 1 <= decode_steps <= 64):
             raise ValueError(f"decode_steps_per_sync must be an integer in [1, 64], got {decode_steps!r}")
         self.decode_steps = decode_steps
@@ -438,7 +441,7 @@ class ModelRunner:
         temperature, top_k, top_p = mode
         if self.tp:
             m = self.model
-            args = (m.vocab_start, m.vocab_valid, self.hf_config.vocab_size)
+            args = (m.vocab_start, m.vocab_valid, self.hf_config.vocab_size, self.vocab_limit)
             tok, lp = sample_sharded(logits, seeds, positions + pos_offset, temperature, top_k, top_p, self.tp, *args)
             tok_out.copy_(tok)
             lp_out.copy_(lp)
@@ -446,10 +449,18 @@ class ModelRunner:
             if mode not in self._inv_t:
                 self._inv_t[mode] = torch.tensor(1.0 / temperature if temperature > 0 else 1.0, device=self.device)
             triton_kernels.fused_sample(
-                logits, seeds, positions, self._inv_t[mode], tok_out, lp_out, temperature == 0, pos_offset=pos_offset
+                logits,
+                seeds,
+                positions,
+                self._inv_t[mode],
+                tok_out,
+                lp_out,
+                temperature == 0,
+                pos_offset=pos_offset,
+                vocab_limit=self.vocab_limit,
             )
         else:
-            tok, lp = sample(logits, seeds, positions + pos_offset, temperature, top_k, top_p)
+            tok, lp = sample(logits, seeds, positions + pos_offset, temperature, top_k, top_p, self.vocab_limit)
             tok_out.copy_(tok)
             lp_out.copy_(lp)
 

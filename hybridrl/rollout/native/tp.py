@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models import tp_shards
-from hybridrl.rollout.native.sampling import gumbel_noise, row_keys, sample
+from hybridrl.rollout.native.sampling import gumbel_noise, mask_unsampled, row_keys, sample
 
 
 @dataclass(frozen=True)
@@ -146,20 +146,24 @@ def sample_sharded(
     vocab_start: int,
     vocab_valid: int,
     vocab_size: int,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The TP=1 `sample` over logits split by vocabulary blocks: logits (B, block) are this
     rank's columns [vocab_start, vocab_start + vocab_valid) (the rest padding) -> tokens (B,)
-    int64 and log-probs (B,) float32, the same on every rank of the group."""
+    int64 and log-probs (B,) float32, the same on every rank of the group. Ids at or past
+    `vocab_limit` are never drawn."""
     block = logits.shape[-1]
     if top_k > 0 or top_p < 1.0:  # sorting needs the whole row: gather it, sample as at TP=1
         full = all_gather(logits, tp).permute(1, 0, 2).reshape(logits.shape[0], tp.size * block)[:, :vocab_size]
-        return sample(full, seeds, positions, temperature, top_k, top_p)
+        return sample(full, seeds, positions, temperature, top_k, top_p, vocab_limit)
     greedy = temperature == 0
     x = logits.float() if greedy else logits.float() / temperature  # (B, block)
     if vocab_valid < block:  # the padding columns of the last block
         x = x.masked_fill(torch.arange(block, device=x.device) >= vocab_valid, float("-inf"))
     lse = torch.logsumexp(x, dim=-1)  # (B,) over this block
-    z = x if greedy else x + gumbel_noise(row_keys(seeds, positions), block, offset=vocab_start)
+    z = mask_unsampled(x, vocab_limit, offset=vocab_start)
+    if not greedy:
+        z = z + gumbel_noise(row_keys(seeds, positions), block, offset=vocab_start)
     best, idx = z.max(dim=-1)  # (B,)
     stats = torch.stack(
         [best.double(), lse.double(), x.gather(-1, idx[:, None])[:, 0].double(), (idx + vocab_start).double()], -1

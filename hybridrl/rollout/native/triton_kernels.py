@@ -264,6 +264,25 @@ if triton is not None:
             return tl.log(x)
 
     @triton.jit
+    def _gumbel(h, FAST: tl.constexpr):
+        # uint32 hash -> float32 Gumbel noise, the same function as sampling.gumbel_noise: u from the
+        # top 24 bits, clamped below 1 (16777215.5 rounds to 2**24); E = -log u from the series in
+        # w = 1 - u near u = 1 (the fast log is inaccurate there), else from log(u <= 15/16).
+        u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
+        w = 1.0 - u
+        series = w * (1.0 + w * (0.5 + w * (0.33333334 + w * (0.25 + w * (0.2 + w * (0.16666667 + w * 0.14285715))))))
+        e = tl.where(w < 0.0625, series, -_log_fast(u, FAST))
+        return -_log_fast(e, FAST)
+
+    @triton.jit
+    def _gumbel_kernel(H, G, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
+        # noise_from_hash: the sampler's noise for given hash values (tests check it for every value)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        h = tl.load(H + offs, mask=ok, other=0).to(tl.uint32)
+        tl.store(G + offs, _gumbel(h, FAST), mask=ok)
+
+    @triton.jit
     def _sample_partial_kernel(
         LOGITS,
         SEEDS,
@@ -275,6 +294,7 @@ if triton is not None:
         PI,
         stride_l,
         V,
+        V_SAMPLE,
         n_chunks,
         pos_offset,
         GREEDY: tl.constexpr,
@@ -291,17 +311,16 @@ if triton is not None:
         offs = c * CHUNK + tl.arange(0, CHUNK)
         ok = offs < V
         x = tl.load(LOGITS + row.to(tl.int64) * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-        if GREEDY:  # z = x: one reduction gives the max and the token
-            m, i = tl.max(x, 0, return_indices=True)
-            zmax = m
+        m = tl.max(x, 0)
+        drawable = offs < V_SAMPLE  # ids past the tokenizer's length are never drawn (still in the normalizer)
+        if GREEDY:
+            zmax, i = tl.max(tl.where(drawable, x, float("-inf")), 0, return_indices=True)
         else:
-            m = tl.max(x, 0)
             seed = tl.load(SEEDS + row).to(tl.uint32)  # int64 -> low 32 bits
             pos = (tl.load(POS + row) + pos_offset).to(tl.uint32)
             key = _mix32(_mix32(seed) ^ pos)
             h = _mix32(key ^ offs.to(tl.uint32))
-            u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            z = tl.where(ok, x - _log_fast(-_log_fast(u, FAST), FAST), float("-inf"))
+            z = tl.where(drawable, x + _gumbel(h, FAST), float("-inf"))
             zmax, i = tl.max(z, 0, return_indices=True)
         out = row * n_chunks + c
         tl.store(PM + out, m)
@@ -451,12 +470,34 @@ def rope_paged_decode(
     return out
 
 
+def _fast_math(t: torch.Tensor) -> bool:
+    return t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def noise_from_hash(h: torch.Tensor) -> torch.Tensor:
+    """The fused sampler's Gumbel noise for hash values h (int64 in [0, 2**32)): float32, same shape."""
+    flat = h.reshape(-1).contiguous()
+    out = torch.empty(flat.shape, dtype=torch.float32, device=h.device)
+    block = 1024 if _fast_math(h) else 1 << 14  # the interpreter runs one program at a time
+    _gumbel_kernel[(triton.cdiv(flat.numel(), block),)](flat, out, flat.numel(), FAST=_fast_math(h), BLOCK=block)
+    return out.view(h.shape)
+
+
 def fused_sample(
-    logits, seeds, positions, inv_temperature, tokens_out, log_probs_out, greedy: bool, pos_offset: int = 0, chunk: int = 4096
+    logits,
+    seeds,
+    positions,
+    inv_temperature,
+    tokens_out,
+    log_probs_out,
+    greedy: bool,
+    pos_offset: int = 0,
+    chunk: int = 4096,
+    vocab_limit: int | None = None,
 ) -> None:
     """logits (B, V) any float dtype; seeds, positions (B,) int64 (the row's hash key is
     sampling.row_keys(seeds, positions + pos_offset)); inv_temperature a 0-d float32 tensor (a device
-    buffer, so a captured graph reads the current value).
+    buffer, so a captured graph reads the current value); ids at or past `vocab_limit` are never drawn.
 
     Split over (row, vocabulary chunk) programs, then merged per row: one program per row
     walking 150k entries alone left most of the GPU idle (~250 us for 256 rows)."""
@@ -464,7 +505,6 @@ def fused_sample(
     n_chunks = triton.cdiv(V, chunk)
     parts = torch.empty(3, B, n_chunks, dtype=torch.float32, device=logits.device)
     pi = torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
-    fast = logits.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
     _sample_partial_kernel[(B, n_chunks)](
         logits,
         seeds,
@@ -476,11 +516,12 @@ def fused_sample(
         pi,
         logits.stride(0),
         V,
+        V if vocab_limit is None else min(V, vocab_limit),
         n_chunks,
         pos_offset,
         GREEDY=greedy,
         CHUNK=chunk,
-        FAST=fast,
+        FAST=_fast_math(logits),
     )
     _sample_combine_kernel[(B,)](
         parts[0],

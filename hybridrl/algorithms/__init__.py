@@ -34,8 +34,11 @@ from hybridrl.algorithms.losses import (
 )
 from hybridrl.algorithms.policy_losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
 from hybridrl.algorithms.preference import DPO_LOSS_TYPES, bradley_terry_loss, dpo_loss, kto_kl_estimate, kto_loss, sft_loss
+from hybridrl.algorithms.rollout_correction import IMPROBABLE_P, improbable_token_frac
 
 __all__ = [
+    "IMPROBABLE_P",
+    "improbable_token_frac",
     "POLICY_LOSSES",
     "compute_gpg_advantages",
     "compute_grpo_passk_advantages",

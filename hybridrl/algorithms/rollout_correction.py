@@ -26,6 +26,18 @@ import torch
 
 from hybridrl.algorithms.core import masked_mean, masked_sum
 
+# A sampled token whose probability under the trainer (at the sampling temperature) is below this
+# is one the policy would essentially never write there: a correct sampler draws about
+# (tokens x IMPROBABLE_P) of them; one whose noise can be +inf draws ~1% of all tokens.
+IMPROBABLE_P = 1e-6
+
+
+def improbable_token_frac(log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Share of the response tokens (mask 1) whose trainer log-prob is below log(IMPROBABLE_P); 0-d."""
+    hits = (log_probs.detach() < math.log(IMPROBABLE_P)).to(mask.dtype) * mask
+    return hits.sum() / mask.sum().clamp(min=1)
+
+
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_RS_OPTIONS = (
     "token_k1",

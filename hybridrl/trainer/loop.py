@@ -21,6 +21,7 @@ import time
 
 from hybridrl.config import Config
 from hybridrl.data.batch import Batch
+from hybridrl.trainer.alarms import Alarms
 from hybridrl.trainer.setup import RunContext
 
 
@@ -37,6 +38,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run: RunContext):
         self.cfg, self.run = cfg, run
+        self.alarms = Alarms()
 
     def step(self, batch: Batch) -> dict:
         """One training step on the loader's next batch; returns its metrics, with
@@ -70,6 +72,7 @@ class Trainer:
             if self.has_validation() and (last or _every(t.test_freq, run.global_step)):
                 metrics.update(self.validate())
             run.tracker.log(metrics, step=run.global_step)
+            self.alarms.check(metrics, run.global_step)
             check_finite(metrics, t.max_nonfinite_steps)
             if last or _every(t.save_freq, run.global_step):
                 run.save_checkpoint(self.state_dict())

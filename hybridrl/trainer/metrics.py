@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.algorithms import masked_mean
+from hybridrl.algorithms import improbable_token_frac, masked_mean
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 
@@ -43,4 +43,5 @@ def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, fl
         diff = (batch[K.ROLLOUT_LOG_PROBS].exp() - batch[K.OLD_LOG_PROBS].exp()).abs()  # (B, R)
         m["training/rollout_probs_diff_mean"] = float(masked_mean(diff, mask))
         m["training/rollout_probs_diff_max"] = float(diff[valid].max()) if valid.any() else 0.0
+        m["rollout/improbable_token_frac"] = float(improbable_token_frac(batch[K.OLD_LOG_PROBS], mask))
     return m

@@ -22,6 +22,7 @@ from hybridrl.algorithms import (
     compute_value_loss,
     dpo_loss,
     get_policy_loss,
+    improbable_token_frac,
     kl_penalty,
     kto_loss,
     sft_loss,
@@ -96,6 +97,7 @@ class PPOPolicyLoss:
         if on_policy:  # what the old log-prob pass would have reported: trainer vs engine probabilities
             diff = (log_prob.detach().exp() - micro[K.ROLLOUT_LOG_PROBS].exp()).abs()
             metrics["training/rollout_probs_diff_mean"] = (diff * mask).sum() / mask.sum().clamp(min=1)
+            metrics["rollout/improbable_token_frac"] = improbable_token_frac(log_prob, mask)
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, micro[K.REF_LOG_PROBS], a.kl_loss_type)
             kl_loss = agg_loss(kl, mask, **norm)

@@ -25,7 +25,7 @@ import torch
 from sampler_stats import chi_square_limit, chi_square_stat
 
 from hybridrl.rollout.native import tp as tp_module
-from hybridrl.rollout.native.sampling import noise_bounds, sample
+from hybridrl.rollout.native.sampling import sample
 from hybridrl.rollout.native.tp import TensorParallel, sample_sharded
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -46,6 +46,8 @@ def _kernels():
 
 
 def test_fused_noise_for_every_hash_value():
+    from hybridrl.rollout.native.sampling import noise_bounds
+
     kern = _kernels()
     lo, hi = noise_bounds()
     k = torch.arange(1 << 24, device="cuda", dtype=torch.int64)
@@ -110,17 +112,18 @@ def _tp_sample(logits, seeds, positions, temperature, top_k, top_p, size=2, voca
 
 def _draw(path: str, logits, seeds, positions, temperature, vocab_limit=None):
     rows = logits.shape[0]
+    limit = {} if vocab_limit is None else {"vocab_limit": vocab_limit}  # (the code before it had no limit)
     if path == "fused":
         kern = _kernels()
         tok = torch.empty(rows, dtype=torch.long, device="cuda")
         lp = torch.empty(rows, device="cuda")
         inv_t = torch.tensor(1.0 / temperature, device="cuda")
-        kern.fused_sample(logits, seeds, positions, inv_t, tok, lp, False, vocab_limit=vocab_limit)
+        kern.fused_sample(logits, seeds, positions, inv_t, tok, lp, False, **limit)
         return tok, lp
     if path == "torch":
-        return sample(logits, seeds, positions, temperature, vocab_limit=vocab_limit)
+        return sample(logits, seeds, positions, temperature, **limit)
     if path == "topk_topp":
-        return sample(logits, seeds, positions, temperature, top_k=50, top_p=0.95, vocab_limit=vocab_limit)
+        return sample(logits, seeds, positions, temperature, top_k=50, top_p=0.95, **limit)
     if path == "tp2":
         return _tp_sample(logits, seeds, positions, temperature, -1, 1.0, vocab_limit=vocab_limit)
     raise ValueError(path)
@@ -212,17 +215,14 @@ def test_real_model_draws_follow_softmax(real, path, temperature):
     logits = torch.stack(rows).to(torch.bfloat16)  # (8, V) as the engine's LM head gives them
     per_row = (1_000_000 if path == "fused" else min(DRAWS_SLOW, 1_000_000)) // len(rows)
     gen = torch.Generator(device="cuda").manual_seed(17)
-    limit = len(tok)
     for r in range(len(rows)):
         counts = torch.zeros(V, dtype=torch.long, device="cuda")
         for step in range(-(-per_row // ROWS)):
             seeds = torch.randint(0, 1 << 62, (ROWS,), generator=gen, device="cuda")
             x = logits[r].expand(ROWS, V).contiguous()
-            t, _ = _draw(path, x, seeds, torch.full((ROWS,), step, device="cuda"), temperature, vocab_limit=limit)
+            t, _ = _draw(path, x, seeds, torch.full((ROWS,), step, device="cuda"), temperature)
             counts += torch.bincount(t, minlength=V)
         probs = torch.softmax(logits[r].double() / temperature, -1)
-        probs[limit:] = 0
-        probs /= probs.sum()
         stat, dof = chi_square_stat(counts, probs)
         limit_stat = chi_square_limit(dof, 1e-6)
         print(

@@ -178,7 +178,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
-        batch[K.OLD_LOG_PROBS] = self._pi_old(batch)
+        split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
+        with eval_mode(self.model):
+            batch[K.OLD_LOG_PROBS] = token_log_probs(self.engine, self.model, batch, split, self.temperature)
         return batch
 
     @register(Dispatch.DP)
@@ -211,7 +213,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         loss = PPOPolicyLoss(a, self.temperature)
         batch = loss.select(batch)
         mini = self.plan.actor.per_device_mini_batch
-        parts = loss.passes(batch, mini, self._pi_old)
+        parts = loss.passes(batch, mini, lambda rest: self.compute_log_prob(rest)[K.OLD_LOG_PROBS])
         start = self.engine.perf_start()
         key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
         split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, key)
@@ -222,12 +224,6 @@ class ActorRolloutRefWorker(ProfiledWorker):
         out = self.engine.summarize(metrics)
         out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
         return out
-
-    def _pi_old(self, batch: Batch):
-        """The current policy's log-probs of `batch`, in eval mode (the old log-prob stage)."""
-        with eval_mode(self.model):
-            split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
-            return token_log_probs(self.engine, self.model, batch, split, self.temperature)
 
     @register(Dispatch.DP)
     def sft_step(self, batch: Batch, lr: float) -> dict[str, float]:

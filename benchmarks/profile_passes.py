@@ -148,7 +148,7 @@ def bench(name: str, a: argparse.Namespace, device: torch.device) -> dict:
         row["max_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
         print(f"{name}: most memory reserved {row['max_reserved_gb']:.1f} GB", flush=True)
     for role, engine in (("actor", w.engine), ("ref", w.reference.engine)):
-        g = engine.runner.graphs
+        g = engine.graphs
         if g is not None:
             row[f"{role}_graphs"] = dict(captures=g.captures, replays=g.replays, eager=g.eager, off=g.off)
             print(f"{name} {role} graphs: {row[f'{role}_graphs']}", flush=True)

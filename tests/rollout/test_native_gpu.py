@@ -135,7 +135,7 @@ def test_the_decode_loop_never_makes_the_host_wait(setup):
     s = SamplingParams(n=3, temperature=1.0, max_new_tokens=20)
     seeds = list(range(15))
     want = eng.generate(prompts(), s, seeds=seeds)  # warm-up: graphs captured, kernels compiled
-    loop = {"add_blocks", "keep_rows", "start_rows", "decode", "_launch_step"}
+    loop = {"add_blocks", "keep_rows", "start_rows", "decode", "leave", "grow", "advance"}  # Generation.run and its parts
     sites = []
     old = warnings.showwarning
 

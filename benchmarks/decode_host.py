@@ -40,7 +40,7 @@ from rollout import MODELS, _Tok, hf_model, switch_time  # noqa: E402
 from hybridrl.data import keys as K  # noqa: E402
 from hybridrl.data.batch import Batch  # noqa: E402
 from hybridrl.rollout import SamplingParams  # noqa: E402
-from hybridrl.rollout.native.engine import NativeRolloutEngine  # noqa: E402
+from hybridrl.rollout.native.engine import Generation, NativeRolloutEngine  # noqa: E402
 
 
 def prompts_for(layout: str, n: int, vocab: int, length: int) -> Batch:
@@ -56,11 +56,12 @@ def prompts_for(layout: str, n: int, vocab: int, length: int) -> Batch:
 
 
 class _Timed:
-    """Wraps the engine's launch, the runner's decode and the device event: host seconds by part."""
+    """Wraps the engine's launch (`Generation.run`), the runner's decode, the read of a step
+    (`Generation._collect`) and the device event: host seconds by part."""
 
     def __init__(self, engine):
         self.engine, self.t, self.stamps = engine, collections.Counter(), []
-        self.launch, self.decode, self.collect = engine._launch_step, engine.runner.decode, engine._collect
+        self.launch, self.decode, self.collect = Generation.run, engine.runner.decode, Generation._collect
         timer = self
 
         class Event:
@@ -79,10 +80,10 @@ class _Timed:
             self.t["decode_call"] += time.perf_counter() - t
             return host, Event(event)
 
-        def launch(*a):
+        def launch(run):
             t = time.perf_counter()
             self.stamps.append(t)
-            out = self.launch(*a)
+            out = self.launch(run)
             self.t["launch"] += time.perf_counter() - t
             return out
 
@@ -91,10 +92,10 @@ class _Timed:
             self.collect(*a)
             self.t["collect"] += time.perf_counter() - t
 
-        engine._launch_step, engine.runner.decode, engine._collect = launch, decode, collect
+        Generation.run, engine.runner.decode, Generation._collect = launch, decode, collect
 
     def restore(self):
-        self.engine._launch_step, self.engine.runner.decode, self.engine._collect = self.launch, self.decode, self.collect
+        Generation.run, self.engine.runner.decode, Generation._collect = self.launch, self.decode, self.collect
 
 
 def device_ms(engine, prompts, tokens: int) -> tuple[float, float]:

@@ -39,6 +39,7 @@ from rollout import MODELS, _Tok, hf_model, make_prompts, sync  # noqa: E402
 
 from hybridrl.data import keys as K  # noqa: E402
 from hybridrl.rollout import SamplingParams  # noqa: E402
+from hybridrl.rollout.base import Hooks  # noqa: E402
 from hybridrl.rollout.native.engine import NativeRolloutEngine  # noqa: E402
 
 
@@ -105,7 +106,7 @@ class ScriptedEnvironment:
 def timed(engine, prompts, sampling, env=None) -> dict:
     sync()
     t = time.perf_counter()
-    out = engine.generate(prompts, sampling, seeds=list(range(len(prompts))), agent=env)
+    out = engine.generate(prompts, sampling, Hooks(agent=env), seeds=list(range(len(prompts))))
     sync()
     wall = time.perf_counter() - t
     m = engine.last_metrics

@@ -122,7 +122,7 @@ def copy_bandwidth(device) -> float:
 
 def floor_ms(engine, n_seqs: int, mean_ctx: float, bandwidth: float) -> float:
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    m, cfg = engine.model, engine.hf_config
+    m, cfg = engine.model, engine.runner.hf_config
     kv = n_seqs * mean_ctx * cfg.num_hidden_layers * 2 * m.n_kv_heads * m.head_dim * 2  # bf16 K and V
     return 1000 * (weights + kv) / bandwidth
 
@@ -212,7 +212,7 @@ def profile_decode(engine, prompts, steps: int, out: Path, tag: str, eager: bool
     res = {}
     graphs = engine.use_graphs
     for mode, use_graphs in (("graphs", graphs), ("eager", False))[: 2 if eager else 1]:
-        engine.use_graphs = use_graphs
+        engine.runner.use_graphs = use_graphs
         engine.generate(prompts, s)  # warm-up (graph capture, Triton compiles)
         sync()
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
@@ -231,7 +231,7 @@ def profile_decode(engine, prompts, steps: int, out: Path, tag: str, eager: bool
             decode_ms=engine.last_metrics["rollout/decode_ms_per_step"],
         )
         print(f"profile {tag} {mode}: {res[mode]}\n{table}", flush=True)
-    engine.use_graphs = graphs
+    engine.runner.use_graphs = graphs
     return res
 
 

@@ -181,8 +181,9 @@ def cmd_eval(args) -> int:
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
     from hybridrl.rewards.pool import Target, WorkerPool
-    from hybridrl.rollout import SamplingParams, make_rollout_engine
-    from hybridrl.rollout.agent.rollout import AgentRollout, chat_tools
+    from hybridrl.rollout.agent.rollout import chat_tools
+    from hybridrl.rollout.base import SamplingParams
+    from hybridrl.rollout.factory import build_rollout
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.engine import autocast_dtype
 
@@ -212,18 +213,9 @@ def cmd_eval(args) -> int:
         max_rows=args.limit,
         tools=chat_tools(multi_turn),
     )
-    rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size)
-    engine = make_rollout_engine(
-        "native" if multi_turn.enable and args.rollout == "auto" else args.rollout,
-        model,
-        tokenizer,
-        max_num_seqs=args.batch_size,
-        rollout=rollout,
-        autocast_dtype=autocast_dtype(device),
-        max_model_len=args.max_prompt_length + args.max_response_length,
-    )
-    if multi_turn.enable:
-        engine = AgentRollout.from_config(engine, tokenizer, multi_turn)
+    rollout = RolloutConfig(name=args.rollout, max_num_seqs=args.batch_size, multi_turn=multi_turn)
+    max_model_len = args.max_prompt_length + args.max_response_length
+    engine = build_rollout(rollout, model, tokenizer, max_model_len=max_model_len, autocast_dtype=autocast_dtype(device))
     greedy = args.temperature == 0
     torch.manual_seed(args.seed)  # sampled responses (--temperature > 0) repeat run to run
     sampling = SamplingParams(

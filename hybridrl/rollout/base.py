@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
@@ -36,6 +36,45 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+class WeightSwap(Protocol):
+    """New weights between two decode steps (partial rollouts; `workers/rollout.py:PartialRollout`)."""
+
+    version: int  # the weights' version now
+
+    def ready(self) -> bool:
+        """New weights wait to be loaded."""
+
+    def swap(self) -> int:
+        """Load them into the engine; returns their version."""
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The optional parts of one `generate` call; every engine takes them (None: plain generation).
+
+    `on_finish(rows, tokens)`: each sequence's report as it ends, for scoring while the others
+    decode (trainer/stream_scoring.py): its output rows (int array) and response tokens (int64
+    arrays). Engines that report only at the end (hf, vllm; multi-turn, where a turn's end is not
+    the trajectory's) never call it, and the caller scores the batch after.
+    `weight_swap`: partial rollouts (native engine, single-turn): new weights between decode steps.
+    `agent`: a `rollout.agent.loop.AgentSession` running multi-turn trajectories (native engine;
+    `AgentRollout` sets it). Engines raise on a `weight_swap` or `agent` they cannot run
+    (`require`), so a mode is never dropped silently; `build_rollout` refuses such pairs first."""
+
+    on_finish: Callable[[Any, list], None] | None = None
+    weight_swap: WeightSwap | None = None
+    agent: Any = None
+
+    def require(self, engine: str, *runs: str) -> None:
+        """Raise if a hook other than `on_finish` and those named in `runs` is set."""
+        for name in ("weight_swap", "agent"):
+            if getattr(self, name) is not None and name not in runs:
+                raise ValueError(f"generate(hooks.{name}=...) needs the native engine, not {engine}")
+
+
+NO_HOOKS = Hooks()
+
+
 class RolloutEngine(Protocol):
     """What the actor worker uses of an engine (native, hf, vllm all implement it)."""
 
@@ -49,10 +88,10 @@ class RolloutEngine(Protocol):
         actor then gathers its FSDP shards around `generate`), the engine's decoder for native,
         None for vllm (weights in another process)."""
 
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None) -> Batch:
         """Prompts (PROMPTS, PROMPT_MASK + non-tensor fields) -> the batch repeated `n` times
         (the samples of a prompt adjacent) with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS and
-        RESPONSE_TEXT added."""
+        RESPONSE_TEXT added; `hooks`: the call's optional parts (`Hooks`)."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take new policy weights; a no-op for engines that read the trainer's parameters."""

@@ -13,7 +13,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import SamplingParams, eos_token_ids
+from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, eos_token_ids
 
 
 class HFRolloutEngine:
@@ -25,8 +25,15 @@ class HFRolloutEngine:
         self.pad_token_id = tokenizer.pad_token_id
         self.last_metrics: dict[str, float] = {}  # generate measures nothing of its own
 
+    @classmethod
+    def from_config(cls, model, tokenizer, args) -> "HFRolloutEngine":
+        """`build_rollout`'s constructor (`args`: a `rollout.factory.EngineArgs`): on `model` itself."""
+        return cls(model, tokenizer, max_num_seqs=args.rollout.max_num_seqs, autocast_dtype=args.autocast_dtype)
+
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None) -> Batch:
+        """See `RolloutEngine.generate`; `hooks.on_finish` is never called (the batch ends together)."""
+        (hooks or NO_HOOKS).require("rollout.name=hf")
         batch = prompts.repeat_interleave(sampling.n) if sampling.n > 1 else prompts
         outs = [self._generate_chunk(chunk, sampling) for chunk in batch.split(self.max_num_seqs)]
         width = max(o[0].shape[1] for o in outs)

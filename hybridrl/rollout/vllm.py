@@ -16,7 +16,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import SamplingParams, eos_token_ids
+from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, eos_token_ids
 
 
 def _import_vllm():
@@ -56,8 +56,15 @@ class VLLMRolloutEngine:
         engine.load_weights(model.named_parameters())  # the trainer's weights, not the directory's
         return engine
 
+    @classmethod
+    def from_config(cls, model, tokenizer, args) -> "VLLMRolloutEngine":
+        """`build_rollout`'s constructor (`args`: a `rollout.factory.EngineArgs`)."""
+        return cls.from_hf_model(model, tokenizer, rollout=args.rollout, max_model_len=args.max_model_len)
+
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None) -> Batch:
+        """See `RolloutEngine.generate`; `hooks.on_finish` is never called (the batch ends together)."""
+        (hooks or NO_HOOKS).require("rollout.name=vllm")
         vllm = _import_vllm()
         params = vllm.SamplingParams(
             n=sampling.n,

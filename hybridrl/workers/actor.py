@@ -19,21 +19,18 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
-from hybridrl.distributed.fsdp import is_sharded
-from hybridrl.distributed.layout import global_rank, rollout_tp_group
-from hybridrl.distributed.reshard import Reshard
-from hybridrl.distributed.weight_channel import WeightChannel, WeightSender
+from hybridrl.distributed.layout import rollout_tp_group
 from hybridrl.models.loading import load_tokenizer
-from hybridrl.rollout import SamplingParams, make_rollout_engine
+from hybridrl.rollout.base import Hooks, SamplingParams
+from hybridrl.rollout.factory import build_rollout
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import seq_keys, summed_log_probs, token_log_probs
+from hybridrl.workers.forward import summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
 from hybridrl.workers.reference import Reference
@@ -95,38 +92,26 @@ class ActorRolloutRefWorker(ProfiledWorker):
         )
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
-        r, data = self.arr.rollout, self.cfg.data
-        self.sync = WeightSync(self.engine)  # the engine holds the current weights until an optimizer step
-        self.sender = None  # resource_pool.rollout: rank 0's end of the weight channel
         self.need_ref = need_ref
         self.reference = Reference(self.arr, self.device, self.policy)
         if need_ref and ref_path is not None and not self.policy.lora:
             self.reference.load(ref_path)
-        self.rollout = self.tp_group = None
-        if self.cfg.resource_pool.rollout:  # generation runs on a pool of its own (workers/rollout.py)
+        pool = self.cfg.resource_pool.rollout  # generation runs on a pool of its own (workers/rollout.py)
+        tp_group = None if pool else rollout_tp_group()  # None at tp=1: each rank its own replica
+        # the engine holds the current weights until an optimizer step
+        self.sync = WeightSync(self.engine, self.policy, tp_group)
+        self.rollout = None
+        if pool:
             return
-        tp_group = rollout_tp_group()  # None at tp=1: each rank its own replica
-        multi_turn = r.multi_turn.enable  # the agent loop runs on the native engine, CPU included
-        self.rollout = make_rollout_engine(
-            "native" if multi_turn and r.name == "auto" else r.name,
+        self.rollout = build_rollout(
+            self.arr.rollout,
             self.model,
             self.tokenizer,
-            max_num_seqs=r.max_num_seqs,
+            max_model_len=self.cfg.data.max_prompt_length + self.cfg.data.max_response_length,
             autocast_dtype=self.engine.amp,
-            rollout=r,
-            max_model_len=data.max_prompt_length + data.max_response_length,
-            # LoRA: an engine with its own weights starts from the merged policy and never aliases the base;
-            # FSDP: from the gathered full tensors (it cannot alias shards); TP: each rank keeps its slice of them
-            named_weights=self.policy.named_weights(self.model)
-            if self.policy.lora or is_sharded(self.model) or tp_group is not None
-            else None,
+            named_weights=self.sync.start_weights(),
             tp_group=tp_group,
         )
-        if multi_turn:  # generate runs multi-turn trajectories with tools / interactions (rollout/agent/)
-            from hybridrl.rollout.agent.rollout import AgentRollout
-
-            self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
-        self.tp_group = tp_group
 
     @property
     def ref(self):
@@ -154,23 +139,16 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def generate(self, prompts: Batch, sampling: SamplingParams, on_finish=None) -> Batch:
         """PROMPTS -> the batch × n with RESPONSES, RESPONSE_MASK, ROLLOUT_LOG_PROBS, RESPONSE_TEXT;
         meta[ROLLOUT_METRICS] holds the engine's metrics and the weight-sync time. `on_finish`
-        (in-process callers only: it is called, not sent): the engine's per-sequence report, on
-        an engine that streams them (the native one, single-turn); ignored otherwise."""
+        (in-process callers only: it is called, not sent): `Hooks.on_finish`, the per-sequence
+        report of an engine that streams them (the native one, single-turn)."""
         if self.rollout is None:
             raise RuntimeError("resource_pool.rollout is set: the rollout pool generates (RolloutWorker.generate)")
-        if self.tp_group is not None:  # TP pieces straight from the FSDP shards (distributed/reshard.py)
-            tp_rank, tp = dist.get_rank(self.tp_group), dist.get_world_size(self.tp_group)
-            metrics = self.sync.push_resharded(self.rollout, lambda: Reshard(self.model, self.model.config, tp_rank, tp))
-        else:
-            metrics = self.sync.push(self.rollout, lambda: self.policy.named_weights(self.model))
+        metrics = self.sync.push(self.rollout)
         t0 = time.perf_counter()
         self.rollout.wake()
         metrics["rollout/wake_s"] = time.perf_counter() - t0
         with self.sync.serving(self.rollout):
-            if on_finish is not None and getattr(self.rollout, "streams_finished", False):
-                out = self.rollout.generate(prompts, sampling, on_finish=on_finish)
-            else:
-                out = self.rollout.generate(prompts, sampling)
+            out = self.rollout.generate(prompts, sampling, Hooks(on_finish=on_finish))
         if self.arr.rollout.free_cache_engine:
             t0 = time.perf_counter()
             self.rollout.sleep()
@@ -183,27 +161,18 @@ class ActorRolloutRefWorker(ProfiledWorker):
     @register(Dispatch.RANK0)
     def host_weight_channel(self, addr: str) -> int:
         """Rank 0 hosts the store of the weight channel to the rollout pool: its port."""
-        if global_rank() != 0:
-            return 0
-        self._channel_store, port = WeightChannel.host(addr)
-        return port
+        return self.sync.host_channel(addr)
 
     @register(Dispatch.ALL)
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
-        """Rank 0 is the channel's sender; the pool's replicas start from weights of their own,
-        so the first send carries the whole policy."""
-        if global_rank() == 0:
-            channel = WeightChannel(addr, port, 0, members, self.device)
-            mb = self.arr.rollout.update_weights_bucket_megabytes
-            self.sender = WeightSender(channel, self._channel_store, self.engine.amp or torch.float32, mb)
-        self.sync.mark_stale()
+        """Rank 0 is the channel's sender; the first send carries the whole policy."""
+        self.sync.join_channel(addr, port, members, self.arr.rollout.update_weights_bucket_megabytes)
 
     @register(Dispatch.RANK0)
     def send_weights(self) -> dict[str, float]:
-        """The pair of the rollout pool's next generate: the policy when it changed since the last
-        send (gathered on every rank, staged by rank 0), else only a header. Returns once staged;
+        """The pair of the rollout pool's next generate (`WeightSync.send`); returns once staged,
         the broadcasts run in the background."""
-        return self.sync.send(self.sender, lambda: self.policy.named_weights(self.model))
+        return self.sync.send()
 
     # -- log-probs -----------------------------------------------------------------------------
     @register(Dispatch.DP)
@@ -241,38 +210,16 @@ class ActorRolloutRefWorker(ProfiledWorker):
         Reads SEQ_KEYS, OLD_LOG_PROBS, ADVANTAGES (REF_LOG_PROBS with use_kl_loss, ROLLOUT_IS_WEIGHTS when set).
         """
         a = self.arr.actor
-        # Only the fields the loss reads are shuffled and copied to the device, micro-batch by micro-batch.
-        extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
-        # no OLD_LOG_PROBS (actor.reuse_on_policy_log_prob): the loss takes its own log-probs as pi_old
-        # and compares them with the engine's
-        extra += [K.OLD_LOG_PROBS] if K.OLD_LOG_PROBS in batch else [K.ROLLOUT_LOG_PROBS]
-        batch = batch.select([*seq_keys(batch), K.ADVANTAGES, *extra])
+        loss = PPOPolicyLoss(a, self.temperature)
+        batch = loss.select(batch)
         mini = self.plan.actor.per_device_mini_batch
-        parts = [batch]
-        if K.OLD_LOG_PROBS not in batch and len(batch) > mini and a.ppo_epochs == 1 and not a.shuffle:
-            # reuse_on_policy_log_prob with several mini-batches (one epoch, no shuffle): the first
-            # is on-policy, its own forward is pi_old; the later ones take pi_old from a pass over
-            # them now, before the first optimizer step moves the weights (the old log-prob
-            # stage's numbers, for (k-1)/k of its rows).
-            head, tail = batch.index(slice(0, mini)), batch.index(slice(mini, len(batch)))
-            with eval_mode(self.model):
-                split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
-                old = token_log_probs(self.engine, self.model, tail, split, self.temperature)
-            tail = tail.select([k for k in tail.tensors if k != K.ROLLOUT_LOG_PROBS])
-            tail[K.OLD_LOG_PROBS] = old
-            parts = [head, tail]
+        parts = loss.passes(batch, mini, lambda rest: self.compute_log_prob(rest)[K.OLD_LOG_PROBS])
         start = self.engine.perf_start()
-        split = Split(
-            self.plan.actor.micro_batch,
-            a.use_dynamic_bsz,
-            a.ppo_max_token_len_per_gpu,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        )
+        key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+        split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, key)
         metrics: dict[str, list[float]] = defaultdict(list)
         for part in parts:
-            for k, v in self.engine.update(
-                part, PPOPolicyLoss(a, self.temperature), split, epochs=a.ppo_epochs, shuffle=a.shuffle, mini_size=mini
-            ).items():
+            for k, v in self.engine.update(part, loss, split, epochs=a.ppo_epochs, shuffle=a.shuffle, mini_size=mini).items():
                 metrics[k].extend(v)
         out = self.engine.summarize(metrics)
         out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))

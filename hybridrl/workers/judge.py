@@ -21,7 +21,8 @@ from hybridrl.data.dataset import PromptRecord, collate_prompts, render_prompt
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.rewards.judge import load_parse_fn
-from hybridrl.rollout import SamplingParams, make_rollout_engine
+from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.factory import build_rollout
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import autocast_dtype
 from hybridrl.workers.reward_model import import_external_lib
@@ -47,14 +48,12 @@ class JudgeWorker(ProfiledWorker):
         model.requires_grad_(False)
         r = self.cfg.actor_rollout_ref.rollout
         self.max_prompt = g.max_prompt_length
-        self.engine = make_rollout_engine(
-            r.name,
+        self.engine = build_rollout(
+            RolloutConfig(name=r.name, max_num_seqs=r.max_num_seqs, gpu_memory_utilization=g.gpu_memory_utilization),
             model,
             tokenizer,
-            max_num_seqs=r.max_num_seqs,
-            rollout=RolloutConfig(name=r.name, max_num_seqs=r.max_num_seqs, gpu_memory_utilization=g.gpu_memory_utilization),
-            autocast_dtype=autocast_dtype(self.device),
             max_model_len=g.max_prompt_length + g.max_new_tokens,
+            autocast_dtype=autocast_dtype(self.device),
         )
         self.sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=g.max_new_tokens)
 

@@ -31,7 +31,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.distributed.fsdp import dp_normalizer, dp_size
 from hybridrl.workers.engine import mini_batch_norms, to_floats
-from hybridrl.workers.forward import completion_log_probs
+from hybridrl.workers.forward import completion_log_probs, seq_keys
 
 
 def _shares_and_means(micros: list[dict], shares: tuple[str, ...]) -> dict[str, list[float]]:
@@ -59,6 +59,30 @@ class PPOPolicyLoss:
     actor: object  # ActorConfig
     temperature: float
     shares = ("actor/pg_loss", "actor/kl_loss")
+
+    def select(self, batch: Batch) -> Batch:
+        """The fields the loss reads, so that only they are shuffled and copied to the device,
+        micro-batch by micro-batch. No OLD_LOG_PROBS (actor.reuse_on_policy_log_prob): the loss
+        takes its own log-probs as pi_old and compares them with the engine's (ROLLOUT_LOG_PROBS)."""
+        a = self.actor
+        extra = [k for k in (K.REF_LOG_PROBS, K.ROLLOUT_IS_WEIGHTS) if k in batch and (k != K.REF_LOG_PROBS or a.use_kl_loss)]
+        extra += [K.OLD_LOG_PROBS] if K.OLD_LOG_PROBS in batch else [K.ROLLOUT_LOG_PROBS]
+        return batch.select([*seq_keys(batch), K.ADVANTAGES, *extra])
+
+    def passes(self, batch: Batch, mini_size: int, log_probs) -> list[Batch]:
+        """The parts of `batch` that are updated one after the other: the whole batch, except with
+        actor.reuse_on_policy_log_prob (no OLD_LOG_PROBS) over several mini-batches of one epoch,
+        unshuffled. Then only the first mini-batch is on-policy (its own forward is pi_old); the
+        later ones take pi_old from `log_probs(rest)`, a pass over them now, before the first
+        optimizer step moves the weights (the old log-prob stage's numbers for (k-1)/k of its rows)."""
+        a = self.actor
+        if K.OLD_LOG_PROBS in batch or len(batch) <= mini_size or a.ppo_epochs != 1 or a.shuffle:
+            return [batch]
+        head, tail = batch.index(slice(0, mini_size)), batch.index(slice(mini_size, len(batch)))
+        old = log_probs(tail)  # (rows, R)
+        tail = tail.select([k for k in tail.tensors if k != K.ROLLOUT_LOG_PROBS])
+        tail[K.OLD_LOG_PROBS] = old
+        return [head, tail]
 
     def norms(self, mini: Batch) -> dict[str, float]:
         return mini_batch_norms(mini)

@@ -20,8 +20,8 @@ from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.layout import global_rank
 from hybridrl.distributed.weight_channel import WeightChannel, WeightReceiver, drain
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
-from hybridrl.rollout import SamplingParams, make_rollout_engine
-from hybridrl.rollout.hf import HFRolloutEngine
+from hybridrl.rollout.base import Hooks, SamplingParams
+from hybridrl.rollout.factory import build_rollout
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import autocast_dtype
 
@@ -47,27 +47,17 @@ class RolloutWorker(ProfiledWorker):
         )
         amp = autocast_dtype(self.device)
         self.model = model.to(self.device, dtype=amp or torch.float32).eval().requires_grad_(False)
-        multi_turn = r.multi_turn.enable
-        self.rollout = make_rollout_engine(
-            "native" if multi_turn and r.name == "auto" else r.name,
+        partial = self.cfg.async_training.partial_rollout  # build_rollout refuses an engine that cannot swap
+        self.rollout = build_rollout(
+            r,
             self.model,
             self.tokenizer,
-            max_num_seqs=r.max_num_seqs,
-            autocast_dtype=amp,
-            rollout=r,
             max_model_len=data.max_prompt_length + data.max_response_length,
+            autocast_dtype=amp,
+            partial_rollout=partial,
         )
-        if multi_turn:
-            from hybridrl.rollout.agent.rollout import AgentRollout
-
-            self.rollout = AgentRollout.from_config(self.rollout, self.tokenizer, r.multi_turn)
         self.params = dict(self.model.named_parameters())
-        if self.cfg.async_training.partial_rollout:  # the config check asks for the native engine, single-turn
-            if not getattr(self.rollout, "swaps_weights", False):  # the HF engine (rollout.name=auto on a CPU)
-                raise ValueError(
-                    "async_training.partial_rollout needs the native engine, and this rollout pool runs "
-                    f"{type(self.rollout).__name__}; set actor_rollout_ref.rollout.name=native"
-                )
+        if partial:
             self.partial = PartialRollout(self)
 
     @register(Dispatch.ALL)
@@ -95,7 +85,7 @@ class RolloutWorker(ProfiledWorker):
             return
         self.loaded = True
         try:
-            if isinstance(getattr(self.rollout, "engine", self.rollout), HFRolloutEngine):  # runs on self.model
+            if self.rollout.model is self.model:  # the hf engine runs on the module itself
                 with torch.no_grad():
                     for name, tensor in pieces:
                         if name not in self.params:
@@ -120,11 +110,9 @@ class RolloutWorker(ProfiledWorker):
             metrics["async/idle_s/rollout"] = start - self.last_end
         self.rollout.wake()
         t0 = time.perf_counter()
+        out = self.rollout.generate(prompts, sampling, Hooks(weight_swap=self.partial))
         if self.partial is not None:
-            out = self.rollout.generate(prompts, sampling, weight_swap=self.partial)
             metrics.update(self.partial.metrics(out))
-        else:
-            out = self.rollout.generate(prompts, sampling)
         self.last_end = time.perf_counter()
         metrics["rollout_pool/generate_s"] = self.last_end - t0
         metrics.update(self.rollout.last_metrics)
@@ -133,7 +121,7 @@ class RolloutWorker(ProfiledWorker):
 
 
 class PartialRollout:
-    """The engine's `weight_swap` (async_training.partial_rollout): between decode steps, at most
+    """The engine's `Hooks.weight_swap` (async_training.partial_rollout): between decode steps, at most
     every `interval_s`, a look at the channel's send count; new weights are received and loaded
     in place, and decoding continues with them."""
 

@@ -152,3 +152,20 @@ def test_multi_turn_config_errors(tiny_model_dir, arith_data, tmp_path):
     )
     text = bad.stderr + bad.stdout
     assert bad.returncode != 0 and "missing.yaml: no such file" in text and "set actor_rollout_ref.rollout.name=native" in text
+
+
+def test_eval_runs_multi_turn_through_the_rollout_factory(tiny_model_with_weights, arith_data, tmp_path):
+    """`hybridrl eval --interaction-config` builds its engine with `build_rollout`, as training does:
+    rollout `auto` is the native engine on CPU for multi-turn, in the agent loop; the user's
+    turns show in the summary's agent metrics."""
+    import json
+
+    (tmp_path / "teacher_env.py").write_text(TEACHER)
+    (tmp_path / "interactions.yaml").write_text("interaction:\n  - name: teacher\n    class_name: teacher_env.RetryTeacher\n")
+    summary = tmp_path / "summary.json"
+    args = ["--model", tiny_model_with_weights, "--data", arith_data["test"], "--max-response-length", 16, "--limit", 4]
+    args += ["--interaction-config", tmp_path / "interactions.yaml", "--summary", summary]
+    ev = cli("eval", *args, env={"PYTHONPATH": str(tmp_path)})
+    assert "arith: accuracy" in ev.stdout and "turns_mean" in ev.stdout
+    rollout = json.loads(summary.read_text())["rollout"]
+    assert rollout["agent/turns_mean"] >= 1 and "agent/user_turns_mean" in rollout

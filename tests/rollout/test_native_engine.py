@@ -11,9 +11,10 @@ from hybridrl.data.dataset import PromptRecord, collate_prompts
 from hybridrl.models.logprobs import log_probs_from_logits, response_logits
 from hybridrl.models.tiny import build_tokenizer
 from hybridrl.rollout import SamplingParams
+from hybridrl.rollout.base import NO_HOOKS, Hooks
 from hybridrl.rollout.hf import HFRolloutEngine
 from hybridrl.rollout.native.cache import CacheFullError
-from hybridrl.rollout.native.engine import NativeRolloutEngine
+from hybridrl.rollout.native.engine import Generation, NativeRolloutEngine
 
 TOK = build_tokenizer()
 SHAPE = dict(
@@ -66,6 +67,15 @@ def engine_for(model, **kw):
     return NativeRolloutEngine.from_hf_model(model, TOK, **kw)
 
 
+def run_generation(engine, batch, sampling, hooks=NO_HOOKS):
+    """`engine.generate`, step by step, keeping the call's `Generation` (its run record) to look at."""
+    run = Generation(engine, batch, sampling, hooks, None)
+    while run.step():
+        pass
+    out, engine.last_metrics = run.result()
+    return out, run
+
+
 GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=12)
 
 
@@ -110,7 +120,7 @@ def test_continuous_batching_with_a_small_cache_matches_one_at_a_time():
         alone.append(out[K.RESPONSES][0, : int(out[K.RESPONSE_MASK].sum())].tolist())
     eng = engine_for(model, num_blocks=7, max_num_seqs=3, max_num_batched_tokens=16)
     eng.eos_token_ids = [eos]
-    out = eng.generate(prompts(texts), GREEDY)
+    out, run = run_generation(eng, prompts(texts), GREEDY)
     got = [r[: int(m.sum())].tolist() for r, m in zip(out[K.RESPONSES], out[K.RESPONSE_MASK])]
     assert got == alone
     lengths = [len(x) for x in got]
@@ -120,14 +130,14 @@ def test_continuous_batching_with_a_small_cache_matches_one_at_a_time():
     assert eng.cache.allocator.num_free == eng.cache.allocator.usable  # every block came back
     # the texts of rows that ended in a decode step were detokenized in the decode loop (a row that
     # ended on its first, prefilled token is left to the end): the same strings
-    assert [t is not None for t in eng.texts] == [n > 1 for n in lengths]
+    assert [t is not None for t in run.record.texts] == [n > 1 for n in lengths]
     assert list(out[K.RESPONSE_TEXT]) == TOK.batch_decode(
         [r[: int(m.sum())] for r, m in zip(out[K.RESPONSES], out[K.RESPONSE_MASK])], skip_special_tokens=True
     )
     # a caller that streams the ended rows decodes them itself: the engine detokenizes at the end
     reported = []
-    again = eng.generate(prompts(texts), GREEDY, on_finish=lambda rows, toks: reported.extend(rows.tolist()))
-    assert sorted(reported) == list(range(len(texts))) and all(t is None for t in eng.texts)
+    again, run = run_generation(eng, prompts(texts), GREEDY, Hooks(on_finish=lambda rows, toks: reported.extend(rows.tolist())))
+    assert sorted(reported) == list(range(len(texts))) and all(t is None for t in run.record.texts)
     assert list(again[K.RESPONSE_TEXT]) == list(out[K.RESPONSE_TEXT])
 
 
@@ -380,7 +390,8 @@ def test_on_finish_reports_each_sequence_once_as_it_ends():
     eng.eos_token_ids = [max(range(len(TOK)), key=spread)]
     calls = []
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
-    out = eng.generate(prompts(texts), sampling, on_finish=lambda rows, toks: calls.append((rows.tolist(), toks)))
+    state = set(vars(eng))
+    out = eng.generate(prompts(texts), sampling, Hooks(on_finish=lambda rows, toks: calls.append((rows.tolist(), toks))))
     lengths = out[K.RESPONSE_MASK].sum(-1).long().tolist()
     reported = {}
     for i, (rows, toks) in enumerate(calls):
@@ -395,4 +406,4 @@ def test_on_finish_reports_each_sequence_once_as_it_ends():
         for b in range(len(lengths)):
             if lengths[a] < lengths[b]:  # every row started at once: the shorter ended first
                 assert reported[a][0] <= reported[b][0]
-    assert eng.on_finish is None  # not kept past the call
+    assert set(vars(eng)) == state  # nothing of the call (the hook included) is kept on the engine

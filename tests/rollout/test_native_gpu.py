@@ -36,7 +36,7 @@ def test_graphs_equal_eager_and_hf_in_float32(setup):
     a, b = graphs.generate(prompts(), s, seeds=seeds), eager.generate(prompts(), s, seeds=seeds)
     assert torch.equal(a[K.RESPONSES], b[K.RESPONSES])
     torch.testing.assert_close(a[K.ROLLOUT_LOG_PROBS], b[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=0)
-    assert len(graphs.graphs) >= 2  # rows left mid-run: smaller batch sizes were captured too
+    assert len(graphs.runner.graphs) >= 2  # rows left mid-run: smaller batch sizes were captured too
     # sleep / wake: a re-allocated cache at the same address keeps the graphs, otherwise they go
     graphs.sleep()
     graphs.wake()
@@ -46,7 +46,7 @@ def test_graphs_equal_eager_and_hf_in_float32(setup):
     old = held.data_ptr()
     graphs.sleep()
     graphs.wake()
-    assert graphs.cache.data.data_ptr() != old and not graphs.graphs
+    assert graphs.cache.data.data_ptr() != old and not graphs.runner.graphs
     assert torch.equal(graphs.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
 
 
@@ -77,7 +77,7 @@ def test_the_first_capture_warms_up_every_smaller_batch_size(setup, monkeypatch)
     held = eng.cache.data
     eng.sleep()
     eng.wake()
-    assert eng.cache.data.data_ptr() != held.data_ptr() and not eng.graphs
+    assert eng.cache.data.data_ptr() != held.data_ptr() and not eng.runner.graphs
     calls.clear()
     assert torch.equal(eng.generate(prompts(), s, seeds=seeds)[K.RESPONSES], a[K.RESPONSES])
     assert calls and calls[0::2] == calls[1::2]
@@ -135,7 +135,7 @@ def test_the_decode_loop_never_makes_the_host_wait(setup):
     s = SamplingParams(n=3, temperature=1.0, max_new_tokens=20)
     seeds = list(range(15))
     want = eng.generate(prompts(), s, seeds=seeds)  # warm-up: graphs captured, kernels compiled
-    loop = {"add_blocks", "keep_rows", "start_rows", "decode", "_launch_step"}
+    loop = {"add_blocks", "keep_rows", "start_rows", "decode", "leave", "grow", "advance"}  # Generation.run and its parts
     sites = []
     old = warnings.showwarning
 
@@ -185,5 +185,5 @@ def test_graphs_are_captured_while_another_thread_launches_kernels(setup):
     finally:
         stop.set()
         t.join()
-    assert engine.graphs and launched  # the graphs were captured while the thread ran
+    assert engine.runner.graphs and launched  # the graphs were captured while the thread ran
     assert torch.equal(got[K.RESPONSES], want[K.RESPONSES])

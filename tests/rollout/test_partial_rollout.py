@@ -13,7 +13,8 @@ import torch
 from test_native_engine import GREEDY, engine_for, hf_model, prompts
 
 from hybridrl.data import keys as K
-from hybridrl.rollout.native.engine import token_versions
+from hybridrl.rollout.base import Hooks
+from hybridrl.rollout.native.record import token_versions
 
 
 class SwapAfter:
@@ -39,7 +40,7 @@ def test_weights_swapped_mid_generation_continue_from_the_old_cache(steps_per_sy
     batch = prompts()
     alone = engine_for(copy.deepcopy(old)).generate(batch, GREEDY)  # the old weights throughout
     engine = engine_for(copy.deepcopy(old), decode_steps_per_sync=steps_per_sync)
-    out = engine.generate(batch, GREEDY, weight_swap=SwapAfter(engine, new, nth=nth))
+    out = engine.generate(batch, GREEDY, Hooks(weight_swap=SwapAfter(engine, new, nth=nth)))
     versions, mask, responses = out[K.ROLLOUT_TOKEN_VERSION], out[K.RESPONSE_MASK].bool(), out[K.RESPONSES]
     checked = 0
     for row in range(len(batch)):
@@ -70,7 +71,7 @@ def test_without_a_swap_every_token_has_the_starting_version():
     old = hf_model("qwen2", seed=0)
     engine = engine_for(copy.deepcopy(old))
     never = SwapAfter(engine, old, nth=10**9)
-    out = engine.generate(prompts(), GREEDY, weight_swap=never)
+    out = engine.generate(prompts(), GREEDY, Hooks(weight_swap=never))
     assert (out[K.ROLLOUT_TOKEN_VERSION] == 1).all()
     plain = engine_for(copy.deepcopy(old)).generate(prompts(), GREEDY)
     assert torch.equal(out[K.RESPONSES], plain[K.RESPONSES])

@@ -53,7 +53,7 @@ def _rank_main(rank: int, world: int, port: int, families: tuple, result_dir: st
         model = hf_model(family).to(device)
         engine = engine_for(model, tp=tp, **engine_kwargs(device))
         results[family] = generate_all(engine)
-        results[family]["graphs"] = len(engine.graphs)
+        results[family]["graphs"] = len(engine.runner.graphs)
         # pre-sliced pieces (the resharder's path) give the same shard as slicing full tensors
         fresh = NativeRolloutEngine(model.config, TOK, max_model_len=64, tp=tp, **{"block_size": 4, **engine_kwargs(device)})
         pieces = ((n, tp_shards.shard(n, p, model.config, tp.rank, tp.size).clone()) for n, p in model.named_parameters())

@@ -158,3 +158,31 @@ def test_several_mini_batches_take_pi_old_from_before_the_first_step(tmp_path, b
     assert torch.equal(head[K.RESPONSES], batch[K.RESPONSES][:4]) and torch.equal(tail[K.RESPONSES], batch[K.RESPONSES][4:])
     torch.testing.assert_close(tail[K.OLD_LOG_PROBS], want[4:], rtol=0, atol=1e-6)
     assert metrics["actor/grad_norm"] > 0 and any(not torch.equal(a, b) for a, b in zip(before, w.model.parameters()))
+
+
+def test_the_policy_loss_slices_pi_old_for_the_later_mini_batches():
+    """`PPOPolicyLoss.passes`: with reuse (no OLD_LOG_PROBS), one epoch, unshuffled and several
+    mini-batches, the first mini-batch is on-policy and the rest carry the pass's log-probs as
+    OLD_LOG_PROBS (and no engine log-probs); otherwise the batch is one part."""
+    from hybridrl.config.schema import ActorConfig
+    from hybridrl.data.batch import Batch
+    from hybridrl.workers.objectives import PPOPolicyLoss
+
+    rows = torch.arange(6.0)[:, None].expand(6, 3)  # (6, R): row i holds i
+    batch = Batch({K.RESPONSES: rows.long(), K.ROLLOUT_LOG_PROBS: -rows, K.ADVANTAGES: rows})
+    seen = []
+
+    def pass_over(part):
+        seen.append(part[K.RESPONSES][:, 0].tolist())
+        return part[K.ADVANTAGES] * 10
+
+    loss = PPOPolicyLoss(ActorConfig(ppo_epochs=1, shuffle=False), 1.0)
+    head, tail = loss.passes(batch, 2, pass_over)
+    assert seen == [[2, 3, 4, 5]]
+    assert head[K.RESPONSES][:, 0].tolist() == [0, 1] and K.OLD_LOG_PROBS not in head
+    assert torch.equal(tail[K.OLD_LOG_PROBS], rows[2:] * 10) and K.ROLLOUT_LOG_PROBS not in tail
+    assert loss.passes(batch, 6, pass_over) == [batch]  # one mini-batch: all on-policy
+    for actor in (ActorConfig(ppo_epochs=2, shuffle=False), ActorConfig(ppo_epochs=1, shuffle=True)):
+        assert PPOPolicyLoss(actor, 1.0).passes(batch, 2, pass_over) == [batch]
+    recomputed = Batch({**batch.tensors, K.OLD_LOG_PROBS: -rows})
+    assert loss.passes(recomputed, 2, pass_over) == [recomputed] and len(seen) == 1

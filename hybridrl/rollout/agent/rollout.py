@@ -13,7 +13,7 @@ from pathlib import Path
 from hybridrl.data.batch import Batch
 from hybridrl.rollout.agent.loop import AgentOptions, AgentSession, AsyncRunner, MessageRenderer
 from hybridrl.rollout.agent.tool import Tool
-from hybridrl.rollout.base import SamplingParams
+from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams
 
 
 def load_tools(path: str | None) -> dict[str, Tool]:
@@ -49,11 +49,6 @@ def _existing(path: str, key: str) -> str:
 
 
 class AgentRollout:
-    # A turn's end is not the trajectory's, and tools add rewards: scored after generation
-    # (not the engine's per-sequence reports, which `__getattr__` would otherwise offer).
-    streams_finished = False
-    swaps_weights = False  # partial rollouts are single-turn
-
     def __init__(self, engine, tokenizer, options: AgentOptions, tools: dict[str, Tool], interactions: dict | None = None):
         from hybridrl.rollout.native.engine import NativeRolloutEngine
 
@@ -85,10 +80,12 @@ class AgentRollout:
             self.tokenizer, self.options, self.tools, self.interactions, self.runner, self.renderer, self.engine.eos_token_ids
         )
 
-    def generate(self, prompts: Batch, sampling: SamplingParams, seeds=None) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None, seeds=None) -> Batch:
         """The engine's `generate` with the agent loop; RESPONSE_ATTENTION_MASK, AGENT_REWARD and
-        AGENT_TURNS added (see keys.py)."""
-        return self.engine.generate(prompts, sampling, seeds=seeds, agent=self.session())
+        AGENT_TURNS added (see keys.py). `hooks.on_finish` is never called: a turn's end is not the
+        trajectory's, and tools add rewards, so the batch is scored after generation."""
+        (hooks or NO_HOOKS).require("multi-turn rollouts")
+        return self.engine.generate(prompts, sampling, Hooks(agent=self.session()), seeds=seeds)
 
     def close(self) -> None:
         self.runner.close()

@@ -14,6 +14,7 @@ from hybridrl.rollout import SamplingParams
 from hybridrl.rollout.agent.loop import AgentOptions
 from hybridrl.rollout.agent.rollout import AgentRollout
 from hybridrl.rollout.agent.tool import Tool, ToolResult
+from hybridrl.rollout.base import Hooks
 
 
 @pytest.fixture(autouse=True, params=[1, 5], ids=["1-step", "5-step"])
@@ -289,7 +290,9 @@ def test_answered_rows_rejoin_together_with_the_same_tokens():
     model, passes, outs = tiny_model(), [], []
     for wait in (0, 1000):
         engine = engine_for(model, resume_wait_steps=wait)
-        out = engine.generate(chat_prompts([f"q{i}" for i in range(8)]), SAMPLE, seeds=list(range(8)), agent=InstantAnswers())
+        out = engine.generate(
+            chat_prompts([f"q{i}" for i in range(8)]), SAMPLE, Hooks(agent=InstantAnswers()), seeds=list(range(8))
+        )
         outs.append(out)
         passes.append(engine.last_metrics["rollout/extend_passes"])
         # each row rejoined after turns 1 and 2 (fewer if a turn ended on EOS)
@@ -301,9 +304,16 @@ def test_answered_rows_rejoin_together_with_the_same_tokens():
 
 
 def test_multi_turn_is_scored_after_generation():
-    """A turn's end is not the trajectory's: the agent rollout does not offer the engine's
-    per-sequence reports (the actor passes on_finish only to an engine that streams)."""
+    """A turn's end is not the trajectory's: the agent rollout takes `Hooks(on_finish=...)` (the
+    actor passes it to every engine) and never calls it, so the batch is scored after; it refuses
+    a `weight_swap` (partial rollouts are single-turn) rather than dropping it."""
     engine = engine_for(tiny_model())
     rollout = AgentRollout(engine, TOK, AgentOptions(), {})
-    assert engine.streams_finished and not rollout.streams_finished
+    reported = []
+    out = rollout.generate(
+        chat_prompts(["q"]), SamplingParams(n=2, max_new_tokens=20), Hooks(on_finish=reported.append), seeds=[1, 2]
+    )
+    assert reported == [] and out[K.RESPONSES].shape[0] == 2
+    with pytest.raises(ValueError, match="hooks.weight_swap=.*native engine, not multi-turn"):
+        rollout.generate(chat_prompts(["q"]), SamplingParams(max_new_tokens=4), Hooks(weight_swap=object()))
     rollout.close()

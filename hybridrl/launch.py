@@ -24,7 +24,7 @@ class UsageError(ValueError):
 
 
 def trainer_class(cfg):
-    """The trainer of algorithm.name (the Python API picks it here too)."""
+    """The trainer class of algorithm.name: PPOTrainer (rl), PreferenceTrainer (dpo, kto), SFTTrainer, RewardModelTrainer."""
     if cfg.algorithm.name in ("dpo", "kto"):
         from hybridrl.trainer.preference import PreferenceTrainer
 
@@ -50,6 +50,7 @@ def input_problems(cfg) -> list[str]:
 
 
 def device_problems(cfg) -> list[str]:
+    """trainer.device=cuda on a machine whose torch sees no GPU (torch is imported only then)."""
     if cfg.trainer.device != "cuda":
         return []
     import torch

@@ -44,29 +44,7 @@ def all_choices() -> dict[str, tuple[str, ...]]:
 
 def config_notices(cfg: Config) -> list[str]:
     """Warnings about a valid config: settings that run, but probably not as meant."""
-    out = []
-    a = cfg.algorithm
-    if a.name == "rl" and a.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 1:
-        out.append(
-            "algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group holds one response, "
-            "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
-            "actor_rollout_ref.rollout.n=5"
-        )
-    r = cfg.actor_rollout_ref.rollout
-    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
-        if getattr(r, key) and (r.name in ("hf", "vllm") or r.tensor_model_parallel_size > 1):
-            out.append(
-                f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
-                f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
-            )
-    if cfg.reward_model.launch_reward_fn_async and (a.filter_groups.enable or cfg.trainer.mode != "sync"):
-        why = (
-            "algorithm.filter_groups.enable=true (which groups to keep needs the scores)"
-            if a.filter_groups.enable
-            else f"trainer.mode={cfg.trainer.mode} (the rollout producer scores)"
-        )
-        out.append(f"reward_model.launch_reward_fn_async=true: scoring runs in the foreground with {why}")
-    return out
+    return algorithm.notices(cfg) + rollout.notices(cfg) + reward.notices(cfg)
 
 
 def validate(cfg: Config) -> list[str]:

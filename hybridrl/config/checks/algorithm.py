@@ -9,6 +9,18 @@ from ..schema import Config, show
 from .reward import manager_problems
 
 
+def notices(cfg: Config) -> list[str]:
+    """GRPO with one sample per prompt: it runs as verl's does, with no baseline."""
+    a = cfg.algorithm
+    if a.name == "rl" and a.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 1:
+        return [
+            "algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group holds one response, "
+            "so its advantage is its raw score (no baseline), as in verl; GRPO is meant for n > 1, e.g. "
+            "actor_rollout_ref.rollout.n=5"
+        ]
+    return []
+
+
 def algorithm_problems(cfg: Config, resolved: Config) -> list[Problem]:
     """Problems with the RL algorithm keys: estimators, DAPO, the reward manager, rollout correction.
 

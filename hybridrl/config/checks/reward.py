@@ -8,6 +8,19 @@ from ..problem import Problem, suggest
 from ..schema import Config
 
 
+def notices(cfg: Config) -> list[str]:
+    """launch_reward_fn_async where the step needs the scores at once."""
+    a = cfg.algorithm
+    if cfg.reward_model.launch_reward_fn_async and (a.filter_groups.enable or cfg.trainer.mode != "sync"):
+        why = (
+            "algorithm.filter_groups.enable=true (which groups to keep needs the scores)"
+            if a.filter_groups.enable
+            else f"trainer.mode={cfg.trainer.mode} (the rollout producer scores)"
+        )
+        return [f"reward_model.launch_reward_fn_async=true: scoring runs in the foreground with {why}"]
+    return []
+
+
 def custom_function_problems(cfg: Config) -> list[Problem]:
     """custom_reward_function.*: the function to call and the processes that call it."""
     out = []

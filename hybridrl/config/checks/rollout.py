@@ -14,6 +14,18 @@ _R = "actor_rollout_ref.rollout"
 _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
 
 
+def notices(cfg: Config) -> list[str]:
+    """Engine features that do nothing with the engine or TP size chosen."""
+    r, out = cfg.actor_rollout_ref.rollout, []
+    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if getattr(r, key) and (r.name in ("hf", "vllm") or r.tensor_model_parallel_size > 1):
+            out.append(
+                f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
+                f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
+            )
+    return out
+
+
 def sampling_problems(cfg: Config) -> list[Problem]:
     """Sampling settings that cannot run: greedy-or-sample contradictions, a group wider than the engine's batch."""
     out = []

@@ -223,7 +223,7 @@ class RLTrainer:
         from hybridrl import launch
         from hybridrl.config import ConfigError
         from hybridrl.trainer import checkpoint as ckpt
-        from hybridrl.trainer.setup import run_dir
+        from hybridrl.trainer.rundir import run_dir
         from hybridrl.trainer.supervise import fit_with_restarts
 
         cfg = self.config

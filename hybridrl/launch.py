@@ -99,7 +99,7 @@ def _user_code_line(e: BaseException, path: str) -> str:
 def claim_run_dir(cfg) -> None:
     """A run that does not resume starts in a directory holding no other run (trainer/rundir.py)."""
     from hybridrl.trainer import rundir
-    from hybridrl.trainer.setup import find_resume, run_dir
+    from hybridrl.trainer.rundir import find_resume, run_dir
 
     if find_resume(cfg) is None:
         rundir.claim(run_dir(cfg), cfg.trainer.overwrite)
@@ -166,7 +166,7 @@ def _os_error(e: BaseException) -> OSError | None:
 
 def _last_checkpoint_state(cfg) -> str:
     from hybridrl.trainer.checkpoint import latest_checkpoint
-    from hybridrl.trainer.setup import checkpoints_dir
+    from hybridrl.trainer.rundir import checkpoints_dir
 
     last = latest_checkpoint(checkpoints_dir(cfg))
     # Checkpoints are written to a temporary name and renamed when complete, so a failed or

@@ -32,22 +32,13 @@ from hybridrl.trainer import rundir
 from hybridrl.trainer.determinism import make_deterministic, make_worker_deterministic
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.trainer.rollout_pool import RolloutPool
+from hybridrl.trainer.rundir import checkpoints_dir, find_resume, run_dir
 from hybridrl.trainer.warmup import run_warmup
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 from hybridrl.workers.judge import JudgeWorker
 from hybridrl.workers.reward_model import RewardModelTrainWorker, RewardModelWorker
 from hybridrl.workers.rollout import RolloutWorker
-
-
-def run_dir(cfg) -> Path:
-    t = cfg.trainer
-    return Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
-
-
-def checkpoints_dir(cfg) -> Path:
-    """A run's `checkpoints/` (step_N/ directories and `latest`): where saves go and resume looks."""
-    return run_dir(cfg) / "checkpoints"
 
 
 @dataclass
@@ -369,18 +360,6 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     )
     loader = PromptLoader(records, prompts_per_batch, tokenizer.pad_token_id, shuffle=cfg.data.shuffle, seed=_shuffle_seed(cfg))
     return loader, val_records
-
-
-def find_resume(cfg) -> Path | None:
-    t = cfg.trainer
-    if t.resume_mode == "disable":
-        return None
-    if t.resume_mode == "resume_path":
-        path = Path(t.resume_from_path)
-        if not (path / "trainer_state.json").exists():
-            raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
-        return path
-    return ckpt.latest_checkpoint(checkpoints_dir(cfg))
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:

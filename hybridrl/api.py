@@ -186,6 +186,8 @@ class RLTrainer:
             out["actor_rollout_ref.model.tokenizer_path"] = _fspath(tok) if _is_path(tok) else str(inputs / "tokenizer")
         if critic is not None:
             out["critic.model.path"] = _fspath(critic) if _is_path(critic) else str(inputs / "critic")
+        if self.reward_models:  # decided here, before validation, so the checks see the reward model
+            out["reward_model.enable"] = True
         for name, key in (("train_data", "data.train_files"), ("val_data", "data.val_files")):
             data = o[name]
             if data is not None:
@@ -218,26 +220,24 @@ class RLTrainer:
         return _as_user_error(self._config_path, self.config)(self._fit)()
 
     def _fit(self) -> FitResult:
+        from hybridrl import launch
         from hybridrl.config import ConfigError
-        from hybridrl.config.paths import missing_paths
         from hybridrl.trainer import checkpoint as ckpt
-        from hybridrl.trainer import rundir
-        from hybridrl.trainer.setup import _find_resume, run_dir
+        from hybridrl.trainer.rundir import run_dir
         from hybridrl.trainer.supervise import fit_with_restarts
 
         cfg = self.config
         out = run_dir(cfg)
         with _restored_process_state():
-            if _find_resume(cfg) is None:
-                rundir.claim(out, cfg.trainer.overwrite)  # before inputs/ is written: overwrite moves the old run aside
+            launch.claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
             self._write_inputs()
-            problems = missing_paths(cfg) + _cli()._device_problems(cfg)
+            problems = launch.input_problems(cfg)
             if problems:
                 raise ConfigError(problems)
             for n in cfg.notices:  # what `hybridrl train` prints once at start
                 print(f"hybridrl: notice: {n}", file=sys.stderr)
             if self.reward_fn is None:
-                _cli()._check_reward_file(cfg)
+                launch.check_reward_file(cfg)
             else:
                 _check_reward_fn(self.reward_fn, cfg)
             fit_with_restarts(cfg, self._trainer_class())
@@ -249,7 +249,9 @@ class RLTrainer:
 
     def _trainer_class(self):
         """The trainer `hybridrl train` picks for algorithm.name, with the reward function object bound."""
-        trainer = _cli().trainer_class(self.config)
+        from hybridrl.launch import trainer_class
+
+        trainer = trainer_class(self.config)
         if self.reward_fn is None and not self.reward_models:
             return trainer
         from hybridrl.trainer.ppo import PPOTrainer
@@ -375,13 +377,6 @@ def _short_form(base, model, data, reward, val_data, tokenizer, config, override
 # --------------------------------------------------------------------------- helpers
 
 
-def _cli():
-    """The CLI's checks and error messages, shared so that both say the same thing."""
-    from hybridrl.cli import main
-
-    return main
-
-
 def _as_user_error(config_path: str | None, cfg):
     """Call through, turning a user error into HybridRLError with the CLI's one-line message."""
 
@@ -399,7 +394,9 @@ def _as_user_error(config_path: str | None, cfg):
             except (NonFiniteError, WorkerDiedError, DynamicSamplingError) as e:
                 raise TrainingStopped(str(e)) from e
             except Exception as e:
-                message = _cli().user_error_message(e, cfg, config_path)
+                from hybridrl.launch import user_error_message  # the CLI's one-line messages
+
+                message = user_error_message(e, cfg, config_path)
                 if message is None:
                     raise  # a bug in hybridrl: the full traceback
                 raise HybridRLError(message) from e

@@ -24,11 +24,14 @@ import torch  # noqa: E402
 from hybridrl.data.converters import make_arith
 from hybridrl.models.tiny import write_tiny_model_dir
 
+sys.path.insert(0, str(Path(__file__).parent))  # shared helpers (tiny_models, spmd_helpers) by name
+from tiny_models import SHAPE  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """config.json + char tokenizer, no weights (load with random_init=True)."""
-    return str(write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), hidden_size=32, intermediate_size=64))
+    """config.json + char tokenizer, no weights (load with random_init=True); tests/tiny_models.py's SHAPE."""
+    return str(write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), **SHAPE))
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +55,6 @@ def arith_data(tmp_path_factory):
 # The end-to-end tests share `tests/e2e/cli_helpers.py`, the API tests `tests/api/api_helpers.py`,
 # the kernel tests `tests/triton_helpers.py`; pytest's importlib mode does not put test folders on
 # sys.path, so add those.
-sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 sys.path.insert(0, str(Path(__file__).parent / "api"))
 sys.path.insert(0, str(Path(__file__).parent / "rollout" / "agent"))

@@ -1,24 +1,24 @@
 """Shared by the CUDA-graph tests (tests/models/test_graphs.py on CPU, tests/gpu/test_graphs_gpu.py):
 a tiny tied Qwen2 model and GRPO-shaped rows (groups of n samples of one prompt)."""
 
+import tiny_models
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 
 def tiny_qwen2(vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=vocab,
+    """tests/tiny_models.py's model at these sizes, 2,048 positions, no padding token (as HF's default)."""
+    return tiny_models.tiny_qwen2(
+        vocab,
+        attn="sdpa",
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        pad_token_id=None,
     )
-    cfg._attn_implementation = "sdpa"
-    return Qwen2ForCausalLM(cfg)
 
 
 def grouped_rows(seed: int, groups: int, n: int, P: int, R: int, vocab: int, min_prompt: int = 1):

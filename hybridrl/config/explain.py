@@ -4,9 +4,9 @@ import copy
 from collections.abc import Sequence
 from pathlib import Path
 
+from .batch_plan import BatchPlan, RolePlan, plan_batches
 from .loader import config_from_dict, load_config, to_dict
 from .schema import Config, ConfigError, resolve
-from .validate import BatchPlan, RolePlan, plan_batches
 
 
 def explain(cfg_or_path: Config | str | Path | None = None, overrides: Sequence[str] = ()) -> str:

@@ -17,14 +17,35 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator, NamedTuple
 
+from .names import (
+    ALGORITHM_NAMES,
+    DEVICES,
+    DPO_LOSS_TYPES,
+    KL_CTRL_TYPES,
+    KL_ESTIMATORS,
+    LOGGERS,
+    LOSS_AGG_MODES,
+    LR_SCHEDULERS,
+    PACKED_ATTN_BACKENDS,
+    RESUME_MODES,
+    ROLLOUT_NAMES,
+    TOOL_CALL_FORMATS,
+    TRAINER_MODES,
+    TRUNCATE_SIDES,
+    TRUNCATIONS,
+)
+from .rules import AT_LEAST_0, AT_LEAST_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, UNIT, Rule
 
-def option(default: Any, doc: str) -> Any:
-    """A dataclass field with its one-place documentation.
+
+def option(default: Any, doc: str, *, check: Rule | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with its one-place documentation and checks.
 
     `default` may be a plain value, a list/dict (copied per instance) or a zero-argument
-    callable such as a component class (called per instance).
+    callable such as a component class (called per instance). `check` is the range rule its
+    value must pass (config/rules.py), `choices` the names it may take (config/names.py; for a
+    list, every entry); `validate` reads both from here, so a key's rules are written once.
     """
-    meta = {"doc": doc}
+    meta = {"doc": doc, "check": check, "choices": choices}
     if callable(default):
         return field(default_factory=default, metadata=meta)
     if isinstance(default, (list, dict)):
@@ -48,15 +69,18 @@ class DataConfig:
     prompt_key: str = option("prompt", "Column holding the prompt (a string or a list of chat messages).")
     response_key: str | None = option(None, "SFT: column holding the response to train on; null = `response` (or `completion`).")
     reward_fn_key: str = option("data_source", "Column that selects the reward function for each row.")
-    max_prompt_length: int = option(512, "Longest prompt in tokens; longer ones are handled per `truncation`.")
-    max_response_length: int = option(512, "Most tokens generated per response.")
-    train_batch_size: int = option(256, "Prompts per training step (before `rollout.n` samples each).")
-    val_batch_size: int | None = option(None, "Prompts per validation batch; null = the whole validation set at once.")
-    val_max_samples: int | None = option(None, "Use only the first N validation rows; null = all of them.")
+    max_prompt_length: int = option(512, "Longest prompt in tokens; longer ones are handled per `truncation`.", check=AT_LEAST_1)
+    max_response_length: int = option(512, "Most tokens generated per response.", check=AT_LEAST_1)
+    train_batch_size: int = option(256, "Prompts per training step (before `rollout.n` samples each).", check=AT_LEAST_1)
+    val_batch_size: int | None = option(
+        None, "Prompts per validation batch; null = the whole validation set at once.", check=AT_LEAST_1
+    )
+    val_max_samples: int | None = option(None, "Use only the first N validation rows; null = all of them.", check=AT_LEAST_1)
     truncation: str = option(
         "error",
         "A prompt over max_prompt_length: raise, or cut tokens from the left, the right or the middle "
         "(keeping the first and last max_prompt_length / 2 tokens).",
+        choices=TRUNCATIONS,
     )
     filter_overlong_prompts: bool = option(
         False,
@@ -89,7 +113,9 @@ class ModelConfig:
         True, "Padding-free forward passes: each micro-batch's sequences packed into one row (docs/performance.md)."
     )
     packed_attn_backend: str = option(
-        "auto", "Attention kernel of packed passes: auto (fastest measured: varlen on GPU, sdpa on CPU), varlen, flex, sdpa."
+        "auto",
+        "Attention kernel of packed passes: auto (fastest measured: varlen on GPU, sdpa on CPU), varlen, flex, sdpa.",
+        choices=PACKED_ATTN_BACKENDS,
     )
     share_prompts: bool = option(
         True,
@@ -98,8 +124,10 @@ class ModelConfig:
         "every sequence. The same math as unshared (float rounding aside); token budgets count the prompt once "
         "(docs/performance.md). Off under sequence parallelism.",
     )
-    lora_rank: int = option(0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.")
-    lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.")
+    lora_rank: int = option(
+        0, "LoRA rank (peft); 0 = full fine-tuning. The reference policy is the base, adapters off.", check=AT_LEAST_0
+    )
+    lora_alpha: int = option(16, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.", check=POSITIVE)
     lora_adapter_path: str | None = option(
         None,
         "A saved peft adapter directory (adapter_config.json + weights) to start LoRA training from; its "
@@ -114,13 +142,15 @@ class ModelConfig:
 class OptimConfig:
     """AdamW with a warm-up then a constant or cosine learning rate."""
 
-    lr: float = option(1e-6, "Peak learning rate.")
-    weight_decay: float = option(0.01, "AdamW weight decay.")
-    betas: list[float] = option([0.9, 0.999], "AdamW (beta1, beta2).")
-    lr_warmup_steps_ratio: float = option(0.0, "Warm-up length as a fraction of the total optimizer steps.")
-    lr_warmup_steps: int = option(-1, "Warm-up length in optimizer steps; a value >= 0 overrides lr_warmup_steps_ratio.")
-    lr_scheduler_type: str = option("constant", "Learning-rate shape after warm-up.")
-    min_lr_ratio: float = option(0.0, "Cosine schedule floor as a fraction of `lr`.")
+    lr: float = option(1e-6, "Peak learning rate.", check=POSITIVE)
+    weight_decay: float = option(0.01, "AdamW weight decay.", check=AT_LEAST_0)
+    betas: list[float] = option([0.9, 0.999], "AdamW (beta1, beta2).", check=BETAS)
+    lr_warmup_steps_ratio: float = option(0.0, "Warm-up length as a fraction of the total optimizer steps.", check=UNIT)
+    lr_warmup_steps: int = option(
+        -1, "Warm-up length in optimizer steps; a value >= 0 overrides lr_warmup_steps_ratio.", check=OFF_OR_0
+    )
+    lr_scheduler_type: str = option("constant", "Learning-rate shape after warm-up.", choices=LR_SCHEDULERS)
+    min_lr_ratio: float = option(0.0, "Cosine schedule floor as a fraction of `lr`.", check=UNIT)
 
 
 def _critic_optim() -> OptimConfig:
@@ -170,12 +200,12 @@ class ActorConfig:
     """The policy update: PPO-style clipped loss, optional KL loss and entropy bonus."""
 
     ppo_mini_batch_size: int = option(
-        64, "Prompts per optimizer step; each brings `rollout.n` sequences. Must divide data.train_batch_size."
+        64, "Prompts per optimizer step; each brings `rollout.n` sequences. Must divide data.train_batch_size.", check=AT_LEAST_1
     )
     ppo_micro_batch_size_per_gpu: int | None = option(
-        None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
+        None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch.", check=AT_LEAST_1
     )
-    ppo_epochs: int = option(1, "Passes over each step's rollouts.")
+    ppo_epochs: int = option(1, "Passes over each step's rollouts.", check=AT_LEAST_1)
     reuse_on_policy_log_prob: bool = option(
         False,
         "Skip the old log-prob stage (ppo_epochs=1, shuffle=false): the first mini-batch's pi_old is the update's "
@@ -186,22 +216,30 @@ class ActorConfig:
         "log-probs 'bypass'.",
     )
     shuffle: bool = option(False, "Shuffle the rollouts before splitting them into mini-batches.")
-    clip_ratio: float = option(0.2, "PPO clip range epsilon for the importance ratio.")
-    clip_ratio_low: float | None = option(None, "Lower clip range (1 - low); null = clip_ratio.")
-    clip_ratio_high: float | None = option(None, "Upper clip range (1 + high); null = clip_ratio. DAPO raises it.")
-    clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages; must be > 1.")
-    loss_agg_mode: str = option("token-mean", "How per-token losses are averaged into one number.")
+    clip_ratio: float = option(0.2, "PPO clip range epsilon for the importance ratio.", check=POSITIVE)
+    clip_ratio_low: float | None = option(None, "Lower clip range (1 - low); null = clip_ratio.", check=POSITIVE)
+    clip_ratio_high: float | None = option(
+        None, "Upper clip range (1 + high); null = clip_ratio. DAPO raises it.", check=POSITIVE
+    )
+    clip_ratio_c: float = option(
+        3.0,
+        "Dual-clip bound for negative advantages; must be > 1.",
+        check=Rule(lambda v: v > 1, "must be > 1 (the dual-clip bound on the ratio for negative advantages)"),
+    )
+    loss_agg_mode: str = option("token-mean", "How per-token losses are averaged into one number.", choices=LOSS_AGG_MODES)
     policy_loss: PolicyLossConfig = option(PolicyLossConfig, "The policy objective (loss_mode) and its parameters.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus (0 = off).")
     use_kl_loss: bool = option(False, "Add a KL(policy || reference) term to the actor loss (GRPO-style).")
-    kl_loss_coef: float = option(0.001, "Weight of the KL loss term.")
-    kl_loss_type: str = option("low_var_kl", "KL estimator for the KL loss.")
-    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    kl_loss_coef: float = option(0.001, "Weight of the KL loss term.", check=AT_LEAST_0)
+    kl_loss_type: str = option("low_var_kl", "KL estimator for the KL loss.", choices=KL_ESTIMATORS)
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.", check=POSITIVE)
     use_dynamic_bsz: bool = option(
         False, "Micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu."
     )
     ppo_max_token_len_per_gpu: int = option(
-        16384, "With use_dynamic_bsz: most real tokens (prompt + response) in one forward/backward pass on one device."
+        16384,
+        "With use_dynamic_bsz: most real tokens (prompt + response) in one forward/backward pass on one device.",
+        check=AT_LEAST_1,
     )
     use_torch_compile: bool = option(
         True, "torch.compile the policy's decoder layers on CUDA (faster, BENCHMARKS.md); CPU runs stay eager."
@@ -219,6 +257,7 @@ class ActorConfig:
         1,
         "Ulysses sequence parallelism: each sequence batch is split over this many devices (heads split around "
         "attention); the data-parallel size becomes devices / this. Needs model.use_remove_padding=true.",
+        check=AT_LEAST_1,
     )
 
 
@@ -226,11 +265,11 @@ class ActorConfig:
 class ValKwargsConfig:
     """Sampling used for validation."""
 
-    n: int = option(1, "Samples per validation prompt.")
+    n: int = option(1, "Samples per validation prompt.", check=AT_LEAST_1)
     do_sample: bool = option(False, "Sample (true) or decode greedily (false).")
-    temperature: float = option(0.0, "Sampling temperature.")
-    top_p: float = option(1.0, "Nucleus sampling mass.")
-    top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.")
+    temperature: float = option(0.0, "Sampling temperature.", check=AT_LEAST_0)
+    top_p: float = option(1.0, "Nucleus sampling mass.", check=PROB)
+    top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.", check=OFF_OR_1)
 
 
 @dataclass
@@ -248,6 +287,7 @@ class MultiTurnConfig:
         "How tool calls are written: hermes (<tool_call>{json}</tool_call>, Qwen2.5/Hermes templates; the tools' "
         "schemas go into the prompt via the chat template) or code (every ```python block of a turn runs with "
         "the python tool; its output comes back as a user message).",
+        choices=TOOL_CALL_FORMATS,
     )
     max_assistant_turns: int | None = option(None, "Model turns per trajectory; null = until the token budget ends it.")
     max_user_turns: int | None = option(None, "Interaction (user) turns per trajectory; null = no limit.")
@@ -256,7 +296,9 @@ class MultiTurnConfig:
     )
     max_parallel_calls: int = option(1, "Tool calls of one turn that run (the rest are answered with an error).")
     max_tool_response_length: int = option(256, "Tokens of one tool result the model sees; longer results are cut.")
-    tool_response_truncate_side: str = option("middle", "Which part of a long tool result is cut: left, middle or right.")
+    tool_response_truncate_side: str = option(
+        "middle", "Which part of a long tool result is cut: left, middle or right.", choices=TRUNCATE_SIDES
+    )
     tool_timeout_s: float = option(30.0, "Seconds one tool call may take; a slower call is answered with an error.")
     tool_config_path: str | None = option(
         None, "Tool config YAML (verl's shape: tools: [{class_name, config, tool_schema}]); docs/agents.md."
@@ -275,21 +317,24 @@ class RolloutConfig:
         "Generation engine: native (paged KV cache, continuous batching, CUDA graphs; Llama/Qwen2/Qwen3 "
         "family, others fall back to hf), hf (transformers generate), vllm (only where vLLM is installed); "
         "auto = native on a GPU, hf on CPU.",
+        choices=ROLLOUT_NAMES,
     )
-    n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).")
-    temperature: float = option(1.0, "Sampling temperature.")
-    top_p: float = option(1.0, "Nucleus sampling mass.")
-    top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.")
+    n: int = option(1, "Responses sampled per prompt (the group size for GRPO/RLOO).", check=AT_LEAST_1)
+    temperature: float = option(1.0, "Sampling temperature.", check=AT_LEAST_0)
+    top_p: float = option(1.0, "Nucleus sampling mass.", check=PROB)
+    top_k: int = option(-1, "Keep only the k most likely tokens; -1 = off.", check=OFF_OR_1)
     do_sample: bool = option(True, "Sample (true) or decode greedily (false).")
     max_num_seqs: int = option(
         1024,
         "Sequences one device generates together (native: admitted as the KV cache allows; the samples are the same at "
         "any value). verl's is 256; a step's samples in one wave are faster (BENCHMARKS.md: GSM8K, 512 samples).",
+        check=AT_LEAST_1,
     )
     gpu_memory_utilization: float = option(
         0.5,
         "native: fraction of the GPU memory free at wake-up (after the trainer and the engine's weights) "
         "that the KV cache and decode workspace may take.",
+        check=PROB,
     )
     enforce_eager: bool = option(False, "native: decode without CUDA graphs (slower; for debugging).")
     free_cache_engine: bool = option(True, "native: free the KV cache after each generation so training gets the memory.")
@@ -297,13 +342,15 @@ class RolloutConfig:
         512.0,
         "resource_pool.rollout: the policy's weights go to the rollout pool in broadcasts of this many MB "
         "(verl's checkpoint_engine.update_weights_bucket_megabytes); the trainer's rank 0 stages them on the host.",
+        check=POSITIVE,
     )
-    max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.")
+    max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.", check=AT_LEAST_1)
     decode_steps_per_sync: int | None = option(
         None,
         "native: decode steps launched together (one CUDA-graph replay) before the host reads their tokens; a "
         "sequence that ends mid-launch runs the rest as wasted steps (dropped). The same tokens at any value. "
         "null = 1 (on an H200 host, 8 was no faster: the host already keeps up one step ahead; BENCHMARKS.md).",
+        check=Rule(lambda v: isinstance(v, int) and 1 <= v <= 64, "must be in [1, 64]"),
     )
     enable_prefix_caching: bool = option(
         False,
@@ -324,13 +371,14 @@ class RolloutConfig:
         "ranks, each holding a tensor-parallel shard of the model and of the KV cache (column/row/vocabulary-"
         "parallel; the same tokens and log-probs as tp=1). Must divide the actor's ranks and fit the model's "
         "heads; needs rollout.name=native (or auto on a GPU).",
+        check=AT_LEAST_1,
     )
     log_prob_micro_batch_size_per_gpu: int | None = option(
-        None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences."
+        None, "Sequences per forward pass when recomputing old log-probs; null = all of a device's sequences.", check=AT_LEAST_1
     )
     log_prob_use_dynamic_bsz: bool | None = option(None, "Old log-prob passes by token budget; null = actor.use_dynamic_bsz.")
     log_prob_max_token_len_per_gpu: int | None = option(
-        None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu."
+        None, "Token budget of one old log-prob pass; null = actor.ppo_max_token_len_per_gpu.", check=AT_LEAST_1
     )
     val_kwargs: ValKwargsConfig = option(ValKwargsConfig, "Sampling for validation.")
     multi_turn: MultiTurnConfig = option(MultiTurnConfig, "Multi-turn agent rollouts with tools and interactions.")
@@ -341,17 +389,19 @@ class RefConfig:
     """The frozen reference policy (used only when a KL term is on)."""
 
     log_prob_micro_batch_size_per_gpu: int | None = option(
-        None, "Sequences per forward pass for reference log-probs; null = all of a device's sequences."
+        None, "Sequences per forward pass for reference log-probs; null = all of a device's sequences.", check=AT_LEAST_1
     )
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the reference (only param_offload applies: no optimizer).")
     log_prob_use_dynamic_bsz: bool | None = option(
         None, "Reference log-prob passes by token budget; null = actor.use_dynamic_bsz."
     )
     log_prob_max_token_len_per_gpu: int | None = option(
-        None, "Token budget of one reference log-prob pass; null = actor.ppo_max_token_len_per_gpu."
+        None, "Token budget of one reference log-prob pass; null = actor.ppo_max_token_len_per_gpu.", check=AT_LEAST_1
     )
     ulysses_sequence_parallel_size: int | None = option(
-        None, "Sequence parallelism of the reference passes; null = the actor's (it runs in the actor's processes)."
+        None,
+        "Sequence parallelism of the reference passes; null = the actor's (it runs in the actor's processes).",
+        check=AT_LEAST_1,
     )
 
 
@@ -386,25 +436,33 @@ class CriticConfig:
 
     model: CriticModelConfig = option(CriticModelConfig, "The value model.")
     optim: OptimConfig = option(_critic_optim, "Critic optimizer.")
-    ppo_mini_batch_size: int | None = option(None, "Prompts per critic optimizer step; null = the actor's.")
+    ppo_mini_batch_size: int | None = option(None, "Prompts per critic optimizer step; null = the actor's.", check=AT_LEAST_1)
     ppo_micro_batch_size_per_gpu: int | None = option(
-        None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch."
+        None, "Sequences per forward/backward pass on one device; null = the whole per-device mini-batch.", check=AT_LEAST_1
     )
-    ppo_epochs: int | None = option(None, "Passes over each step's rollouts; null = the actor's.")
+    ppo_epochs: int | None = option(None, "Passes over each step's rollouts; null = the actor's.", check=AT_LEAST_1)
     use_dynamic_bsz: bool | None = option(
         None, "Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu; null = the actor's use_dynamic_bsz."
     )
     ppo_max_token_len_per_gpu: int = option(
-        32768, "With use_dynamic_bsz: most real tokens in one forward/backward pass of the critic on one device."
+        32768,
+        "With use_dynamic_bsz: most real tokens in one forward/backward pass of the critic on one device.",
+        check=AT_LEAST_1,
     )
     forward_max_token_len_per_gpu: int | None = option(
-        None, "With use_dynamic_bsz: token budget of one value (forward-only) pass; null = ppo_max_token_len_per_gpu."
+        None,
+        "With use_dynamic_bsz: token budget of one value (forward-only) pass; null = ppo_max_token_len_per_gpu.",
+        check=AT_LEAST_1,
     )
-    cliprange_value: float = option(0.5, "Clip range of the value update around the old values.")
-    loss_agg_mode: str | None = option(None, "How per-token value losses are averaged; null = the actor's loss_agg_mode.")
-    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    cliprange_value: float = option(0.5, "Clip range of the value update around the old values.", check=POSITIVE)
+    loss_agg_mode: str | None = option(
+        None, "How per-token value losses are averaged; null = the actor's loss_agg_mode.", choices=LOSS_AGG_MODES
+    )
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.", check=POSITIVE)
     ulysses_sequence_parallel_size: int | None = option(
-        None, "Sequence parallelism of the critic; null = the actor's. May differ only on its own resource pool."
+        None,
+        "Sequence parallelism of the critic; null = the actor's. May differ only on its own resource pool.",
+        check=AT_LEAST_1,
     )
 
 
@@ -529,17 +587,19 @@ class RewardModelConfig:
     generative: GenerativeRewardModelConfig = option(GenerativeRewardModelConfig, "An LLM judge as the reward model.")
     strategy: str = option("fsdp", "How the reward model is sharded over its devices: fsdp or fsdp2 (both FSDP2 here).")
     micro_batch_size_per_gpu: int | None = option(
-        None, "Sequences per scoring pass on one device; null = the whole per-device share at once."
+        None, "Sequences per scoring pass on one device; null = the whole per-device share at once.", check=AT_LEAST_1
     )
     use_dynamic_bsz: bool = option(False, "Scoring passes cut by forward_max_token_len_per_gpu tokens instead.")
-    forward_max_token_len_per_gpu: int = option(32768, "With use_dynamic_bsz: most real tokens in one scoring pass.")
+    forward_max_token_len_per_gpu: int = option(
+        32768, "With use_dynamic_bsz: most real tokens in one scoring pass.", check=AT_LEAST_1
+    )
     enable_resource_pool: bool = option(
         False,
         "verl's spelling of split placement: the reward model on n_gpus_per_node x nnodes devices of its own "
         "(the same as resource_pool.reward_model=n_gpus_per_node).",
     )
-    n_gpus_per_node: int = option(8, "With enable_resource_pool: devices per node of the reward model's pool.")
-    nnodes: int = option(0, "With enable_resource_pool: nodes of the reward model's pool; 0 = trainer.nnodes.")
+    n_gpus_per_node: int = option(8, "With enable_resource_pool: devices per node of the reward model's pool.", check=AT_LEAST_1)
+    nnodes: int = option(0, "With enable_resource_pool: nodes of the reward model's pool; 0 = trainer.nnodes.", check=AT_LEAST_0)
     reward_weight: float = option(1.0, "Weight of the reward model's score in the step's score.")
     rule_weight: float = option(
         0.0,
@@ -577,10 +637,10 @@ class RewardModelConfig:
 class KLCtrlConfig:
     """Controller of the KL penalty coefficient in the reward."""
 
-    type: str = option("fixed", "Keep the coefficient fixed, or adapt it towards target_kl.")
-    kl_coef: float = option(0.001, "(Initial) KL penalty coefficient.")
-    target_kl: float = option(0.1, "KL the adaptive controller steers towards.")
-    horizon: int = option(10000, "Adaptive controller horizon, in samples.")
+    type: str = option("fixed", "Keep the coefficient fixed, or adapt it towards target_kl.", choices=KL_CTRL_TYPES)
+    kl_coef: float = option(0.001, "(Initial) KL penalty coefficient.", check=AT_LEAST_0)
+    target_kl: float = option(0.1, "KL the adaptive controller steers towards.", check=POSITIVE)
+    horizon: int = option(10000, "Adaptive controller horizon, in samples.", check=AT_LEAST_1)
 
 
 @dataclass
@@ -634,11 +694,11 @@ class AlgorithmConfig:
         "Advantage estimator by its registered name (docs/algorithms.md); gae trains a critic, the others do not. "
         "Your own: hybridrl.algorithms.register_adv_estimator in a file listed in `extensions`.",
     )
-    gamma: float = option(1.0, "Discount factor.")
-    lam: float = option(1.0, "GAE lambda.")
+    gamma: float = option(1.0, "Discount factor.", check=UNIT)
+    lam: float = option(1.0, "GAE lambda.", check=UNIT)
     norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide advantages by the group's standard deviation.")
     use_kl_in_reward: bool = option(False, "Subtract a KL(policy || reference) penalty from the reward.")
-    kl_penalty: str = option("kl", "KL estimator for the in-reward penalty.")
+    kl_penalty: str = option("kl", "KL estimator for the in-reward penalty.", choices=KL_ESTIMATORS)
     kl_ctrl: KLCtrlConfig = option(KLCtrlConfig, "KL coefficient controller.")
     filter_groups: FilterGroupsConfig = option(FilterGroupsConfig, "DAPO dynamic sampling.")
     rollout_correction: RolloutCorrectionConfig = option(
@@ -649,6 +709,7 @@ class AlgorithmConfig:
         "Training algorithm: rl = the RL loop (PPO, GRPO, ... by adv_estimator); dpo, kto = preference "
         "optimization (see `preference`); sft = supervised fine-tuning on the responses; rm = reward-model training "
         "(Bradley-Terry on chosen/rejected pairs, docs/reward_models.md).",
+        choices=ALGORITHM_NAMES,
     )
 
 
@@ -661,21 +722,26 @@ class TrainerConfig:
 
     project_name: str = option("hybridrl", "Project name (logger grouping, output directory).")
     experiment_name: str = option("run", "Run name (logger run name, output directory).")
-    total_epochs: int = option(1, "Passes over the training prompts.")
-    total_training_steps: int | None = option(None, "Stop after this many steps; overrides total_epochs when set.")
-    n_gpus_per_node: int = option(1, "Devices (worker processes) per node.")
-    nnodes: int = option(1, "Nodes.")
-    device: str = option("auto", "Device type; auto = cuda when available, else cpu.")
-    save_freq: int = option(-1, "Save a checkpoint every N steps; -1 = only at the end.")
-    test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).")
+    total_epochs: int = option(1, "Passes over the training prompts.", check=AT_LEAST_1)
+    total_training_steps: int | None = option(
+        None, "Stop after this many steps; overrides total_epochs when set.", check=AT_LEAST_1
+    )
+    n_gpus_per_node: int = option(1, "Devices (worker processes) per node.", check=AT_LEAST_1)
+    nnodes: int = option(1, "Nodes.", check=AT_LEAST_1)
+    device: str = option("auto", "Device type; auto = cuda when available, else cpu.", choices=DEVICES)
+    save_freq: int = option(-1, "Save a checkpoint every N steps; -1 = only at the end.", check=OFF_OR_1)
+    test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).", check=OFF_OR_1)
     val_before_train: bool = option(True, "Validate once before the first step.")
     logger: list[str] = option(
         ["console", "jsonl", "tensorboard"],
         "Where metrics go: console, jsonl (or file, verl's name for it), tensorboard, "
         "wandb, mlflow, swanlab. metrics.jsonl is written in any case (hybridrl report and dashboard read it).",
+        choices=LOGGERS,
     )
     default_local_dir: str | None = option(None, "Output directory; null = runs/<project_name>/<experiment_name>.")
-    resume_mode: str = option("auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path.")
+    resume_mode: str = option(
+        "auto", "auto = resume from the latest checkpoint if any; resume_path = from resume_from_path.", choices=RESUME_MODES
+    )
     resume_from_path: str | None = option(None, "Checkpoint directory to resume from (resume_mode=resume_path).")
     overwrite: bool = option(
         False,
@@ -683,13 +749,18 @@ class TrainerConfig:
         "<dir>.old-<timestamp> (never deletes it); false stops with an error naming the choices.",
     )
     seed: int = option(1, "Random seed.")
-    max_nonfinite_steps: int = option(3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.")
+    max_nonfinite_steps: int = option(
+        3, "Consecutive steps with NaN/inf loss that are skipped before the run stops.", check=AT_LEAST_0
+    )
     log_samples: int = option(
         4,
         "Prompts per training step written to samples.jsonl with all n of their responses, the ground truth, "
         "scores and advantages (the report's rollout inspector); 0 = none.",
+        check=AT_LEAST_0,
     )
-    log_val_samples: int = option(8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none.")
+    log_val_samples: int = option(
+        8, "Prompts per validation written to samples.jsonl with their responses and scores; 0 = none.", check=AT_LEAST_0
+    )
     rollout_data_dir: str | None = option(
         None,
         "verl's key: dump every training sample of every step to <dir>/<step>.jsonl (input, output, gts, score, "
@@ -698,11 +769,12 @@ class TrainerConfig:
     validation_data_dir: str | None = option(
         None, "verl's key: dump every validation sample to <dir>/<step>.jsonl (same fields as rollout_data_dir); null = off."
     )
-    max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.")
+    max_ckpt_to_keep: int | None = option(None, "Keep only the newest N checkpoints; null = keep all.", check=AT_LEAST_1)
     max_wall_time_s: float | None = option(
         None,
         "Stop after the first step that ends this many seconds after start-up (validating and saving as at "
         "the last step); counted per launch, so a resumed run gets a fresh budget. null = no limit.",
+        check=POSITIVE,
     )
     worker_timeout_s: float = option(
         60.0,
@@ -710,7 +782,9 @@ class TrainerConfig:
         "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts).",
     )
     max_restarts: int = option(
-        0, "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times."
+        0,
+        "When a worker process dies: restart the worker groups and resume from the last checkpoint, at most N times.",
+        check=AT_LEAST_0,
     )
     critic_warmup: int = option(
         0, "Train only the critic until this step: the actor first updates at step max(1, critic_warmup), as in verl."
@@ -720,6 +794,7 @@ class TrainerConfig:
         "sync = generate then train on the same policy (the default); one_step_off = train on the batch generated "
         "one update earlier while the next one is generated; async = up to async_training.max_staleness batches "
         "ahead. Off-policy samples are corrected in the loss (algorithm.rollout_correction; docs/async.md).",
+        choices=TRAINER_MODES,
     )
     deterministic: bool = option(
         False,
@@ -741,6 +816,7 @@ class AsyncTrainingConfig:
         1,
         "trainer.mode=async: batches generated ahead of the trainer, so a sample is trained on by a policy at most this "
         "many updates newer than the one that generated it; one_step_off is 1.",
+        check=AT_LEAST_1,
     )
     partial_rollout: bool = option(
         False,
@@ -757,21 +833,25 @@ class ResourcePoolConfig:
     shares every device, in one process per device."""
 
     actor_rollout_ref: int | None = option(
-        None, "Devices per node for the actor, rollout and reference; null = all of trainer.n_gpus_per_node."
+        None, "Devices per node for the actor, rollout and reference; null = all of trainer.n_gpus_per_node.", check=AT_LEAST_1
     )
     critic: int | None = option(
-        None, "Devices per node for the critic, apart from the actor's (split placement); null = share the actor's."
+        None,
+        "Devices per node for the critic, apart from the actor's (split placement); null = share the actor's.",
+        check=AT_LEAST_1,
     )
     reward_model: int | None = option(
         None,
         "Devices per node for the reward model (reward_model.enable), apart from the actor's and the critic's (split "
         "placement); null = share the actor's (or reward_model.enable_resource_pool's n_gpus_per_node).",
+        check=AT_LEAST_1,
     )
     rollout: int | None = option(
         None,
         "Devices per node for rollout replicas apart from the actor's (verl's standalone rollout, "
         "hybrid_engine=false): they generate while the actor trains (trainer.mode one_step_off / async) and get "
         "the weights from the actor's rank 0 over NCCL/gloo after each update; null = the actor generates.",
+        check=AT_LEAST_1,
     )
 
 
@@ -784,7 +864,9 @@ class RayInitConfig:
         "Address of a running Ray cluster (ray start --head prints it), or auto; null = the RAY_ADDRESS "
         "environment variable, else start a local cluster when trainer.nnodes x n_gpus_per_node > 1.",
     )
-    num_cpus: int | None = option(None, "CPUs of a local cluster the driver starts; null = all of the machine's.")
+    num_cpus: int | None = option(
+        None, "CPUs of a local cluster the driver starts; null = all of the machine's.", check=AT_LEAST_1
+    )
     kwargs: dict = option(
         {},
         "Further keyword arguments for ray.init (verl's ray_kwargs.ray_init.*, e.g. runtime_env); address and "
@@ -796,23 +878,25 @@ class RayInitConfig:
 class WarmupConfig:
     """Optional supervised warm-up of the policy before RL (the quickstart uses it)."""
 
-    steps: int = option(0, "Supervised optimizer steps before RL; 0 = off.")
+    steps: int = option(0, "Supervised optimizer steps before RL; 0 = off.", check=AT_LEAST_0)
     files: str | list[str] | None = option(None, "Rows with the prompt and a `response` column (parquet or jsonl).")
-    batch_size: int = option(64, "Rows per warm-up step.")
-    lr: float = option(1e-3, "Warm-up learning rate.")
+    batch_size: int = option(64, "Rows per warm-up step.", check=AT_LEAST_1)
+    lr: float = option(1e-3, "Warm-up learning rate.", check=POSITIVE)
 
 
 @dataclass
 class PreferenceConfig:
     """DPO and KTO (algorithm.name=dpo|kto): the loss and the reference log-probs."""
 
-    loss_type: str = option("sigmoid", "DPO loss: sigmoid (DPO), ipo (IPO) or hinge (SLiC).")
-    beta: float = option(0.1, "Strength of the implicit KL to the reference (DPO and KTO beta).")
+    loss_type: str = option("sigmoid", "DPO loss: sigmoid (DPO), ipo (IPO) or hinge (SLiC).", choices=DPO_LOSS_TYPES)
+    beta: float = option(0.1, "Strength of the implicit KL to the reference (DPO and KTO beta).", check=POSITIVE)
     label_smoothing: float = option(
-        0.0, "DPO sigmoid loss only: assumed probability that a preference label is flipped (cDPO); < 0.5."
+        0.0,
+        "DPO sigmoid loss only: assumed probability that a preference label is flipped (cDPO); < 0.5.",
+        check=Rule(lambda v: 0 <= v < 0.5, "must be in [0, 0.5)"),
     )
-    desirable_weight: float = option(1.0, "KTO: weight of the loss on desirable (label true) examples.")
-    undesirable_weight: float = option(1.0, "KTO: weight of the loss on undesirable (label false) examples.")
+    desirable_weight: float = option(1.0, "KTO: weight of the loss on desirable (label true) examples.", check=POSITIVE)
+    undesirable_weight: float = option(1.0, "KTO: weight of the loss on undesirable (label false) examples.", check=POSITIVE)
     precompute_ref_log_probs: bool = option(
         False, "Compute the reference log-probs of the whole training set once before training, instead of per step."
     )
@@ -912,6 +996,8 @@ class Entry(NamedTuple):
     doc: str
     value: Any  # the value in the walked object
     is_section: bool  # a component (dataclass) rather than a leaf
+    check: Any = None  # the range rule declared with `option(check=)`, or None
+    choices: tuple[str, ...] | None = None  # the names declared with `option(choices=)`, or None
 
 
 def walk(obj: Any, prefix: str = "") -> Iterator[Entry]:
@@ -919,7 +1005,8 @@ def walk(obj: Any, prefix: str = "") -> Iterator[Entry]:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         section = dataclasses.is_dataclass(f.type)
-        yield Entry(prefix + f.name, f.type, f.metadata.get("doc", ""), value, section)
+        meta = f.metadata
+        yield Entry(prefix + f.name, f.type, meta.get("doc", ""), value, section, meta.get("check"), meta.get("choices"))
         if section:
             yield from walk(value, f"{prefix}{f.name}.")
 

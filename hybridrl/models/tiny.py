@@ -64,6 +64,21 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
     return cfg
 
 
+def tiny_qwen2(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None = None, **overrides):
+    """The tiny model in memory: a `Qwen2ForCausalLM` of `tiny_qwen2_config(vocab_size, **overrides)`
+    with weights drawn after `torch.manual_seed(seed)`, cast to `dtype` when given; `attn` sets the
+    attention implementation (e.g. "sdpa", which the packed passes need)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(**tiny_qwen2_config(vocab_size, **overrides))
+    if attn is not None:
+        cfg._attn_implementation = attn
+    model = Qwen2ForCausalLM(cfg)
+    return model if dtype is None else model.to(dtype)
+
+
 def write_tiny_model_dir(out: str | Path, **config_overrides) -> Path:
     """Write tokenizer + config.json (no weights) to `out`; load with `model.random_init=true`."""
     out = Path(out)

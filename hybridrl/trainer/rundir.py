@@ -1,4 +1,6 @@
-"""One run per directory: a new run never mixes its files with, or overwrites, another run's.
+"""A run's directory: where it is (`run_dir`, `checkpoints_dir`), what it resumes from
+(`find_resume`), and one run per directory: a new run never mixes its files with, or overwrites,
+another run's.
 
 A run that does not resume starts in a directory holding no run files, or stops with one line
 naming the choices. `trainer.overwrite=true` moves the old run aside to `<dir>.old-<timestamp>`
@@ -42,3 +44,29 @@ def claim(path: Path, overwrite: bool) -> Path | None:
     os.replace(path, aside)
     print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
     return aside
+
+
+def run_dir(cfg) -> Path:
+    """trainer.default_local_dir, or runs/<project_name>/<experiment_name>."""
+    t = cfg.trainer
+    return Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
+
+
+def checkpoints_dir(cfg) -> Path:
+    """A run's `checkpoints/` (step_N/ directories and `latest`): where saves go and resume looks."""
+    return run_dir(cfg) / "checkpoints"
+
+
+def find_resume(cfg) -> Path | None:
+    """The checkpoint a run continues from (trainer.resume_mode), or None for a fresh start."""
+    t = cfg.trainer
+    if t.resume_mode == "disable":
+        return None
+    if t.resume_mode == "resume_path":
+        path = Path(t.resume_from_path)
+        if not (path / "trainer_state.json").exists():
+            raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
+        return path
+    from hybridrl.trainer.checkpoint import latest_checkpoint  # imports torch: only when asked
+
+    return latest_checkpoint(checkpoints_dir(cfg))

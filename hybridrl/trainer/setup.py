@@ -6,28 +6,23 @@ algorithm and this file as the plumbing. `build_run` is the one way to build a r
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hybridrl.config import Config, ConfigError, plan_batches, resolve, save_config, to_dict
-from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.dataset import PromptLoader, PromptRecord, load_prompt_records
-from hybridrl.data.preference import load_warmup_pairs
 from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses_ray
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL, ROLLOUT
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
-from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
-from hybridrl.rewards.managers import ManagedScorer
-from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.rewards.assembly import ComputeScore, build_scorer, check_kwargs, reward_pool
+from hybridrl.rewards.pool import WorkerPool
 from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rollout.native.cache import stable_cache_addresses
 from hybridrl.tracking.summary import end_of_run_summary
@@ -37,26 +32,13 @@ from hybridrl.trainer import rundir
 from hybridrl.trainer.determinism import make_deterministic, make_worker_deterministic
 from hybridrl.trainer.rollout_log import log_train_samples
 from hybridrl.trainer.rollout_pool import RolloutPool
+from hybridrl.trainer.rundir import checkpoints_dir, find_resume, run_dir
+from hybridrl.trainer.warmup import run_warmup
 from hybridrl.workers.actor import ActorRolloutRefWorker
 from hybridrl.workers.critic import CriticWorker
 from hybridrl.workers.judge import JudgeWorker
 from hybridrl.workers.reward_model import RewardModelTrainWorker, RewardModelWorker
 from hybridrl.workers.rollout import RolloutWorker
-
-
-def run_dir(cfg) -> Path:
-    t = cfg.trainer
-    return Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
-
-
-def checkpoints_dir(cfg) -> Path:
-    """A run's `checkpoints/` (step_N/ directories and `latest`): where saves go and resume looks."""
-    return run_dir(cfg) / "checkpoints"
-
-
-# A reward function: (data_source, solution_str, ground_truth, extra_info, **reward_kwargs) -> score
-# or a dict with a "score" and extra metrics (hybridrl/rewards).
-ComputeScore = Callable[..., float | dict[str, float]]
 
 
 @dataclass
@@ -152,53 +134,6 @@ def _restore_worker_rng(workers: WorkerGroups, path: Path) -> None:
         )
 
 
-def _reward_fn(cfg, reward_fn: ComputeScore | None = None):
-    """(compute_score with reward_kwargs bound, whether a data source needs ground truth, the
-    custom function or None). `reward_fn`: a function given in Python (hybridrl/api.py) in place of
-    custom_reward_function.path; one marked `batched = True` is called once per batch with lists."""
-    c = cfg.custom_reward_function
-    if c.remote.url and reward_fn is None:
-        return RemoteReward.from_config(c.remote), (lambda source: False), None
-    if reward_fn is not None:
-        custom, fn, need_gt = reward_fn, reward_fn, (lambda source: False)
-    elif c.path:
-        custom = load_custom_reward_fn(c.path, c.name)
-        fn, need_gt = custom, (lambda source: False)
-    else:
-        custom, fn, need_gt = None, default_compute_score, needs_ground_truth
-    if isinstance(fn, RemoteReward):
-        return fn, need_gt, None
-    fn = functools.partial(fn, **c.reward_kwargs) if c.reward_kwargs else fn
-    manager = "batch" if getattr(reward_fn, "batched", False) else cfg.reward_model.reward_manager
-    return (fn if manager == "naive" else ManagedScorer(manager, fn)), need_gt, custom
-
-
-def reward_pool(cfg, compute_score, in_memory: bool = False):
-    """Where the reward calls run (hybridrl/rewards/pool.py): a custom function from a file in worker
-    processes (loaded there), the built-in scorers and functions given in Python in a thread; each
-    call bounded by `custom_reward_function.timeout_s`. The remote scorer and the batch/prime
-    managers make their calls their own way (concurrent requests, one call with lists, processes)."""
-    c = cfg.custom_reward_function
-    if isinstance(compute_score, RemoteReward) or (
-        isinstance(compute_score, ManagedScorer) and compute_score.manager in ("batch", "prime")
-    ):
-        return compute_score
-    if c.path and not in_memory:
-        return WorkerPool(
-            Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers, timeout_s=c.timeout_s
-        )
-    fn = compute_score.compute_score if isinstance(compute_score, ManagedScorer) else compute_score
-    return WorkerPool(fn, kind="thread", timeout_s=c.timeout_s)
-
-
-def _check_reward_kwargs(cfg, custom, records) -> None:
-    try:
-        batched = cfg.reward_model.reward_manager == "batch" or getattr(custom, "batched", False)
-        check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records}, batched)
-    except ValueError as e:
-        raise ConfigError([str(e)]) from None
-
-
 def build_run(
     cfg: Config,
     data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None,
@@ -214,13 +149,13 @@ def build_run(
     a reward function object from the Python API, used in place of the configured one.
     `reward_models` (the Python API's): in place of reward_model.model.path, a list of one reward
     model: a path, an `nn.Module` with forward(input_ids, attention_mask) -> scores (an HF sequence
-    classifier is one), or a (model, tokenizer) pair; it turns reward_model.enable on.
+    classifier is one), or a (model, tokenizer) pair, with reward_model.enable=true (the API sets it).
     """
     rm_spec = _reward_model_spec(cfg, reward_models)
     resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)
     out = run_dir(cfg)
-    resume_from = _find_resume(cfg)
+    resume_from = find_resume(cfg)
     if resume_from is None:
         rundir.claim(out, cfg.trainer.overwrite)
     if cfg.actor_rollout_ref.rollout.name in ("native", "auto") and cfg.trainer.device != "cpu":
@@ -233,7 +168,7 @@ def build_run(
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
     notice(f"loading the tokenizer of {m.tokenizer_path or m.path}")
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
-    compute_score, need_gt, custom = _reward_fn(cfg, reward_fn)
+    compute_score, need_gt, custom = build_scorer(cfg, reward_fn)
     loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
     notice(
         f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
@@ -280,7 +215,9 @@ def build_run(
 
 def _reward_model_spec(cfg, reward_models: list | None) -> tuple | None:
     """(model, tokenizer) for `RewardModelWorker.init_model`, or None when the run has no reward model."""
-    if cfg.algorithm.name != "rl" or not (cfg.reward_model.enable or reward_models):
+    if cfg.algorithm.name != "rl" or not cfg.reward_model.enable:
+        if reward_models and cfg.algorithm.name == "rl":  # the Python API turns it on with its argument
+            raise ConfigError(["reward_models given with reward_model.enable=false; set reward_model.enable=true"])
         return None
     if not reward_models:
         if not cfg.reward_model.model.path:
@@ -289,7 +226,6 @@ def _reward_model_spec(cfg, reward_models: list | None) -> tuple | None:
     if len(reward_models) > 1:
         raise ConfigError([f"reward_models: got {len(reward_models)}; one reward model per run (wrap several in one nn.Module)"])
     model, tokenizer = reward_models[0] if isinstance(reward_models[0], tuple) else (reward_models[0], None)
-    cfg.reward_model.enable = True
     return (str(model) if isinstance(model, Path) else model, tokenizer)
 
 
@@ -398,7 +334,10 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
         require_ground_truth=need_gt,
         tools=tools,
     )
-    _check_reward_kwargs(cfg, custom_reward, records)
+    try:
+        check_kwargs(cfg, custom_reward, {r.data_source for r in records})
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
     val_records = []
     if cfg.data.val_files:
         val_records = load_prompt_records(
@@ -423,59 +362,8 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
     return loader, val_records
 
 
-def _find_resume(cfg) -> Path | None:
-    t = cfg.trainer
-    if t.resume_mode == "disable":
-        return None
-    if t.resume_mode == "resume_path":
-        path = Path(t.resume_from_path)
-        if not (path / "trainer_state.json").exists():
-            raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
-        return path
-    return ckpt.latest_checkpoint(checkpoints_dir(cfg))
-
-
 def _truncate_jsonl(path: Path, step: int) -> None:
     truncate_jsonl(path, step)
-
-
-# -- supervised warm-up -----------------------------------------------------------------------
-def run_warmup(cfg, actor, tokenizer) -> dict:
-    """A short supervised stage on (prompt, response) rows before RL (the quickstart uses it)."""
-    w = cfg.warmup
-    pairs = load_warmup_pairs(
-        w.files,
-        tokenizer,
-        prompt_key=cfg.data.prompt_key,
-        max_prompt_length=cfg.data.max_prompt_length,
-        truncation=cfg.data.truncation,
-    )
-    rng = np.random.default_rng(cfg.trainer.seed)
-    pad = tokenizer.pad_token_id
-    for step in range(1, w.steps + 1):
-        # Equal shares for the data-parallel ranks: an update must not train on padding rows.
-        size = min(w.batch_size, len(pairs) - len(pairs) % actor.world_size)
-        idx = rng.choice(len(pairs), size=size, replace=False)
-        m = actor.sft_step(_sft_batch([pairs[i] for i in idx], pad), w.lr)
-        if step == w.steps or step % max(1, w.steps // 5) == 0:
-            print(
-                f"warm-up {step}/{w.steps} | warmup/loss {m['warmup/loss']:.3f} | warmup/token_acc {m['warmup/token_acc']:.3f}",
-                flush=True,
-            )
-    return m
-
-
-def _sft_batch(pairs, pad: int) -> Batch:
-    P = max(len(p) for p, _ in pairs)
-    R = max(len(r) for _, r in pairs)
-    prompts = torch.full((len(pairs), P), pad, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompts)
-    responses = torch.full((len(pairs), R), pad, dtype=torch.long)
-    response_mask = torch.zeros((len(pairs), R), dtype=torch.float32)
-    for i, (p, r) in enumerate(pairs):
-        prompts[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
-        responses[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
-    return Batch({K.PROMPTS: prompts, K.PROMPT_MASK: prompt_mask, K.RESPONSES: responses, K.RESPONSE_MASK: response_mask})
 
 
 def _shuffle_seed(cfg) -> int:

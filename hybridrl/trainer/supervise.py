@@ -12,7 +12,7 @@ import time
 
 from hybridrl.distributed.groups import WorkerDiedError
 from hybridrl.trainer import checkpoint as ckpt
-from hybridrl.trainer.setup import checkpoints_dir
+from hybridrl.trainer.rundir import checkpoints_dir
 
 
 def fit_with_restarts(cfg, make_trainer) -> dict:

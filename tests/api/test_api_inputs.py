@@ -154,3 +154,24 @@ def test_hybridrl_exports_the_api():
     from hybridrl.rewards.remote import RemoteReward
 
     assert hybridrl.RemoteReward is RemoteReward
+
+
+def test_reward_models_turn_the_reward_model_on_before_validation(tmp_path):
+    """The argument is config: reward_model.enable=true is decided with the other keys, so the checks
+    that need it see it (an own reward-model pool was refused as "reward_model.enable=false"), and
+    the run's setup changes nothing in the validated config."""
+    import torch
+
+    placed = [
+        *OVERRIDES,
+        "trainer.n_gpus_per_node=2",
+        "resource_pool.actor_rollout_ref=1",
+        "resource_pool.reward_model=1",
+        f"trainer.default_local_dir={tmp_path}",
+    ]
+    trainer = RLTrainer(quickstart_dict(), reward_models=[torch.nn.Linear(1, 1)], overrides=placed)
+    assert trainer.config.reward_model.enable is True
+    assert (
+        RLTrainer(quickstart_dict(), overrides=[*OVERRIDES, f"trainer.default_local_dir={tmp_path}"]).config.reward_model.enable
+        is False
+    )

@@ -5,22 +5,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from spmd_helpers import leave
+from tiny_models import tiny_qwen2
 
 from hybridrl.models import lora
 from hybridrl.models.packing import enable_packing, pack, packed_log_probs
-from hybridrl.models.tiny import tiny_qwen2_config
 
 VOCAB = 37
 
 
 def policy():
     """A tiny Qwen2 with LoRA adapters whose B is non-zero (so the merged weights differ from the base)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(**tiny_qwen2_config(VOCAB, hidden_size=32, intermediate_size=64))
-    cfg._attn_implementation = "sdpa"
-    model = lora.apply_lora(Qwen2ForCausalLM(cfg), 4, 8, ["q_proj", "v_proj", "up_proj"])
+    model = lora.apply_lora(tiny_qwen2(VOCAB, attn="sdpa"), 4, 8, ["q_proj", "v_proj", "up_proj"])
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

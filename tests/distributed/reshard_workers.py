@@ -5,19 +5,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from spmd_helpers import leave
+from tiny_models import tiny_qwen2
 
 from hybridrl.models import tp_shards
-from hybridrl.models.tiny import tiny_qwen2_config
 
 VOCAB = 37  # divisible by neither 2 nor 4
 
 
 def model(dtype=torch.float32, lora_rank: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(**tiny_qwen2_config(VOCAB, hidden_size=32, intermediate_size=64, tie_word_embeddings=False))
-    m = Qwen2ForCausalLM(cfg).to(dtype)
+    m = tiny_qwen2(VOCAB, dtype=dtype, tie_word_embeddings=False)
     if lora_rank:
         from hybridrl.models import lora
 

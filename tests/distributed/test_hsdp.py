@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import SHAPE
 
 from hybridrl.config import config_from_dict, plan_batches
 from hybridrl.distributed.dispatch import Dispatch, register
-from hybridrl.models.tiny import tiny_qwen2_config
+from hybridrl.models.tiny import tiny_qwen2
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +31,7 @@ class Idle:
 
 
 def _model(dtype=torch.float32):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**tiny_qwen2_config(VOCAB, hidden_size=32, intermediate_size=64))).to(dtype)
+    return tiny_qwen2(VOCAB, dtype=dtype, **SHAPE)  # the package's function: Ray's workers import it
 
 
 def _batch():

@@ -5,20 +5,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from spmd_helpers import leave
+from tiny_models import tiny_qwen2
 
 from hybridrl.models.packing import enable_packing, pack, packed_log_probs
-from hybridrl.models.tiny import tiny_qwen2_config
 
 VOCAB = 37
 
 
 def model(kv_heads: int = 2):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(**tiny_qwen2_config(VOCAB, hidden_size=32, intermediate_size=64, num_key_value_heads=kv_heads))
-    cfg._attn_implementation = "sdpa"
-    m = Qwen2ForCausalLM(cfg).to(torch.float64)
+    m = tiny_qwen2(VOCAB, dtype=torch.float64, attn="sdpa", num_key_value_heads=kv_heads)
     enable_packing(m, "sdpa", torch.device("cpu"))
     return m
 

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen2
 
 from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.trainer import checkpoint as ckpt
@@ -25,11 +25,10 @@ class _CreatesFile:
 
 
 def _model_and_optim(seed: int):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+    model = tiny_qwen2(
+        48, seed=seed, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
     )
-    model = Qwen2ForCausalLM(cfg)
+    cfg = model.config
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
     ids = torch.randint(0, 48, (2, 5))

@@ -2,6 +2,7 @@
 not the float32 of the training masters; --dtype overrides."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,15 +11,14 @@ from safetensors.torch import load_file
 
 from hybridrl.cli.main import main
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.models.tiny import write_tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bf16_run(tmp_path_factory, arith_data):
+def bf16_run(tmp_path_factory, arith_data, tiny_model_dir):
     root = tmp_path_factory.mktemp("bf16")
-    model_dir = write_tiny_model_dir(root / "model", hidden_size=32, intermediate_size=64)
+    model_dir = Path(shutil.copytree(tiny_model_dir, root / "model"))  # rewritten in bf16 below
     torch.manual_seed(0)
     load_causal_lm(str(model_dir), random_init=True).to(torch.bfloat16).save_pretrained(model_dir)
     hf = json.loads((model_dir / "config.json").read_text())

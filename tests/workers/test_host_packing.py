@@ -115,14 +115,6 @@ def test_residual_dtype_benchmark_smoke(tmp_path):
         assert row[p]["median_s"]["fp32"] > 0 and row[p]["median_s"]["bf16"] > 0
 
 
-def test_overlap_decode_benchmark_smoke(tmp_path):
-    """benchmarks/overlap_decode.py --tiny: generation, the passes, and both at once, all timed."""
-    (row,) = _bench("overlap_decode.py", tmp_path, "overlap_decode.json")["rows"]
-    assert row["sequences"] == 8 and row["new_tokens"] == 8
-    assert all(row[k] > 0 for k in ("gen", "passes", "together", "together_gen", "prio", "prio_gen"))
-    assert row["together"] >= row["together_gen"]
-
-
 def test_update_peak_benchmark_smoke():
     import os
     import subprocess

@@ -108,15 +108,14 @@ def test_reuse_applies_only_on_policy(c, reused):
 
 
 @pytest.mark.parametrize("budget", [None, 20], ids=["fixed", "token-budget"])
-def test_several_mini_batches_take_pi_old_from_before_the_first_step(tmp_path, budget):
+def test_several_mini_batches_take_pi_old_from_before_the_first_step(tmp_path, budget, tiny_model_dir):
     """Two mini-batches of 4 of 8 rows, without OLD_LOG_PROBS: the first is updated on-policy (no
     pi_old given: its own forward, the gradient test above), the second with pi_old computed before
     the first optimizer step, equal to the old log-prob stage's values for those rows."""
     from hybridrl.config import plan_batches
-    from hybridrl.models.tiny import write_tiny_model_dir
     from hybridrl.workers.actor import ActorRolloutRefWorker
 
-    model_dir = str(write_tiny_model_dir(tmp_path / "m", hidden_size=32, intermediate_size=64))
+    model_dir = tiny_model_dir
     c = config_from_dict(
         {
             "data": {"train_files": "unused.jsonl", "train_batch_size": 8, "max_prompt_length": 4, "max_response_length": 6},

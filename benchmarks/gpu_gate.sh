@@ -10,7 +10,7 @@
 #      fused noise, the real model's draws against softmax, the engine's samples scored by the
 #      model in float32; CUDA graphs, packing, varlen) and the kernel tests directly on CUDA;
 #   2. a short GSM8K GRPO run on the real model: the "#### N" format rate must rise, the
-#      improbable-token share (rollout/improbable_token_frac) must stay under the alarm's 1e-4.
+#      improbable-token share (rollout/improbable_token_frac) must stay under the alarm's 1e-3.
 # Prints a table (also OUT/gate.md). GATE_STEPS (default 24) sets the learning run's length,
 # HYBRIDRL_SAMPLER_DRAWS / HYBRIDRL_SAMPLER_DRAWS_SLOW the draws per sampler test.
 set -euo pipefail
@@ -26,8 +26,9 @@ python -m hybridrl data gsm8k --input "$DATA/train.jsonl" --output "$OUT/data/tr
 rm -rf "$OUT/run"
 python -m hybridrl train configs/gsm8k_grpo.yaml \
   actor_rollout_ref.model.path="$MODEL" data.train_files="$OUT/data/train.parquet" data.val_files=null \
-  data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.optim.lr=2e-6 \
-  custom_reward_function.reward_kwargs="{flexible_score: 0.5}" trainer.total_training_steps="$STEPS" \
+  data.train_batch_size=32 actor_rollout_ref.rollout.n=16 actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.optim.lr=2e-6 trainer.total_training_steps="$STEPS" \
+  custom_reward_function.reward_kwargs="{format_score: 0.1, format_needs_work: true, flexible_score: 0.2}" \
   trainer.save_freq=-1 trainer.resume_mode=disable trainer.default_local_dir="$OUT/run" trainer.log_samples=2 \
   trainer.logger=[console,jsonl] 2>&1 | tee "$OUT/train.log" | grep -E "^\[hybridrl|warning|step +[0-9]+/" || true
 t2=$(date +%s)
@@ -41,7 +42,7 @@ imp = [r.get("rollout/improbable_token_frac", float("nan")) for r in steps]
 first, last = sum(fmt[:3]) / 3, sum(fmt[-5:]) / 5
 checks = {
     "format rate rises (last 5 steps - first 3 >= 0.15)": last - first >= 0.15,
-    "improbable-token share < 1e-4 on every step": all(x < 1e-4 for x in imp),
+    "improbable-token share < 1e-3 on every step": all(x < 1e-3 for x in imp),
 }
 table = [
     "| gate | value |",

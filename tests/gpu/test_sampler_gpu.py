@@ -224,6 +224,8 @@ def test_real_model_draws_follow_softmax(real, path, temperature):
             counts += torch.bincount(t, minlength=V)
         probs = torch.softmax(logits[r].double() / temperature, -1)
         stat, dof = chi_square_stat(counts, probs)
+        if dof == 0:  # one token holds all the mass at this temperature: nothing to compare
+            continue
         limit_stat = chi_square_limit(dof, 1e-6)
         print(
             f"chi-square {path} T={temperature} row {r}: {stat:.1f} "

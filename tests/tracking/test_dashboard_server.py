@@ -166,3 +166,56 @@ def test_idle_connections_take_no_thread_and_are_closed(tmp_path):
         for s in idle:
             s.close()
         dash.stop()
+
+
+def _grow(path, *steps):
+    with (path / "metrics.jsonl").open("a") as f:
+        for s in steps:
+            f.write(json.dumps({"step": s, "critic/score/mean": 0.5, "timing_s/step": 1.0}) + "\n")
+
+
+def test_polling_since_a_cursor_sends_only_what_changed(tmp_path):
+    runs = tmp_path / "runs"
+    for i in range(100):
+        _write_run(runs / f"exp{i:03d}", steps=200)
+    folder = RunsFolder(runs)
+    first = folder.data()
+    assert len(first["runs"]) == 100 and len(first["names"]) == 100 and all(r["full"] for r in first["runs"])
+    size = len(json.dumps(first))
+
+    _grow(runs / "exp007", 201, 202)
+    second = folder.data(first["cursor"])
+    assert [r["name"] for r in second["runs"]] == ["exp007"] and "names" not in second
+    run = second["runs"][0]
+    assert "full" not in run and run["append"] == {
+        "step": [201, 202],
+        "critic/score/mean": [0.5, 0.5],
+        "timing_s/step": [1.0, 1.0],
+    }
+    assert run["summary"]["last_step"] == 202 and run["points"] == 202
+    assert len(json.dumps(second)) * 50 < size
+
+    third = folder.data(second["cursor"])
+    assert third["runs"] == [] and "names" not in third and third["cursor"] == second["cursor"]
+
+    # a client two answers behind gets both steps of exp003 and the one of exp007
+    _grow(runs / "exp003", 201)
+    later = folder.data(second["cursor"])
+    _grow(runs / "exp007", 203)
+    behind = {r["name"]: r for r in folder.data(second["cursor"])["runs"]}
+    assert behind["exp003"]["append"]["step"] == [201] and behind["exp007"]["append"]["step"] == [203]
+    assert [r["name"] for r in folder.data(later["cursor"])["runs"]] == ["exp007"]
+
+    # a resume drops lines: the run comes whole; a new run and a removed one change the names
+    _write_run(runs / "exp050", steps=120)
+    _write_run(runs / "new", steps=2)
+    shutil.rmtree(runs / "exp099")
+    cursor = folder.data()["cursor"]
+    _write_run(runs / "exp051", steps=50)
+    d = folder.data(later["cursor"])
+    got = {r["name"]: r for r in d["runs"]}
+    assert got["exp050"]["full"] and got["exp050"]["series"]["step"][-1] == 120 and got["new"]["full"]
+    assert "exp099" not in d["names"] and "new" in d["names"] and len(d["names"]) == 100
+    assert [r["name"] for r in folder.data(cursor)["runs"]] == ["exp051"]
+    # a cursor of another server process (restarted): everything again
+    assert len(folder.data("0000-3")["runs"]) == 100

@@ -6,6 +6,8 @@ Prometheus metrics for cluster scrapers. Standard library only.
     GET /api/data?since=C    only what changed after cursor C (the `cursor` of the last answer):
                              new metric lines of the runs that grew, whole runs that are new or
                              were rewritten (a resume drops lines), the run names when they changed
+        &series=a&series=b   curves only for runs a and b; the others' summaries (the run list)
+        &load=c              run c whole, changed or not (just chosen for comparison)
     GET /api/samples?run=R   the prompt groups of run R (the rollout inspector asks for one run)
     GET /metrics             Prometheus text format 0.0.4: the last step's numbers of every run
     GET /healthz             "ok"
@@ -126,17 +128,31 @@ class RunsFolder:
             entry = self._entries.get(name)
         return entry.run if entry else None
 
-    def data(self, since: str | None = None) -> dict:
-        """The page's data: every run (`since` None or from another server process), else only
-        what changed after the cursor `since`."""
+    def data(self, since: str | None = None, series=None, load=()) -> dict:
+        """The page's data: every run (`since` None or a cursor of another server process), else
+        only the runs that changed after the cursor `since`.
+
+        Curves (and the config diff) come only for the runs named in `series` (None: every run);
+        the others come as their summary, which is what the run list shows. A run in `series` that
+        grew comes as its new metric lines (`append`), unless the client's copy cannot be extended
+        (a resume rewrote the file): then whole. Runs in `load` come whole, changed or not (the
+        page asks so for a run the user just chose to compare)."""
         with self._lock:
             entries = self._scan()
             seq, names_seq = self.seq, self.names_seq
         after = _parse_cursor(since, self.boot)
+        load = set(load)
         out = []
         for e in entries:
+            name = e.run.name
+            if name in load:
+                out.append(self._full(e))
+                continue
             if after is not None and e.history[-1][0] <= after:
                 continue  # unchanged since the client's answer
+            if series is not None and name not in series:
+                out.append(self._brief(e))
+                continue
             held = _state_at(e.history, after)
             if held is None or held[1] != e.epoch or e.run.error:
                 out.append(self._full(e))
@@ -157,10 +173,12 @@ class RunsFolder:
             e.full["epoch"] = e.epoch
         return {**e.full, "full": True}
 
-    def _delta(self, e: _Entry, held: int) -> dict:
+    def _brief(self, e: _Entry) -> dict:
         full = self._full(e)
-        keep = ("name", "epoch", "summary", "points", "notes", "error")
-        return {**{k: full[k] for k in keep if k in full}, "append": downsample(e.run.metrics[held:], max_points=2**62)}
+        return {k: full[k] for k in ("name", "epoch", "summary", "points", "notes", "error") if k in full}
+
+    def _delta(self, e: _Entry, held: int) -> dict:
+        return {**self._brief(e), "append": downsample(e.run.metrics[held:], max_points=2**62)}
 
 
 def _isolated(build, run: RunData) -> dict:
@@ -322,7 +340,8 @@ class Dashboard:
 
             def do_GET(self):  # noqa: N802 (http.server's name)
                 url = urlsplit(self.path)
-                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                lists = parse_qs(url.query, keep_blank_values=True)  # series=a&series=b; a blank series= is "none"
+                query = {k: v[-1] for k, v in lists.items()}
                 try:
                     if dash.check_host and not host_allowed(self.headers.get("Host")):
                         dash.requests["refused"] += 1
@@ -336,7 +355,10 @@ class Dashboard:
                         )
                         self._send(200, "text/html; charset=utf-8", page)
                     elif url.path == "/api/data":
-                        body = json.dumps(dash.folder.data(query.get("since")), separators=(",", ":"))
+                        series = [n for n in lists["series"] if n] if "series" in lists else None
+                        load = [n for n in lists.get("load", []) if n]
+                        data = dash.folder.data(query.get("since"), series, load)
+                        body = json.dumps(data, separators=(",", ":"))
                         self._send(200, "application/json", body)
                         dash.requests["data"] += 1
                         dash.sent.append(len(body.encode()))

@@ -46,6 +46,11 @@ def runs(tmp_path_factory):
         (run / "config.yaml").write_text("- 1\n- 2\n" if i == 50 else f"trainer:\n  total_training_steps: {2 * STEPS}\n")
         if i % 3 == 0:
             (run / "run_summary.json").write_text("{}")
+        if i == 98:  # the rollout inspector's run: it loads its prompt groups alone
+            groups = [
+                {"step": s, "kind": "train", "prompt": f"q{s}", "responses": ["a", "b"], "scores": [1.0, 0.0]} for s in (1, 2, 3)
+            ]
+            (run / "samples.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
         written = (now - 600, now - 3600, now - 30 + 0.2 * i)[i % 3]
         for f in run.iterdir():
             os.utime(f, (written, written))
@@ -75,7 +80,7 @@ def test_hundred_runs_list_poll_deltas_and_bounded_height(runs, tmp_path):
     grown = [name(98), name(95)]  # the most recently written: they write a step while the page is open
 
     def write_steps(n_served: int) -> None:
-        if n_served == 1:
+        if n_served == 3:  # the page has loaded: the run list, then the compared runs' curves
             for n in grown:
                 with (runs / n / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps({"step": STEPS + 1, "critic/score/mean": 0.875, "timing_s/step": 0.5}) + "\n")
@@ -93,10 +98,12 @@ def test_hundred_runs_list_poll_deltas_and_bounded_height(runs, tmp_path):
     assert {n: s for n, (s, _) in listed.items()} == want
     assert "holds a list, not the mapping of a resolved config" in dom  # the damaged run's reason, in its row
 
-    # polls: the whole data once, then the two runs' new lines, then almost nothing
+    # polls: every run's summary, then the compared runs' curves, (nothing new), then only the
+    # two runs' new lines, then almost nothing
     sent = json.loads(attr(dom, "bytes"))
-    assert len(sent) >= 3 and sent == dash.sent[: len(sent)]
-    assert sent[0] > 100_000 and sent[1] * 100 < sent[0] and max(sent[2:]) < 200, sent
+    assert len(sent) >= 5 and sent == dash.sent[: len(sent)], (sent, dash.sent)
+    print("bytes per poll", sent)
+    assert sent[2] < 200 and sent[3] * 20 < sent[0] + sent[1] and max(sent[4:]) < 200, sent
     steps = json.loads(attr(dom, "last-steps"))
     assert all(steps[n] == STEPS + 1 for n in grown) and steps[name(3)] == STEPS
 
@@ -104,6 +111,8 @@ def test_hundred_runs_list_poll_deltas_and_bounded_height(runs, tmp_path):
     assert {n for n, (_, sel) in listed.items() if sel} == {name(i) for i in (98, 95, 92, 89, 86)}
     series, last = chart_last(dom, "reward")
     assert series == 5 and all(last[n] == {"step": STEPS + 1, "value": 0.875} for n in grown)
+    # the inspector shows the first compared run's prompt groups, fetched for that run alone
+    assert re.search(r'<b id="match-count">(\d+)</b>', dom).group(1) == "3" and dash.requests["samples"] >= 1
     height = int(attr(dom, "height"))
     assert 1500 < height < 6000, height
 

@@ -219,3 +219,40 @@ def test_polling_since_a_cursor_sends_only_what_changed(tmp_path):
     assert [r["name"] for r in folder.data(cursor)["runs"]] == ["exp051"]
     # a cursor of another server process (restarted): everything again
     assert len(folder.data("0000-3")["runs"]) == 100
+
+
+def test_curves_come_only_for_the_compared_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for i in range(20):
+        _write_run(runs / f"exp{i:02d}", steps=300)
+    folder = RunsFolder(runs)
+    brief = folder.data(series=[])  # the run list: summaries only
+    assert len(brief["runs"]) == 20 and not any("series" in r for r in brief["runs"])
+    assert brief["runs"][3]["summary"]["last_step"] == 300
+    full = folder.data()
+    assert len(json.dumps(brief)) * 4 < len(json.dumps(full))
+
+    loaded = folder.data(brief["cursor"], series=[], load=["exp03"])  # exp03 just chosen: whole, unchanged or not
+    assert [r["name"] for r in loaded["runs"]] == ["exp03"] and loaded["runs"][0]["series"]["step"][-1] == 300
+    _grow(runs / "exp03", 301)
+    _grow(runs / "exp04", 301)
+    d = {r["name"]: r for r in folder.data(loaded["cursor"], series=["exp03"])["runs"]}
+    assert d["exp03"]["append"]["step"] == [301]  # compared: its new line
+    assert "append" not in d["exp04"] and "series" not in d["exp04"] and d["exp04"]["summary"]["last_step"] == 301
+
+
+def test_api_data_reads_series_and_load_from_the_query(tmp_path):
+    for n in ("a,b", "c"):
+        _write_run(tmp_path / "runs" / n)
+    dash = Dashboard(tmp_path / "runs", port=0).start()
+    try:
+        first = json.loads(_get(dash.url + "api/data?series=")[1])
+        assert [("series" in r) for r in first["runs"]] == [False, False]
+        got = json.loads(_get(dash.url + f"api/data?since={first['cursor']}&series=&load=a%2Cb")[1])
+        assert [r["name"] for r in got["runs"]] == ["a,b"] and got["runs"][0]["series"]["step"] == [1, 2, 3]
+        assert all("series" in r for r in json.loads(_get(dash.url + "api/data")[1])["runs"])  # no series=: every run whole
+        samples = json.loads(_get(dash.url + "api/samples?run=c")[1])
+        assert samples == {"name": "c", "samples": [], "samples_dropped": 0}
+        assert _get(dash.url + "api/samples?run=nope")[0] == 404
+    finally:
+        dash.stop()

@@ -87,7 +87,8 @@
     return list.compare;
   }
   function colorOf(name) { const i = compared().indexOf(name); return color(i < 0 ? 0 : i); }
-  function visibleRuns() { const sel = compared(); return DATA.runs.map((r, i) => [r, i]).filter(([r]) => sel.includes(r.name)); }
+  // the compared runs whose curves are here (the dashboard loads a run's curves once it is compared)
+  function visibleRuns() { const sel = compared(); return DATA.runs.map((r, i) => [r, i]).filter(([r]) => sel.includes(r.name) && r.series); }
   function age(r) {  // seconds since the run last wrote, as of now
     const s = r.summary || {};
     if (s.updated_age_s === null || s.updated_age_s === undefined) return Infinity;
@@ -238,7 +239,7 @@
 
   function renderAny() {
     const ctl = document.getElementById("any-controls"), root = document.getElementById("any-chart");
-    const keys = [...new Set(DATA.runs.flatMap((r) => Object.keys(r.series)))].filter((k) => k !== "step").sort();
+    const keys = [...new Set(visibleRuns().flatMap(([r]) => Object.keys(r.series)))].filter((k) => k !== "step").sort();
     const current = ctl.dataset.key && keys.includes(ctl.dataset.key) ? ctl.dataset.key : keys[0];
     ctl.innerHTML = "";
     if (!keys.length) return;
@@ -258,6 +259,10 @@
   function setCompare(names, anchor) {
     list.compare = names.slice(0, MAX_COMPARE);
     writeHash(anchor || "runs");
+    if (LIVE) {  // curves of runs no longer compared go (they would go stale); new ones load now
+      for (const r of DATA.runs) if (!list.compare.includes(r.name)) r.series = null;
+      schedule(0);
+    }
     renderRuns();
     renderSummary();
     renderAllCharts();
@@ -505,6 +510,7 @@
     }
   }
   // Merges an answer of /api/data into DATA; true when a compared run (or the list of runs) changed.
+  // A run comes whole (`series`: its curves), as new metric lines (`append`), or as its summary.
   function merge(d) {
     const byName = new Map(DATA.runs.map((r) => [r.name, r]));
     const sel = compared();
@@ -512,34 +518,52 @@
     for (const p of d.runs) {
       const old = byName.get(p.name);
       if (sel.includes(p.name)) touched = true;
-      if (p.append) {
-        if (!old || old.epoch !== p.epoch) { cursor = null; continue; }  // out of step: ask for everything
-        appendSeries(old.series, p.append);
-        for (const k of ["summary", "points", "notes", "error"]) if (k in p) old[k] = p[k];
-        old._received = Date.now();
-      } else {
-        p._received = Date.now();
+      p._received = Date.now();
+      if (p.series || !old) {
         if (old && old.samples) { p.samples = old.samples; p._samples = old._samples; }
+        if (!p.series) p.series = null;
         byName.set(p.name, p);
+        continue;
       }
+      if (p.append && old.series && old.epoch === p.epoch) appendSeries(old.series, p.append);
+      else old.series = null;  // not compared, or out of step: loaded whole when compared
+      for (const k of ["epoch", "summary", "points", "notes", "error", "_received"]) if (k in p) old[k] = p[k];
     }
     DATA.runs = d.names ? d.names.map((n) => byName.get(n)).filter((r) => r) : DATA.runs.map((r) => byName.get(r.name));
     DATA.generated = d.generated;
     return touched;
   }
 
+  let timer = null, inflight = false, again = false;
+  function schedule(ms) { clearTimeout(timer); timer = setTimeout(poll, ms); }
+  function pollUrl() {
+    const p = new URLSearchParams();
+    if (cursor) p.set("since", cursor);
+    const sel = polls === 0 && list.compare === null ? [] : compared();  // first answer: summaries, then the default's curves
+    const byName = new Map(DATA.runs.map((r) => [r.name, r]));
+    const have = sel.filter((n) => byName.has(n) && byName.get(n).series);
+    const load = sel.filter((n) => byName.has(n) && !byName.get(n).series);
+    if (!have.length) p.append("series", "");
+    for (const n of have) p.append("series", n);
+    for (const n of load) p.append("load", n);
+    return [LIVE.url + "?" + p.toString(), load.length];
+  }
   async function poll() {
+    if (inflight) { again = true; return; }
+    inflight = true;
+    let soon = false;
     try {
-      const url = LIVE.url + (cursor ? "?since=" + encodeURIComponent(cursor) : "");
+      const [url] = pollUrl();
       const res = await fetch(url, { cache: "no-store" });
       const text = await res.text();
       const d = JSON.parse(text);
       sent.push(text.length);
-      const first = cursor === null && polls === 0;
+      const first = polls === 0;
       cursor = d.cursor;
       polls++;
       if (merge(d) || first) renderAll();
       else if (d.runs.length) renderRuns();
+      soon = pollUrl()[1] > 0;  // compared runs whose curves are still to load
       const st = document.getElementById("status");
       st.textContent = "live · " + DATA.runs.length + " run(s) · refreshed " + new Date().toLocaleTimeString() + " · every " + LIVE.interval_ms / 1000 + " s";
       st.dataset.polls = String(polls);
@@ -547,7 +571,9 @@
     } catch (e) {
       document.getElementById("status").textContent = "live · dashboard unreachable (" + e + "), retrying";
     }
-    setTimeout(poll, LIVE.interval_ms);
+    inflight = false;
+    schedule(soon || again ? 0 : LIVE.interval_ms);
+    again = false;
   }
   async function loadSamples(run) {  // the dashboard serves prompt groups one run at a time
     const want = (run.summary || {}).samples || 0;
@@ -567,6 +593,6 @@
 
   let resizeTimer = null;
   window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(renderAllCharts, 200); });
-  if (LIVE) poll();
+  if (LIVE) schedule(0);
   else renderAll();
 })();

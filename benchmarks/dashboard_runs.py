@@ -119,27 +119,39 @@ def main() -> None:
             t0 = time.perf_counter()
             folder.runs()
             warm.append(time.perf_counter() - t0)
-        deltas = "since" in inspect.signature(RunsFolder.data).parameters
-        first = folder.data()
-        for r in runs[:2]:
-            grow(r, args.steps + 1)
-        second = folder.data(first["cursor"]) if deltas else folder.data()
-        third = folder.data(second["cursor"]) if deltas else folder.data()
-        size = [len(json.dumps(d, separators=(",", ":")).encode()) for d in (first, second, third)]
+        size = lambda d: len(json.dumps(d, separators=(",", ":")).encode())  # noqa: E731
+        names = [f"proj/{r.name}" for r in runs]
+        compared = names[-5:]
+        if "series" in inspect.signature(RunsFolder.data).parameters:  # as the page asks
+            first = folder.data(series=[])  # the run list
+            load = folder.data(first["cursor"], series=[], load=compared)  # the compared runs' curves
+            for r in runs[-2:]:
+                grow(r, args.steps + 1)
+            second = folder.data(load["cursor"], series=compared)
+            third = folder.data(second["cursor"], series=compared)
+            sizes = {"poll_bytes_first": size(first), "poll_bytes_compared_curves": size(load)}
+        else:  # before: every poll is everything
+            first = folder.data()
+            for r in runs[-2:]:
+                grow(r, args.steps + 1)
+            second, third = folder.data(), folder.data()
+            sizes = {"poll_bytes_first": size(first)}
         result = {
             "runs": args.runs,
             "steps": args.steps,
             "metrics_jsonl_bytes_per_run": (runs[0] / "metrics.jsonl").stat().st_size,
             "scan_cold_s": round(cold, 3),
             "scan_warm_s": round(min(warm), 4),
-            "poll_bytes_first": size[0],
-            "poll_bytes_after_two_runs_grew": size[1],
-            "poll_bytes_nothing_changed": size[2],
+            **sizes,
+            "poll_bytes_after_two_runs_grew": size(second),
+            "poll_bytes_nothing_changed": size(third),
         }
         if args.chromium:
             dash = Dashboard(tmp / "runs", port=0, interval_ms=1000).start()
             try:
                 result["page_height_px"] = page_height(dash.url)
+                ten = ",".join(names[::10])
+                result["page_height_px_10_compared"] = page_height(dash.url + "#runs?compare=" + ten)
                 # (the dashboard before the run list had no data-height: measure a report of the same runs)
             finally:
                 dash.stop()

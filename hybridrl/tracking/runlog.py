@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,17 +188,22 @@ def _step_of_file(p: Path) -> int:
 
 
 def _numeric(rows: list[dict]) -> list[dict]:
-    """Metric rows with only finite numbers (JsonlLogger writes NaN/inf as strings)."""
+    """Metric rows with only finite numbers (JsonlLogger writes NaN/inf as strings; an int past
+    the float range is dropped like inf). Exact type checks: this loop is most of a cold scan."""
     out = []
+    isfinite, big = math.isfinite, sys.float_info.max
     for r in rows:
         clean = {}
         for k, v in r.items():
-            if isinstance(v, bool):
-                v = float(v)
-            if isinstance(v, int) and abs(v) > 2**53:
-                v = float(v) if abs(v) < 1e308 else math.inf  # ints past a float: inf is dropped below
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                clean[k] = v
+            t = type(v)
+            if t is float:
+                if isfinite(v):
+                    clean[k] = v
+            elif t is int:
+                if -big <= v <= big:
+                    clean[k] = v
+            elif t is bool:
+                clean[k] = float(v)
         if "step" in clean:
             out.append(clean)
     return out

@@ -32,6 +32,8 @@ import selectors
 import socket
 import threading
 import time
+import traceback
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -329,7 +331,7 @@ class Dashboard:
         self.folder = RunsFolder(root, config_diff)
         self.interval_ms = interval_ms
         self.requests = {"data": 0, "metrics": 0, "samples": 0, "refused": 0}
-        self.sent = []  # bytes of each /api/data answer (docs/observability.md, the browser test)
+        self.sent = deque(maxlen=1000)  # bytes of the last /api/data answers (the browser test reads them)
         self.after_data = None  # tests: called after each /api/data answer
         self.check_host = host in ("127.0.0.1", "localhost", "::1") if check_host is None else check_host
         self.idle_s, self.max_idle = idle_s, max_idle
@@ -382,6 +384,12 @@ class Dashboard:
                         self._send(404, "text/plain", "not found: try /, /api/data or /metrics\n")
                 except (BrokenPipeError, ConnectionResetError, TimeoutError):
                     pass
+                except Exception as e:  # noqa: BLE001 (a bug: say so to the client and on the console, serve on)
+                    traceback.print_exc()
+                    try:
+                        self._send(500, "text/plain", f"internal error in hybridrl dashboard: {type(e).__name__}: {e}\n")
+                    except OSError:
+                        pass
 
             def _send(self, code: int, ctype: str, body: str) -> None:
                 raw = body.encode()

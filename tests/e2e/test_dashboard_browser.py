@@ -101,7 +101,7 @@ def test_hundred_runs_list_poll_deltas_and_bounded_height(runs, tmp_path):
     # polls: every run's summary, then the compared runs' curves, (nothing new), then only the
     # two runs' new lines, then almost nothing
     sent = json.loads(attr(dom, "bytes"))
-    assert len(sent) >= 5 and sent == dash.sent[: len(sent)], (sent, dash.sent)
+    assert len(sent) >= 5 and sent == list(dash.sent)[: len(sent)], (sent, dash.sent)
     print("bytes per poll", sent)
     assert sent[2] < 200 and sent[3] * 20 < sent[0] + sent[1] and max(sent[4:]) < 200, sent
     steps = json.loads(attr(dom, "last-steps"))

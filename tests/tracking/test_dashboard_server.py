@@ -256,3 +256,16 @@ def test_api_data_reads_series_and_load_from_the_query(tmp_path):
         assert _get(dash.url + "api/samples?run=nope")[0] == 404
     finally:
         dash.stop()
+
+
+def test_a_bug_in_a_handler_is_a_500_and_the_server_serves_on(tmp_path, capsys):
+    _write_run(tmp_path / "runs" / "a")
+    dash = Dashboard(tmp_path / "runs", port=0).start()
+    try:
+        dash.folder.data = lambda *a: 1 / 0
+        status, body = _get(dash.url + "api/data")
+        assert status == 500 and b"ZeroDivisionError" in body
+        assert "ZeroDivisionError" in capsys.readouterr().err  # the traceback, on the console
+        assert _get(dash.url + "healthz") == (200, b"ok\n")
+    finally:
+        dash.stop()

@@ -6,6 +6,7 @@ the list's controls write as they change, so a view can be linked; the checks re
 page's script wrote into the DOM.
 """
 
+import html
 import json
 import os
 import re
@@ -60,7 +61,7 @@ def runs(tmp_path_factory):
 def attr(dom: str, key: str) -> str:
     m = re.search(rf'data-{key}="([^"]*)"', dom)
     assert m, key
-    return m.group(1).replace("&quot;", '"')
+    return html.unescape(m.group(1))
 
 
 def rows(dom: str) -> dict:
@@ -136,3 +137,35 @@ def test_filter_and_compare_two_runs(runs, tmp_path):
     table = re.search(r'<table id="summary-table">(.*?)</table>', dom, re.S).group(1)
     assert re.findall(r"<th>(proj/[^<]+)</th>", table) == [a, b]
     assert int(attr(dom, "height")) < 6000
+
+
+def test_the_list_controls_filter_and_compare_when_used(runs, tmp_path):
+    """The same page as a static report of 12 runs, driven like a user: type in the filter, click
+    "compare shown", untick a run (a script added to the page does it, then the DOM is read)."""
+    from hybridrl.cli.report import build_report
+
+    page, _ = build_report([str(runs / name(i)) for i in range(12) if i != 50])
+    user = """<script>
+    const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+    (async () => {
+      await sleep(300);
+      const q = document.getElementById("run-filter");
+      q.value = "exp01"; q.dispatchEvent(new Event("input"));
+      await sleep(100);
+      document.getElementById("compare-shown").click();
+      await sleep(300);
+      document.body.dataset.afterCompare = document.getElementById("chart-reward").dataset.series;
+      document.querySelector('tr[data-run="exp010-lr3e-6"] input').click();
+      await sleep(300);
+      document.body.dataset.afterUntick = document.getElementById("chart-reward").dataset.series;
+      document.body.dataset.address = location.hash;
+    })();
+    </script>"""
+    out = tmp_path / "twelve.html"
+    out.write_text(page.replace("</body>", user + "</body>"))
+    dom = chromium(out.as_uri(), tmp_path, budget_ms=3000)
+    assert set(rows(dom)) == {"exp010-lr3e-6", "exp011-lr1e-6"}  # a report names runs by their directory
+    assert attr(dom, "after-compare") == "2" and attr(dom, "after-untick") == "1"
+    series, last = chart_last(dom, "reward")
+    assert series == 1 and list(last) == ["critic/score/mean"]  # one run: a line per metric, named by its key
+    assert attr(dom, "address") == "#runs?filter=exp01&compare=exp011-lr1e-6"

@@ -110,7 +110,7 @@
   }
   function writeHash(anchor) {
     const p = new URLSearchParams();
-    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && k !== "only" && k !== "diff" && !(k === "page" && v === 1) && !(k === "run" && v === 0) && !(k === "sort" && v === "step")) p.set(k, v);
+    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && k !== "only" && k !== "diff" && !(k === "page" && v === 1) && !(k === "run" && (v === 0 || !inspChosen)) && !(k === "sort" && v === "step")) p.set(k, v);
     if (list.filter) p.set("filter", list.filter);
     if (list.status !== "all") p.set("status", list.status);
     if (list.compare !== null) p.set("compare", list.compare.join(","));

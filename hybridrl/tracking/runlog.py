@@ -75,7 +75,8 @@ def find_runs(root: Path) -> list[Path]:
 
     Checkpoints are written to temporary directories and renamed, so directories appear and vanish
     while this walks: one that is gone by the time it is listed is skipped, never an error. A run's
-    `checkpoints/` folder holds no runs and is not walked (it is most of the tree).
+    `checkpoints/` folder holds no runs and is not walked (it is most of the tree), nor are the
+    checkpoint writer's `.tmp_step_N` / `.trash_step_N` directories anywhere.
     """
     root = Path(root)
     found, stack = [], [str(root)]
@@ -92,7 +93,7 @@ def find_runs(root: Path) -> list[Path]:
             found.append(Path(folder))
         for e in entries:
             try:
-                if not e.is_dir(follow_symlinks=False) or e.name.startswith(".tmp") or (is_run and e.name == "checkpoints"):
+                if not e.is_dir(follow_symlinks=False) or e.name.startswith((".tmp", ".trash")) or (is_run and e.name == "checkpoints"):
                     continue
             except OSError:
                 continue

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 METRICS, SAMPLES, CONFIG = "metrics.jsonl", "samples.jsonl", "config.yaml"
+SKIP_PREFIXES = (".tmp", ".trash")  # a checkpoint being written, or being deleted (trainer/checkpoint.py)
 
 
 class RunError(ValueError):
@@ -92,12 +93,13 @@ def find_runs(root: Path) -> list[Path]:
         if is_run:
             found.append(Path(folder))
         for e in entries:
+            if e.name.startswith(SKIP_PREFIXES) or (is_run and e.name == "checkpoints"):
+                continue
             try:
-                if not e.is_dir(follow_symlinks=False) or e.name.startswith((".tmp", ".trash")) or (is_run and e.name == "checkpoints"):
-                    continue
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
             except OSError:
                 continue
-            stack.append(e.path)
     return sorted(found)
 
 

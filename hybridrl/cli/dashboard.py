@@ -33,10 +33,10 @@ def cmd_dashboard(args) -> int:
         f"Prometheus: {dash.url}metrics | Ctrl-C stops",
         flush=True,
     )
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not dash.check_host:
         print(
             f"hybridrl dashboard: note: listening on {args.host}: anyone who can reach this port can read the runs' "
-            "prompts and samples",
+            "prompts and samples (on 127.0.0.1, the default, only this machine's localhost pages can)",
             flush=True,
         )
     try:
@@ -54,6 +54,11 @@ def add_parser(sub) -> None:
         "runs_dir", metavar="RUNS_DIR", help="a folder of runs (e.g. runs/); every directory with metrics.jsonl under it"
     )
     s.add_argument("--port", type=int, default=8265, help="port (default 8265; 0 = any free port)")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only, and only requests for localhost / 127.0.0.1 / [::1]; "
+        "another address serves any host name)",
+    )
     s.add_argument("--interval", type=float, default=2.0, help="seconds between the page's refreshes (default 2)")
     s.set_defaults(fn=cmd_dashboard)

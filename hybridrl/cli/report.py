@@ -76,7 +76,13 @@ def build_report(
 
 
 def cmd_report(args) -> int:
-    html, runs = build_report(args.runs, title=args.title, max_points=args.max_points, max_samples=args.max_samples)
+    from hybridrl.tracking.runlog import RunError
+
+    try:
+        html, runs = build_report(args.runs, title=args.title, max_points=args.max_points, max_samples=args.max_samples)
+    except RunError as e:  # a run's own files are damaged: say which, no traceback
+        print(f"hybridrl: error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html)

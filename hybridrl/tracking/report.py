@@ -56,8 +56,7 @@ def downsample(rows: list[dict], max_points: int = MAX_POINTS) -> dict[str, list
 def summarize(run: RunData) -> dict:
     """The numbers of the report's summary table (also `/metrics` and the end-of-run summary)."""
     rows, cfg = run.metrics, run.config or {}
-    trainer, arr = cfg.get("trainer", {}), cfg.get("actor_rollout_ref", {})
-    algo = cfg.get("algorithm", {})
+    trainer, arr, algo = _section(cfg, "trainer"), _section(cfg, "actor_rollout_ref"), _section(cfg, "algorithm")
     steps = [r for r in rows if r["step"] > 0]
     reward_key = next(
         (k for k in ("critic/score/mean", "rewards/accuracies", "mean_token_accuracy") if any(k in r for r in steps)), None
@@ -90,12 +89,12 @@ def summarize(run: RunData) -> dict:
     return {
         "name": run.name,
         "path": str(run.path),
-        "model": arr.get("model", {}).get("path"),
+        "model": _section(arr, "model").get("path"),
         "algorithm": (algo.get("adv_estimator") if name == "rl" else name) if algo else None,
         "last_step": run.last_step,
-        "total_steps": trainer.get("total_training_steps"),
+        "total_steps": _number(trainer.get("total_training_steps")),
         "device": trainer.get("device"),
-        "devices": (trainer.get("nnodes", 1) * trainer.get("n_gpus_per_node", 1)) if trainer else None,
+        "devices": _devices(trainer),
         "train_time_s": sum(step_times),
         "mean_step_s": _mean(step_times),
         "stage_mean_s": stage_means,
@@ -112,7 +111,23 @@ def summarize(run: RunData) -> dict:
         "samples": len(run.samples),
         "updated_age_s": max(0.0, time.time() - run.mtime) if run.mtime else None,
         "finished": (run.path / "run_summary.json").exists() if run.path.is_dir() else True,
+        "error": run.error,
     }
+
+
+def _section(cfg: dict, key: str) -> dict:
+    """cfg[key] when it is a mapping, else {}: a hand-edited config.yaml may hold anything there."""
+    v = cfg.get(key) if isinstance(cfg, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def _number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _devices(trainer: dict):
+    nodes, per_node = _number(trainer.get("nnodes", 1)), _number(trainer.get("n_gpus_per_node", 1))
+    return nodes * per_node if trainer and nodes is not None and per_node is not None else None
 
 
 def _mean(xs):
@@ -143,9 +158,16 @@ def thin_samples(groups: list[dict], max_groups: int) -> list[dict]:
 
 
 def run_payload(
-    run: RunData, config_diff: list | None = None, max_points: int = MAX_POINTS, max_groups: int = MAX_GROUPS
+    run: RunData,
+    config_diff: list | None = None,
+    max_points: int = MAX_POINTS,
+    max_groups: int = MAX_GROUPS,
+    *,
+    samples: bool = True,
 ) -> dict:
-    groups = thin_samples(run.samples, max_groups)
+    """One run's part of the page's data. `samples=False` leaves the prompt groups out (the
+    dashboard serves them one run at a time, at /api/samples)."""
+    groups = thin_samples(run.samples, max_groups) if samples else []
     return {
         "name": run.name,
         "summary": summarize(run),
@@ -153,8 +175,9 @@ def run_payload(
         "series": downsample(run.metrics, max_points),
         "points": len(run.metrics),
         "samples": groups,
-        "samples_dropped": len(run.samples) - len(groups),
+        "samples_dropped": len(run.samples) - len(groups) if samples else 0,
         "notes": run.notes,
+        "error": run.error,
     }
 
 

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 METRICS, SAMPLES, CONFIG = "metrics.jsonl", "samples.jsonl", "config.yaml"
+SKIP_PREFIXES = (".tmp", ".trash")  # a checkpoint being written, or being deleted (trainer/checkpoint.py)
+
+
+class RunError(ValueError):
+    """A run directory whose files cannot be read as a run (one line: which file, what is wrong)."""
 
 
 def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
@@ -38,6 +45,9 @@ def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
         except json.JSONDecodeError as e:
             notes.append(f"{path}, line {i}: skipped, not JSON ({e.msg})")
             continue
+        except RecursionError:  # e.g. "[[[[..." thousands deep: not a metrics line either
+            notes.append(f"{path}, line {i}: skipped, nested too deep to be a metrics line")
+            continue
         if isinstance(obj, dict):
             rows.append(obj)
     return rows, notes
@@ -54,6 +64,7 @@ class RunData:
     samples: list[dict] = field(default_factory=list)  # prompt groups, see tracking/samples.py
     notes: list[str] = field(default_factory=list)
     mtime: float = 0.0
+    error: str | None = None  # why this run could not be read (then it has no metrics); shown, never raised
 
     @property
     def last_step(self) -> int:
@@ -61,11 +72,34 @@ class RunData:
 
 
 def find_runs(root: Path) -> list[Path]:
-    """Every run directory at or under `root` (a directory holding metrics.jsonl), sorted."""
+    """Every run directory at or under `root` (a directory holding metrics.jsonl), sorted.
+
+    Checkpoints are written to temporary directories and renamed, so directories appear and vanish
+    while this walks: one that is gone by the time it is listed is skipped, never an error. A run's
+    `checkpoints/` folder holds no runs and is not walked (it is most of the tree), nor are the
+    checkpoint writer's `.tmp_step_N` / `.trash_step_N` directories anywhere.
+    """
     root = Path(root)
-    found = {p.parent for p in root.rglob(METRICS)} if root.is_dir() else set()
-    if (root / METRICS).exists():
-        found.add(root)
+    found, stack = [], [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue  # vanished (a checkpoint's temporary directory), or not ours to read
+        names = {e.name for e in entries}
+        is_run = METRICS in names
+        if is_run:
+            found.append(Path(folder))
+        for e in entries:
+            if e.name.startswith(SKIP_PREFIXES) or (is_run and e.name == "checkpoints"):
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+            except OSError:
+                continue
     return sorted(found)
 
 
@@ -80,13 +114,43 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         raise FileNotFoundError(f"{path} is not a run directory (one with metrics.jsonl) nor a metrics .jsonl file")
     if not (path / METRICS).exists():
         raise FileNotFoundError(f"{path} has no {METRICS}: give a run directory (runs/<project>/<experiment>)")
-    config = {}
-    if (path / CONFIG).exists():
-        config = yaml.safe_load((path / CONFIG).read_text()) or {}
+    config = read_config(path / CONFIG)
     metrics, notes = read_jsonl(path / METRICS)
     samples, sample_notes = read_samples(path, config)
     mtime = max((p.stat().st_mtime for p in (path / METRICS, path / SAMPLES) if p.exists()), default=0.0)
     return RunData(name or path.name, path, config, _numeric(metrics), samples, notes + sample_notes, mtime)
+
+
+def load_run_or_error(path: Path, name: str) -> RunData | None:
+    """`load_run` for a reader of many runs: a run that cannot be read comes back with `error` set
+    (so one bad directory never hides the others), and None when the directory vanished."""
+    try:
+        return load_run(path, name=name)
+    except FileNotFoundError:
+        return None
+    except (RunError, OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
+        reason = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
+        return RunData(name, Path(path), error=reason)
+
+
+def read_config(path: Path) -> dict:
+    """A run's resolved config.yaml as a mapping ({} when absent); RunError when it is not one."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return {}
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise RunError(f"{path}: not valid YAML{at} ({problem}); truncated by a crash or a full disk?") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise RunError(f"{path}: holds a {type(config).__name__}, not the mapping of a resolved config")
+    return config
 
 
 def read_samples(path: Path, config: dict) -> tuple[list[dict], list[str]]:
@@ -95,9 +159,15 @@ def read_samples(path: Path, config: dict) -> tuple[list[dict], list[str]]:
     from hybridrl.tracking.samples import group_dump_rows, normalize_group
 
     rows, notes = read_jsonl(path / SAMPLES)
-    groups = [normalize_group(r) for r in rows]
+    groups = []
+    for i, r in enumerate(rows, 1):
+        try:
+            groups.append(normalize_group(r))
+        except (TypeError, ValueError, AttributeError) as e:
+            notes.append(f"{path / SAMPLES}: skipped prompt group {i}, not in the samples format ({e})")
     have = {(g["kind"], g["step"]) for g in groups}
-    trainer = config.get("trainer", {}) if isinstance(config, dict) else {}
+    trainer = config.get("trainer") if isinstance(config, dict) else None
+    trainer = trainer if isinstance(trainer, dict) else {}
     for key, kind in (("rollout_data_dir", "train"), ("validation_data_dir", "val")):
         folder = trainer.get(key)
         if not folder:
@@ -121,15 +191,22 @@ def _step_of_file(p: Path) -> int:
 
 
 def _numeric(rows: list[dict]) -> list[dict]:
-    """Metric rows with only finite numbers (JsonlLogger writes NaN/inf as strings)."""
+    """Metric rows with only finite numbers (JsonlLogger writes NaN/inf as strings; an int past
+    the float range is dropped like inf). Exact type checks: this loop is most of a cold scan."""
     out = []
+    isfinite, big = math.isfinite, sys.float_info.max
     for r in rows:
         clean = {}
         for k, v in r.items():
-            if isinstance(v, bool):
-                v = float(v)
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                clean[k] = v
+            t = type(v)
+            if t is float:
+                if isfinite(v):
+                    clean[k] = v
+            elif t is int:
+                if -big <= v <= big:
+                    clean[k] = v
+            elif t is bool:
+                clean[k] = float(v)
         if "step" in clean:
             out.append(clean)
     return out

@@ -1,10 +1,15 @@
 // hybridrl report / dashboard page. Data: window.HYBRIDRL_DATA (a report) or polled from
-// window.HYBRIDRL_LIVE.url (the dashboard). Charts: uPlot. No network access otherwise.
+// window.HYBRIDRL_LIVE.url (the dashboard: the whole data once, then only what changed since the
+// cursor of the last answer). Charts: uPlot. No network access otherwise.
+// Many runs: the run list filters by name and status; the charts, the summary and the timing
+// overlay only the selected runs (at most MAX_COMPARE), so the page's height does not grow with
+// the number of runs.
 (function () {
   "use strict";
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
   const DASHES = [[], [6, 4], [2, 3], [10, 3, 2, 3]];
   const PAGE = 10;
+  const MAX_COMPARE = 10, DEFAULT_COMPARE = 5;
   const CURVES = [
     { id: "reward", title: "Training reward", keys: ["critic/score/mean", "rewards/accuracies", "mean_token_accuracy"] },
     { id: "val", title: "Validation scores", match: (k) => k.startsWith("val-core/") || k.startsWith("val/") },
@@ -30,9 +35,15 @@
   let DATA = window.HYBRIDRL_DATA || { runs: [] };
   const LIVE = window.HYBRIDRL_LIVE;
   let plots = [];
-  let polls = 0, version = "";
-  const hidden = {};
-  const insp = Object.assign({ run: 0, kind: "all", step: "all", src: "", min: "", max: "", q: "", sort: "step", page: 1 }, readHash());
+  let polls = 0, cursor = null;
+  const sent = [];  // bytes of each answer (the browser test reads them)
+  const H0 = readHash();
+  // the run list: name filter, status filter, the runs compared (null: not chosen yet)
+  const list = { filter: H0.filter || "", status: H0.status || "all", compare: H0.compare !== undefined ? H0.compare.split(",").filter((n) => n) : null };
+  const insp = Object.assign({ run: 0, kind: "all", step: "all", src: "", min: "", max: "", q: "", sort: "step", page: 1 }, H0);
+  for (const k of ["filter", "status", "compare"]) delete insp[k];
+  const loadingSamples = {};
+  let inspChosen = H0.run !== undefined;
   const diffOpen = {};
 
   // ---------------------------------------------------------------- helpers
@@ -67,7 +78,29 @@
     return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
   }
   function color(i) { return COLORS[i % COLORS.length]; }
-  function visibleRuns() { return DATA.runs.map((r, i) => [r, i]).filter(([r]) => !hidden[r.name]); }
+  function compared() {
+    if (list.compare === null) {  // by default: every run, or the most recently written few
+      const runs = DATA.runs.slice();
+      if (runs.length > MAX_COMPARE) runs.sort((a, b) => age(a) - age(b));
+      return runs.slice(0, runs.length > MAX_COMPARE ? DEFAULT_COMPARE : MAX_COMPARE).map((r) => r.name);
+    }
+    return list.compare;
+  }
+  function colorOf(name) { const i = compared().indexOf(name); return color(i < 0 ? 0 : i); }
+  // the compared runs whose curves are here (the dashboard loads a run's curves once it is compared)
+  function visibleRuns() { const sel = compared(); return DATA.runs.map((r, i) => [r, i]).filter(([r]) => sel.includes(r.name) && r.series); }
+  function age(r) {  // seconds since the run last wrote, as of now
+    const s = r.summary || {};
+    if (s.updated_age_s === null || s.updated_age_s === undefined) return Infinity;
+    return s.updated_age_s + (r._received ? (Date.now() - r._received) / 1000 : 0);
+  }
+  function statusOf(r) {
+    const s = r.summary || {};
+    if (r.error) return "bad";
+    if (s.finished) return "finished";
+    // as /metrics' hybridrl_run_healthy: a write within max(120 s, 10 step times)
+    return age(r) < Math.max(120, 10 * (s.median_step_s || 0)) ? "running" : "stalled";
+  }
   function readHash() {
     const h = location.hash, q = h.indexOf("?");
     if (q < 0) return {};
@@ -75,11 +108,14 @@
     for (const [k, v] of new URLSearchParams(h.slice(q + 1))) out[k] = k === "run" || k === "page" ? Number(v) : v;
     return out;
   }
-  function writeHash() {
+  function writeHash(anchor) {
     const p = new URLSearchParams();
-    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && k !== "only" && k !== "diff" && !(k === "page" && v === 1) && !(k === "run" && v === 0) && !(k === "sort" && v === "step")) p.set(k, v);
+    for (const [k, v] of Object.entries(insp)) if (v !== "" && v !== "all" && k !== "only" && k !== "diff" && !(k === "page" && v === 1) && !(k === "run" && (v === 0 || !inspChosen)) && !(k === "sort" && v === "step")) p.set(k, v);
+    if (list.filter) p.set("filter", list.filter);
+    if (list.status !== "all") p.set("status", list.status);
+    if (list.compare !== null) p.set("compare", list.compare.join(","));
     const s = p.toString();
-    history.replaceState(null, "", "#inspector" + (s ? "?" + s : ""));
+    history.replaceState(null, "", "#" + (anchor || "inspector") + (s ? "?" + s : ""));
   }
 
   // ---------------------------------------------------------------- charts
@@ -151,11 +187,13 @@
         if (!ys || !ys.some((v) => v !== null)) continue;
         const label = (vis.length > 1 ? run.name + " · " : "") + key;
         // One run: a colour per metric. Several runs: a colour per run, a dash per metric.
-        const stroke = vis.length > 1 ? color(ri) : color(ki);
+        const stroke = vis.length > 1 ? colorOf(run.name) : color(ki);
         lines.push({ label, run: run.name, key, xs: run.series.step, ys, stroke, dash: vis.length > 1 ? DASHES[ki % DASHES.length] : [] });
         ki++;
       }
     }
+    // one metric per run: the legend names the runs only (the chart's title names the metric)
+    if (vis.length > 1 && new Set(lines.map((l) => l.key)).size === 1) for (const l of lines) l.label = l.run;
     return lines;
   }
 
@@ -201,7 +239,7 @@
 
   function renderAny() {
     const ctl = document.getElementById("any-controls"), root = document.getElementById("any-chart");
-    const keys = [...new Set(DATA.runs.flatMap((r) => Object.keys(r.series)))].filter((k) => k !== "step").sort();
+    const keys = [...new Set(visibleRuns().flatMap(([r]) => Object.keys(r.series)))].filter((k) => k !== "step").sort();
     const current = ctl.dataset.key && keys.includes(ctl.dataset.key) ? ctl.dataset.key : keys[0];
     ctl.innerHTML = "";
     if (!keys.length) return;
@@ -214,20 +252,71 @@
   }
 
   // ---------------------------------------------------------------- summary
-  function renderRuns() {
+  function shownRuns() {
+    const q = list.filter.toLowerCase();
+    return DATA.runs.filter((r) => (!q || r.name.toLowerCase().includes(q)) && (list.status === "all" || statusOf(r) === list.status));
+  }
+  function setCompare(names, anchor) {
+    list.compare = names.slice(0, MAX_COMPARE);
+    writeHash(anchor || "runs");
+    if (LIVE) {  // curves of runs no longer compared go (they would go stale); new ones load now
+      for (const r of DATA.runs) if (!list.compare.includes(r.name)) r.series = null;
+      schedule(0);
+    }
+    renderRuns();
+    renderSummary();
+    renderAllCharts();
+    renderInspector();
+  }
+  function initRunControls() {
     const root = document.getElementById("runs");
-    root.innerHTML = "";
-    const box = el("div", { class: "runs" });
-    DATA.runs.forEach((r, i) => {
-      const cb = el("input", { type: "checkbox", onchange: (e) => { hidden[r.name] = !e.target.checked; renderAllCharts(); renderSummary(); } });
-      cb.checked = !hidden[r.name];
-      box.append(el("label", {}, cb, el("span", { class: "swatch", style: "background:" + color(i) }), r.name));
+    if (root.dataset.ready) return;
+    root.dataset.ready = "1";
+    const q = el("input", { id: "run-filter", type: "search", placeholder: "name contains", value: list.filter,
+      oninput: (e) => { list.filter = e.target.value; writeHash("runs"); renderRuns(); } });
+    const st = el("select", { id: "run-status", onchange: (e) => { list.status = e.target.value; writeHash("runs"); renderRuns(); } },
+      ["all", "running", "stalled", "finished", "bad"].map((v) => el("option", { value: v }, v)));
+    st.value = list.status;
+    root.append(el("div", { class: "controls" },
+      el("span", {}, el("label", {}, "runs "), q), el("span", {}, el("label", {}, "status "), st),
+      el("button", { id: "compare-shown", onclick: () => setCompare(shownRuns().map((r) => r.name)) }, "compare shown"),
+      el("button", { id: "compare-none", onclick: () => setCompare([]) }, "clear"),
+      el("span", { id: "run-count", class: "muted" })),
+      el("div", { class: "runlist", id: "run-list" }));
+  }
+  function renderRuns() {
+    initRunControls();
+    const box = document.getElementById("run-list");
+    const sel = compared(), shown = shownRuns();
+    const counts = {};
+    for (const r of DATA.runs) counts[statusOf(r)] = (counts[statusOf(r)] || 0) + 1;
+    document.getElementById("run-count").textContent = shown.length + " of " + DATA.runs.length + " runs shown · " + sel.length +
+      " compared (up to " + MAX_COMPARE + ") · " + Object.entries(counts).map(([k, n]) => n + " " + k).join(", ");
+    const head = el("tr", {}, ["", "run", "status", "step", "reward (last)", "step time", "last written"].map((h) => el("th", {}, h)));
+    const rows = shown.map((r) => {
+      const on = sel.includes(r.name), s = r.summary || {}, status = statusOf(r);
+      const cb = el("input", { type: "checkbox", onchange: (e) => {
+        const cur = compared().filter((n) => n !== r.name);
+        setCompare(e.target.checked ? cur.concat([r.name]) : cur);
+      } });
+      cb.checked = on;
+      if (!on && sel.length >= MAX_COMPARE) cb.disabled = true;
+      return el("tr", { class: "run-row" + (on ? " on" : ""), "data-run": r.name, "data-status": status, "data-selected": on ? "1" : "0" },
+        el("td", {}, cb, on ? el("span", { class: "swatch", style: "background:" + colorOf(r.name) }) : null),
+        el("td", { class: "rname" }, r.name),
+        el("td", { class: "status-" + status, title: r.error || "" }, status, r.error ? el("span", { class: "reason" }, ": " + r.error) : null),
+        el("td", { class: "num" }, s.last_step !== undefined ? s.last_step + (s.total_steps ? " / " + s.total_steps : "") : "–"),
+        el("td", { class: "num" }, fmt(s.reward_last)),
+        el("td", { class: "num" }, s.median_step_s ? fmt(s.median_step_s) + " s" : "–"),
+        el("td", { class: "num" }, s.finished ? "finished" : age(r) === Infinity ? "–" : dur(age(r)) + " ago"));
     });
-    root.append(box);
+    box.replaceChildren(el("table", { id: "run-table" }, head, rows));
+    document.body.dataset.runs = String(DATA.runs.length);
+    document.body.dataset.lastSteps = JSON.stringify(Object.fromEntries(DATA.runs.map((r) => [r.name, r.summary.last_step])));
     const notes = document.getElementById("notes");
     notes.innerHTML = "";
-    for (const r of DATA.runs) for (const n of r.notes || []) notes.append(el("div", { class: "notes" }, "⚠ " + n));
-    for (const r of DATA.runs) if (r.samples_dropped) notes.append(el("div", { class: "notes" }, r.name + ": " + r.samples_dropped + " prompt groups left out (all the groups of evenly spaced steps are kept; hybridrl report --max-samples N for more)"));
+    for (const [r] of visibleRuns()) for (const n of r.notes || []) notes.append(el("div", { class: "notes" }, "⚠ " + n));
+    for (const [r] of visibleRuns()) if (r.samples_dropped) notes.append(el("div", { class: "notes" }, r.name + ": " + r.samples_dropped + " prompt groups left out (all the groups of evenly spaced steps are kept; hybridrl report --max-samples N for more)"));
   }
 
   function renderSummary() {
@@ -288,13 +377,15 @@
     return gs;
   }
   function control(label, node) { return el("span", {}, el("label", {}, label + " "), node); }
-  function set(k, v) { insp[k] = v; if (k !== "page") insp.page = 1; writeHash(); renderInspector(); }
+  function set(k, v) { if (k === "run") inspChosen = true; insp[k] = v; if (k !== "page") insp.page = 1; writeHash(); renderInspector(); }
 
   function renderInspector() {
     const ctl = document.getElementById("inspector-controls"), body = document.getElementById("inspector-body");
     ctl.innerHTML = ""; body.innerHTML = "";
+    if (!inspChosen) insp.run = Math.max(0, DATA.runs.findIndex((r) => r.name === compared()[0]));
     if (insp.run >= DATA.runs.length) insp.run = 0;
     const run = DATA.runs[insp.run];
+    if (run && LIVE) loadSamples(run);
     const all = groupsOf(run);
     if (!run || !all.length) { body.append(el("p", {}, "No samples in this run (samples.jsonl; trainer.log_samples prompts per step).")); return; }
     const steps = [...new Set(all.map((g) => g.step))].sort((a, b) => a - b);
@@ -393,34 +484,115 @@
     // #...?only=curves|timing|inspector|summary shows one section (links and screenshots).
     const only = readHash().only;
     if (only) for (const sec of document.querySelectorAll("main > section")) sec.style.display = sec.id === only || (only === "summary" && sec.id === "runs-section") ? "" : "none";
+    // Over MAX_COMPARE runs the default choice (the most recently written) is kept from the first
+    // view on, so the charts do not jump between runs as they write.
+    if (list.compare === null && DATA.runs.length > MAX_COMPARE) list.compare = compared();
     renderRuns();
     renderSummary();
     renderAllCharts();
     renderInspector();
     document.getElementById("generated").textContent = (LIVE ? "live from the dashboard" : "generated") + " " + (DATA.generated || "");
-    document.body.dataset.runs = String(DATA.runs.length);
-    document.body.dataset.lastSteps = JSON.stringify(Object.fromEntries(DATA.runs.map((r) => [r.name, r.summary.last_step])));
+    setTimeout(measure, 50);  // after uPlot's first draw (it sizes its plots in a microtask)
   }
-  function versionOf(d) { return JSON.stringify(d.runs.map((r) => [r.name, r.points, r.summary.last_step, r.samples.length, r.summary.finished])); }
+  function measure() {  // the page's height, in the DOM for the browser test and docs/observability.md
+    const foot = document.querySelector("footer");
+    document.body.dataset.height = String(Math.round(foot.getBoundingClientRect().bottom + window.scrollY));
+    document.body.dataset.sections = JSON.stringify(Object.fromEntries([...document.querySelectorAll("main > section")].map((x) => [x.id, Math.round(x.getBoundingClientRect().height)])));
+  }
 
+  // ---------------------------------------------------------------- live updates
+  function appendSeries(series, add) {
+    const n = series.step.length, m = add.step.length;
+    for (const k of Object.keys(add)) if (!series[k]) series[k] = new Array(n).fill(null);
+    for (const k of Object.keys(series)) {
+      const col = add[k] || new Array(m).fill(null);
+      for (let i = 0; i < m; i++) series[k].push(col[i]);
+    }
+  }
+  // Merges an answer of /api/data into DATA; true when a compared run (or the list of runs) changed.
+  // A run comes whole (`series`: its curves), as new metric lines (`append`), or as its summary.
+  function merge(d) {
+    const byName = new Map(DATA.runs.map((r) => [r.name, r]));
+    const sel = compared();
+    let touched = !!d.names && (d.names.length !== DATA.runs.length || d.names.some((n, i) => DATA.runs[i].name !== n));
+    for (const p of d.runs) {
+      const old = byName.get(p.name);
+      if (sel.includes(p.name)) touched = true;
+      p._received = Date.now();
+      if (p.series || !old) {
+        if (old && old.samples) { p.samples = old.samples; p._samples = old._samples; }
+        if (!p.series) p.series = null;
+        byName.set(p.name, p);
+        continue;
+      }
+      if (p.append && old.series && old.epoch === p.epoch) appendSeries(old.series, p.append);
+      else old.series = null;  // not compared, or out of step: loaded whole when compared
+      for (const k of ["epoch", "summary", "points", "notes", "error", "_received"]) if (k in p) old[k] = p[k];
+    }
+    DATA.runs = d.names ? d.names.map((n) => byName.get(n)).filter((r) => r) : DATA.runs.map((r) => byName.get(r.name));
+    DATA.generated = d.generated;
+    return touched;
+  }
+
+  let timer = null, inflight = false, again = false;
+  function schedule(ms) { clearTimeout(timer); timer = setTimeout(poll, ms); }
+  function pollUrl() {
+    const p = new URLSearchParams();
+    if (cursor) p.set("since", cursor);
+    const sel = polls === 0 && list.compare === null ? [] : compared();  // first answer: summaries, then the default's curves
+    const byName = new Map(DATA.runs.map((r) => [r.name, r]));
+    const have = sel.filter((n) => byName.has(n) && byName.get(n).series);
+    const load = sel.filter((n) => byName.has(n) && !byName.get(n).series);
+    if (!have.length) p.append("series", "");
+    for (const n of have) p.append("series", n);
+    for (const n of load) p.append("load", n);
+    return [LIVE.url + "?" + p.toString(), load.length];
+  }
   async function poll() {
+    if (inflight) { again = true; return; }
+    inflight = true;
+    let soon = false;
     try {
-      const res = await fetch(LIVE.url, { cache: "no-store" });
-      const d = await res.json();
+      const [url] = pollUrl();
+      const res = await fetch(url, { cache: "no-store" });
+      const text = await res.text();
+      const d = JSON.parse(text);
+      sent.push(text.length);
+      const first = polls === 0;
+      cursor = d.cursor;
       polls++;
-      const v = versionOf(d);
-      if (v !== version) { version = v; DATA = d; renderAll(); }
+      if (merge(d) || first) renderAll();
+      else if (d.runs.length) renderRuns();
+      soon = pollUrl()[1] > 0;  // compared runs whose curves are still to load
       const st = document.getElementById("status");
       st.textContent = "live · " + DATA.runs.length + " run(s) · refreshed " + new Date().toLocaleTimeString() + " · every " + LIVE.interval_ms / 1000 + " s";
       st.dataset.polls = String(polls);
+      st.dataset.bytes = JSON.stringify(sent);
     } catch (e) {
       document.getElementById("status").textContent = "live · dashboard unreachable (" + e + "), retrying";
     }
-    setTimeout(poll, LIVE.interval_ms);
+    inflight = false;
+    schedule(soon || again ? 0 : LIVE.interval_ms);
+    again = false;
+  }
+  async function loadSamples(run) {  // the dashboard serves prompt groups one run at a time
+    const want = (run.summary || {}).samples || 0;
+    if (!LIVE || loadingSamples[run.name] || run._samples === want) return;
+    loadingSamples[run.name] = true;
+    try {
+      const res = await fetch(LIVE.samples_url + "?run=" + encodeURIComponent(run.name), { cache: "no-store" });
+      const d = await res.json();
+      run.samples = d.samples || [];
+      run.samples_dropped = d.samples_dropped || 0;
+      run._samples = want;
+    } finally {
+      loadingSamples[run.name] = false;
+    }
+    renderInspector();
   }
 
   let resizeTimer = null;
   window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(renderAllCharts, 200); });
-  if (LIVE) poll();
-  else { version = versionOf(DATA); renderAll(); }
+  if (LIVE) schedule(0);
+  else renderAll();
 })();

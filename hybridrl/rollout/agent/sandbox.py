@@ -47,7 +47,7 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "
 # Runs inside the sandboxed interpreter (-I: no user site, no PYTHON* variables; installed packages import),
 # as PID 1 of the sandbox: installs the audit hook (the second line), then runs snippet.py from the working
 # directory. Everything lives in a function so the snippet finds no hook state in __main__.
-_LAUNCHER = r"""
+_LAUNCHER = r"""# hybridrl-sandbox-launcher
 def _launch(audit, max_forks):
     import os, sys
     cwd = os.path.realpath(os.getcwd())
@@ -91,8 +91,10 @@ def _launch(audit, max_forks):
             forks[0] -= 1
             if forks[0] < 0:
                 raise PermissionError("sandbox: too many processes")
-        elif event == "import" and args[0] == "_posixsubprocess":
-            raise PermissionError("sandbox: importing %s is not allowed" % args[0])
+        elif event == "import" and args[0] in ("_posixsubprocess", "_ctypes"):
+            # ctypes reads and writes raw memory with no audit event (memmove, memset, cast): refused whole, as an
+            # ImportError, so that libraries that only try it (numpy) still import
+            raise ImportError("sandbox: importing %s is not allowed" % args[0])
 
     if audit:
         sys.addaudithook(hook)

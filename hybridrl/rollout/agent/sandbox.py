@@ -203,7 +203,12 @@ if c == 0:  # C
             mount("tmpfs", root + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,mode=0700" % (plan["max_disk_mb"] * 1024))
             # a fresh /proc of the new PID namespace; a container that hides parts of its own /proc refuses
             # it, and then the sandbox has no /proc at all (never the host's)
-            libc.mount(b"proc", (root + "/proc").encode(), b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
+            proc_flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            if libc.mount(b"proc", (root + "/proc").encode(), b"proc", proc_flags, None) == 0:
+                # no user namespaces below this one: a nested one would give the snippet capabilities again (over
+                # its own copies of these mounts only, but a larger kernel surface)
+                with open(root + "/proc/sys/user/max_user_namespaces", "w") as f:
+                    f.write("0")
             os.chdir(root)
             check(libc.syscall(plan["sys_pivot_root"], b".", b"."), "pivot_root")
             check(libc.umount2(b".", 2), "detach the host's root")  # MNT_DETACH

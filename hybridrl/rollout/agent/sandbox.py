@@ -154,6 +154,55 @@ def read_only_bind(fd, dst):
     keep |= 0 if dst.startswith(root + "/dev/") else MS_NODEV
     mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep, None)
 
+def enter_and_exec(binds):  # P1: build the root, pivot into it, drop everything, exec the launcher
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with C (C dying before this line took
+    # P1's process group with it: P1 is still in it)
+    if plan["isolate"]:
+        mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        for fd, dst in sorted(binds, key=lambda b: b[1]):
+            target = root + dst
+            if os.path.isdir("/proc/self/fd/%d" % fd):
+                os.makedirs(target, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "a").close()
+            read_only_bind(fd, target)
+        for name, to in plan["symlinks"]:
+            os.symlink(to, root + name)
+        for d in ("proc", "sandbox"):
+            os.mkdir(root + "/" + d, 0o755)
+        mount("tmpfs", root + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,mode=0700" % (plan["max_disk_mb"] * 1024))
+        # a fresh /proc of the new PID namespace; a container that hides parts of its own /proc refuses
+        # it, and then the sandbox has no /proc at all (never the host's)
+        proc_flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        if libc.mount(b"proc", (root + "/proc").encode(), b"proc", proc_flags, None) == 0:
+            # no user namespaces below this one: a nested one would give the snippet capabilities again (over
+            # its own copies of these mounts only, but a larger kernel surface)
+            with open(root + "/proc/sys/user/max_user_namespaces", "w") as f:
+                f.write("0")
+        os.chdir(root)
+        check(libc.syscall(plan["sys_pivot_root"], b".", b"."), "pivot_root")
+        check(libc.umount2(b".", 2), "detach the host's root")  # MNT_DETACH
+        os.chdir("/")
+        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        os.chdir("/sandbox")
+    else:
+        os.setpgid(0, 0)  # the fallback has no PID namespace: its tree is this process group
+        os.chdir(plan["workdir"])
+    with open("snippet.py", "wb") as f:
+        while True:
+            chunk = os.read(code_fd, 1 << 16)
+            if not chunk:
+                break
+            f.write(chunk)
+    resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc"], plan["nproc"]))
+    for cap in range(64):  # PR_CAPBSET_DROP; the others go at the exec (a non-root uid, no file capabilities)
+        libc.prctl(24, cap, 0, 0, 0)
+    check(libc.prctl(38, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    os.closerange(3, 1 << 16)
+    os.execve(plan["python"], [plan["python"], "-I", "-c", launcher], plan["env"])
+
 try:
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CPU, (plan["cpu_s"], plan["cpu_s"] + 1))
@@ -178,58 +227,18 @@ if c == 0:  # C
     except OSError as e:
         fail("opening %s for the sandbox's root: %s" % (e.filename, e.strerror))
     if plan["isolate"] and plan["setuid"]:
-        os.setgroups([])
-        os.setresgid(plan["gid"], plan["gid"], plan["gid"])
-        os.setresuid(plan["uid"], plan["uid"], plan["uid"])
+        try:
+            os.setgroups([])
+            os.setresgid(plan["gid"], plan["gid"], plan["gid"])
+            os.setresuid(plan["uid"], plan["uid"], plan["uid"])
+        except OSError as e:
+            fail("taking uid %d: %s" % (plan["uid"], e))
     p1 = os.fork()
     if p1 == 0:  # P1
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with C (C dying before this line took
-        # P1's process group with it: P1 is still in it)
-        if plan["isolate"]:
-            mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-            mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            for fd, dst in sorted(binds, key=lambda b: b[1]):
-                target = root + dst
-                if os.path.isdir("/proc/self/fd/%d" % fd):
-                    os.makedirs(target, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    open(target, "a").close()
-                read_only_bind(fd, target)
-            for name, to in plan["symlinks"]:
-                os.symlink(to, root + name)
-            for d in ("proc", "sandbox"):
-                os.mkdir(root + "/" + d, 0o755)
-            mount("tmpfs", root + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,mode=0700" % (plan["max_disk_mb"] * 1024))
-            # a fresh /proc of the new PID namespace; a container that hides parts of its own /proc refuses
-            # it, and then the sandbox has no /proc at all (never the host's)
-            proc_flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            if libc.mount(b"proc", (root + "/proc").encode(), b"proc", proc_flags, None) == 0:
-                # no user namespaces below this one: a nested one would give the snippet capabilities again (over
-                # its own copies of these mounts only, but a larger kernel surface)
-                with open(root + "/proc/sys/user/max_user_namespaces", "w") as f:
-                    f.write("0")
-            os.chdir(root)
-            check(libc.syscall(plan["sys_pivot_root"], b".", b"."), "pivot_root")
-            check(libc.umount2(b".", 2), "detach the host's root")  # MNT_DETACH
-            os.chdir("/")
-            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-            os.chdir("/sandbox")
-        else:
-            os.setpgid(0, 0)  # the fallback has no PID namespace: its tree is this process group
-            os.chdir(plan["workdir"])
-        with open("snippet.py", "wb") as f:
-            while True:
-                chunk = os.read(code_fd, 1 << 16)
-                if not chunk:
-                    break
-                f.write(chunk)
-        resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc"], plan["nproc"]))
-        for cap in range(64):  # PR_CAPBSET_DROP; the others go at the exec (a non-root uid, no file capabilities)
-            libc.prctl(24, cap, 0, 0, 0)
-        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-        os.closerange(3, 1 << 16)
-        os.execve(plan["python"], [plan["python"], "-I", "-c", launcher], plan["env"])
+        try:
+            enter_and_exec(binds)
+        except BaseException as e:  # never run the snippet half-isolated
+            fail("%s: %s" % (type(e).__name__, e))
     # C: wait for P1, at most the wall-clock timeout
     for fd in (ready_w, go_r, code_fd):
         os.close(fd)
@@ -395,6 +404,8 @@ def namespaces_available() -> str | None:
     """None when a snippet can run fully isolated here, else why not."""
     import subprocess
 
+    if sys.platform != "linux":
+        return f"it runs on Linux only, not {sys.platform}"
     if platform.machine() not in _SYS_PIVOT_ROOT:
         return f"pivot_root's syscall number is not known for {platform.machine()}"
     argv, pass_fds, status_r, close = _spawn_plan("pass", SandboxConfig(max_concurrency=1), True, None)
@@ -420,6 +431,11 @@ class LocalSandbox:
         if "probe" not in _NAMESPACES:
             _NAMESPACES["probe"] = namespaces_available()
         self.isolated = _NAMESPACES["probe"] is None
+        if sys.platform != "linux":
+            raise SandboxUnavailable(
+                f"the local code sandbox runs on Linux only; on {sys.platform}, use a SandboxFusion service "
+                f"(the python tool's sandbox_fusion_url)"
+            )
         if not self.isolated and not self.config.allow_unsafe_fallback:
             raise SandboxUnavailable(
                 f"the code sandbox needs Linux user, mount, PID and network namespaces, and this machine refuses them "

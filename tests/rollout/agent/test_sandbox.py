@@ -398,6 +398,15 @@ def test_concurrency_is_bounded_and_the_event_loop_free(run):
     assert most[0] == 2
 
 
+def test_a_setup_failure_is_one_line_and_nothing_runs(run, monkeypatch, tmp_path):
+    """The snippet never runs half-isolated: a root that cannot be built is the run's one-line error."""
+    sandbox = LocalSandbox(SandboxConfig())  # probed before the root is broken
+    monkeypatch.setattr(sandbox_module, "_root_plan", lambda: ([("/usr", "/usr"), (str(tmp_path / "gone"), "/gone")], []))
+    r = asyncio.run(sandbox.run("print('ran')"))
+    assert (r.exit_code, r.stdout) == (sandbox_module.EXIT_SETUP_FAILED, "")
+    assert r.stderr.startswith("sandbox setup failed: opening") and r.stderr.count("\n") == 1, r.stderr
+
+
 def test_it_refuses_to_start_where_the_kernel_refuses_namespaces(monkeypatch):
     monkeypatch.setitem(sandbox_module._NAMESPACES, "probe", "unshare failed: Operation not permitted")
     with pytest.raises(SandboxUnavailable, match="allow_unsafe_fallback") as e:

@@ -396,7 +396,7 @@ def _spawn_plan(code: str, c: SandboxConfig, isolate: bool, workdir: str | None)
         },
     }
     launcher = _LAUNCHER.replace("AUDIT, MAX_FORKS", f"{_AUDIT_HOOK!r}, {c.max_processes!r}")
-    argv = [sys.executable, "-I", "-c", _SETUP, launcher, json.dumps(plan)]
+    argv = [sys.executable, "-I", "-S", "-c", _SETUP, launcher, json.dumps(plan)]  # -S: the setup needs no site-packages
     return argv, (code_fd, status_w), status_r, (code_fd, status_w)
 
 

@@ -115,13 +115,14 @@ _launch(AUDIT, MAX_FORKS)
 
 # The sandbox's first process S, started with vfork + exec (never a preexec_fn, so the trainer -- gigabytes
 # resident, a CUDA context -- is never fork()ed). argv: launcher source, the plan as JSON. Inherited fds:
-# the snippet (a memfd) and a status pipe. S applies the limits and opens the allowlisted paths while it is
-# still the trainer's user, then forks C, which unshares new user, mount, PID, network, IPC and UTS
-# namespaces. S, outside, writes C's uid/gid maps (65534 -> the host's nobody when S is root, else its own
-# uid). C takes that uid and forks P1, PID 1 of the new PID namespace, which builds the root (a tmpfs with
-# read-only binds, a fresh /proc, the working tmpfs), pivots into it, drops everything, and execs the
-# launcher. C waits for P1 with the wall-clock timeout; at the timeout it SIGKILLs P1, and waitpid returns
-# only after the kernel has killed every process in the namespace. Exit status: P1's, or EXIT_SETUP_FAILED.
+# the snippet (a memfd) and a status pipe. S applies the limits and forks C, which unshares new user, mount,
+# PID, network, IPC and UTS namespaces and opens the allowlisted paths (still as the trainer's uid, so a
+# Python under a private home is reachable). S, outside, writes C's uid/gid maps (65534 -> the host's nobody
+# when S is root, else S's own uid). C takes that uid and forks P1, PID 1 of the new PID namespace, which
+# builds the root (a tmpfs with read-only binds, a fresh /proc, the working tmpfs), pivots into it, drops
+# everything, and execs the launcher. C waits for P1 with the wall-clock timeout; at the timeout it SIGKILLs
+# P1, and waitpid returns only after the kernel has killed every process in the namespace. Exit status:
+# P1's, or EXIT_SETUP_FAILED with a one-line reason on stderr.
 _SETUP = r"""
 import ctypes, json, os, resource, select, signal, sys
 launcher, plan = sys.argv[1], json.loads(sys.argv[2])

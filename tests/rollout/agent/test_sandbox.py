@@ -327,6 +327,27 @@ def test_runs_as_nobody_without_capabilities(run, hook):
         assert r["nested_userns"] == ("ImportError" if hook else False)
 
 
+def test_without_the_hook_it_cannot_remount_unmount_or_become_root(run, monkeypatch):
+    """ctypes is the hook's to refuse; without the hook, the kernel still refuses what would undo the sandbox."""
+    monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", False)
+    code = (
+        "import ctypes, errno, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(ret):\n"
+        "    return errno.errorcode[ctypes.get_errno()] if ret != 0 else 'done'\n"
+        "print(err(libc.mount(None, b'/usr', None, ctypes.c_ulong(32 | 4096), None)))\n"  # MS_REMOUNT | MS_BIND: rw
+        "print(err(libc.umount2(b'/sandbox', 2)))\n"
+        "print(err(libc.chroot(b'/usr')))\n"
+        "print(err(libc.setuid(0)))\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"  # every process it may signal: its own namespace's only
+        "except ProcessLookupError:\n"
+        "    print('ESRCH')\n"
+    )
+    r = run(code)
+    assert r.stdout.split() == ["EPERM", "EPERM", "EPERM", "EINVAL", "ESRCH"], r  # EINVAL: uid 0 is not mapped
+
+
 def test_no_network(run, monkeypatch):
     """With the audit hook's socket block off: only the network namespace stands between."""
     monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", False)

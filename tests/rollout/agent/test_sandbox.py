@@ -1,5 +1,10 @@
 """The code sandbox against hostile snippets: each must be contained, reported, and leave the
-machine as it was. And the SandboxFusion client against a real local HTTP server."""
+machine as it was. The escapes of issue 44 run twice: with the audit hook (as shipped) and with it
+switched off, to show that the kernel holds alone. And the SandboxFusion client against a real
+local HTTP server.
+
+Where the kernel refuses the namespaces these tests FAIL (a CI machine must isolate); set
+HYBRIDRL_ALLOW_NO_SANDBOX=1 on a machine known not to, and they skip."""
 
 from __future__ import annotations
 
@@ -7,35 +12,89 @@ import asyncio
 import json
 import os
 import socket
+import stat
+import sys
+import sysconfig
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from hybridrl.rollout.agent.sandbox import LocalSandbox, SandboxConfig, SandboxFusionClient, namespaces_available
+from hybridrl.rollout.agent import sandbox as sandbox_module
+from hybridrl.rollout.agent.sandbox import (
+    SANDBOX_UID,
+    LocalSandbox,
+    SandboxConfig,
+    SandboxFusionClient,
+    SandboxUnavailable,
+    namespaces_available,
+)
 
-pytestmark = pytest.mark.skipif(namespaces_available() is not None, reason=f"no Linux namespaces here: {namespaces_available()}")
+WHY_NOT = namespaces_available()
 
 
-def run(code, **config):
-    config.setdefault("wall_timeout_s", 3.0)
-    return asyncio.run(LocalSandbox(SandboxConfig(**config)).run(code))
+def _require_isolation():
+    if WHY_NOT is None:
+        return
+    if os.environ.get("HYBRIDRL_ALLOW_NO_SANDBOX") == "1":
+        pytest.skip(f"no sandbox on this machine (HYBRIDRL_ALLOW_NO_SANDBOX=1): {WHY_NOT}")
+    pytest.fail(
+        f"the code sandbox cannot isolate here ({WHY_NOT}); its security tests must run where Linux namespaces "
+        f"work. Set HYBRIDRL_ALLOW_NO_SANDBOX=1 only on a machine known not to allow them."
+    )
+
+
+@pytest.fixture
+def run():
+    _require_isolation()
+
+    def run_(code, **config):
+        config.setdefault("wall_timeout_s", 5.0)
+        return asyncio.run(LocalSandbox(SandboxConfig(**config)).run(code))
+
+    return run_
+
+
+@pytest.fixture(params=[True, False], ids=["with-hook", "kernel-only"])
+def hook(request, monkeypatch):
+    """Each escape runs with the audit hook (as shipped) and without it: the kernel must hold alone."""
+    monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", request.param)
+    return request.param
 
 
 def sandbox_processes() -> int:
-    """Processes still running a sandboxed interpreter."""
+    """Processes of a sandbox (its setup, its PID 1, anything they started) still alive."""
     n = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                n += b"sandbox: writing outside" in f.read()
+                n += b"hybridrl-sandbox-launcher" in f.read()
         except OSError:
             pass
     return n
 
 
-def test_prints_and_exit_codes():
+def attempts(*lines: str) -> str:
+    """A snippet that tries each `name: statement` and prints one JSON line {name: "done" | error class}."""
+    body = ["import json, os, sys", "r = {}"]
+    for line in lines:
+        name, stmt = line.split(": ", 1)
+        body += [
+            "try:",
+            f"    {stmt}",
+            f"    r[{name!r}] = 'done'",
+            "except BaseException as e:",
+            f"    r[{name!r}] = type(e).__name__",
+        ]
+    return "\n".join(body + ["print(json.dumps(r))"])
+
+
+def outcome(result) -> dict:
+    assert result.exit_code == 0, result
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_prints_and_exit_codes(run):
     r = run("print(6 * 7)")
     assert (r.stdout, r.exit_code, r.timed_out, r.ok) == ("42\n", 0, False, True)
     r = run("import sys; print('bad', file=sys.stderr); sys.exit(3)")
@@ -45,38 +104,86 @@ def test_prints_and_exit_codes():
     assert "<string>" not in r.stderr and r.stderr.count("File ") == 1
 
 
-def test_infinite_loop_is_killed_at_the_wall_timeout():
-    start = time.perf_counter()
-    r = run("while True: pass", wall_timeout_s=1.0)
-    assert r.timed_out and r.exit_code is None and time.perf_counter() - start < 3
-    assert sandbox_processes() == 0
+def test_infinite_loop_is_killed_at_the_wall_timeout(run):
+    r = run("print('started', flush=True)\nwhile True: pass", wall_timeout_s=1.0)
+    assert r.timed_out and r.exit_code is None and r.stdout == "started\n"
+    assert sandbox_processes() == 0  # killed whole before run() returned
 
 
-def test_sleeping_children_die_with_the_snippet():
-    r = run("import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('parent done')", wall_timeout_s=2.0)
+def test_children_die_with_the_snippet_even_in_their_own_session(run):
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # a new session and a double fork: still in the snippet's PID namespace
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('parent done')"
+    )
+    r = run(code)
     assert r.stdout == "parent done\n" and r.exit_code == 0
-    time.sleep(0.2)
-    assert sandbox_processes() == 0  # the child was in the snippet's PID namespace: killed with it
-
-
-def test_fork_bomb_is_contained():
-    start = time.perf_counter()
-    r = run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", wall_timeout_s=2.0)
-    assert r.timed_out and time.perf_counter() - start < 6
-    time.sleep(0.2)
     assert sandbox_processes() == 0
 
 
-def test_huge_allocation_fails_inside():
+def test_fork_bomb_is_contained(run):
+    r = run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", wall_timeout_s=2.0)
+    assert r.timed_out
+    assert sandbox_processes() == 0
+
+
+# Ten children, ten grandchildren each, all alive at once: counted by the forks that returned a pid (no sleeps).
+FORK_TREE = """
+import os
+done_r, done_w = os.pipe()
+release_r, release_w = os.pipe()
+
+def fork():
+    try:
+        return os.fork()
+    except Exception:
+        return None
+
+def hold():  # stay alive until the parent has counted
+    os.read(release_r, 1)
+    os._exit(0)
+
+children = 0
+for _ in range(10):
+    pid = fork()
+    if pid == 0:
+        os.close(release_w)
+        grandchildren = 0
+        for _ in range(10):
+            g = fork()
+            if g == 0:
+                hold()
+            grandchildren += g is not None
+        os.write(done_w, bytes([grandchildren]))
+        hold()
+    children += pid is not None
+total = children + sum(os.read(done_r, 1)[0] for _ in range(children))
+print(total)
+"""
+
+
+def test_the_process_limit_counts_the_whole_tree(run, hook):
+    """Issue 44: a 10x10 fork tree made 74 processes under max_processes=16 (a per-process count)."""
+    r = run(FORK_TREE, max_processes=16)
+    assert r.exit_code == 0, r
+    assert int(r.stdout) == 16
+    assert sandbox_processes() == 0
+
+
+def test_huge_allocation_fails_inside(run):
     r = run("x = bytearray(10**11)", memory_mb=512)
     assert r.exit_code == 1 and "MemoryError" in r.stderr
 
 
-def test_writes_outside_the_working_dir_fail(tmp_path):
+def test_writes_outside_the_working_dir_fail(run, hook, tmp_path):
     target = tmp_path / "precious.txt"
     target.write_text("keep")
     r = run(f"open({str(target)!r}, 'w').write('gone')")
-    assert r.exit_code == 1 and "outside the working directory" in r.stderr
+    assert r.exit_code == 1
     r = run(f"import os; os.remove({str(target)!r})")
     assert r.exit_code == 1
     assert target.read_text() == "keep"
@@ -84,61 +191,249 @@ def test_writes_outside_the_working_dir_fail(tmp_path):
     assert r.stdout == "ok\n"
 
 
-def test_no_network():
+def test_the_guard_switching_itself_off_changes_nothing(run, hook, tmp_path):
+    """Issue 44: one line cleared the hook's deny list; then os.system ran, a root-owned file was
+    overwritten and a .pth planted in the venv's site-packages, executed by the next python start."""
+    marker = tmp_path / "pwned"
+    owned = tmp_path / "root-owned"
+    owned.mkdir()
+    precious = owned / "precious.txt"
+    precious.write_text("keep")
+    if os.geteuid() == 0:
+        os.chown(owned, 0, 0), os.chown(precious, 0, 0)
+    os.chmod(precious, 0o644)
+    pth = os.path.join(sysconfig.get_paths()["purelib"], f"_hybridrl_sandbox_probe_{os.getpid()}.pth")
+    code = attempts(
+        "guard: g = sys.modules['__main__'].__dict__; g['_DENIED'].clear(); g['_inside'] = lambda p: True",
+        f"system: os.system('echo pwned > {marker}')",
+        f"overwrite: open({str(precious)!r}, 'w').write('pwned')",
+        f"pth: open({pth!r}, 'w').write('# sandbox probe')",
+    )
+    try:
+        r = outcome(run(code))
+        assert not marker.exists()
+        assert precious.read_text() == "keep"
+        assert not os.path.exists(pth)
+        assert r["overwrite"] != "done" and r["pth"] != "done"
+    finally:
+        if os.path.exists(pth):
+            os.remove(pth)
+
+
+def test_no_writes_outside_through_fifos_sqlite_or_fchmod(run, hook, tmp_path):
+    """Issue 44: os.mkfifo, sqlite3.connect and os.fchmod of a file opened read-only wrote outside
+    with no bypass needed."""
+    fifo, db, target = tmp_path / "fifo", tmp_path / "db.sqlite", tmp_path / "target.txt"
+    target.write_text("keep")
+    os.chmod(target, 0o600)
+    code = attempts(
+        f"mkfifo: os.mkfifo({str(fifo)!r})",
+        f"sqlite: import sqlite3; sqlite3.connect({str(db)!r}).execute('create table t (x)')",
+        f"fchmod: fd = os.open({str(target)!r}, os.O_RDONLY); os.fchmod(fd, 0o777)",
+    )
+    r = outcome(run(code))
+    assert not fifo.exists() and not db.exists()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert set(r.values()) & {"done"} == set(), r
+
+
+def test_ctypes_raw_memory_is_refused(run):
+    """Issue 44: ctypes.memmove and string_at read and wrote raw memory (a way to unhook the hook;
+    the kernel-only runs above show what it would gain)."""
+    r = outcome(
+        run(
+            attempts(
+                "string_at: import ctypes; ctypes.string_at(id(1), 8)",
+                "memmove: import ctypes; b = ctypes.create_string_buffer(8); ctypes.memmove(b, id(1), 8)",
+            )
+        )
+    )
+    assert r == {"string_at": "ImportError", "memmove": "ImportError"}
+    r = run("import numpy; print(numpy.arange(4).sum())")  # numpy only tries ctypes
+    assert r.stdout == "6\n", r
+
+
+def test_host_files_and_the_hosts_root_are_not_visible(run, hook, tmp_path):
+    """Issue 44: the sandbox read /etc/passwd, the trainer's model and checkpoint files, and the
+    host's / through /proc/self/root."""
+    ckpt = tmp_path / "runs" / "exp" / "checkpoints" / "global_step_3"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    model = str(ckpt / "model.safetensors")
+    code = attempts(
+        "passwd: open('/etc/passwd').read()",
+        f"checkpoint: open({model!r}, 'rb').read()",
+        f"run_dir: os.listdir({str(tmp_path / 'runs')!r})",
+        f"proc_root: open('/proc/self/root' + {model!r}, 'rb').read()",
+        f"pid1_root: open('/proc/1/root' + {model!r}, 'rb').read()",
+        "host_pids: assert len([p for p in os.listdir('/proc') if p.isdigit()]) > 2",
+    )
+    r = outcome(run(code))
+    assert r == {
+        "passwd": "FileNotFoundError",
+        "checkpoint": "FileNotFoundError",
+        "run_dir": "FileNotFoundError",
+        "proc_root": "FileNotFoundError",
+        "pid1_root": "FileNotFoundError",
+        "host_pids": "AssertionError",  # its /proc is its own PID namespace's (or none)
+    }, r
+
+
+def test_disk_and_file_size_quotas(run, hook):
+    """Issue 44: no disk quota. The working tmpfs holds max_disk_mb; one file at most max_file_mb."""
+    code = (
+        "import errno, os\n"
+        "def write(name, mb):\n"
+        "    try:\n"
+        "        with open(name, 'wb') as f:\n"
+        "            f.write(b'x' * (mb << 20))\n"
+        "        return 'ok'\n"
+        "    except OSError as e:\n"
+        "        return errno.errorcode[e.errno]\n"
+        "big = write('big', 3)\n"
+        "os.remove('big')\n"
+        "print(big, *[write(f'f{i}', 2) for i in range(3)])\n"
+    )
+    r = run(code, max_disk_mb=5, max_file_mb=2)
+    assert r.stdout.split() == ["EFBIG", "ok", "ok", "ENOSPC"], r
+
+
+def test_runs_as_nobody_without_capabilities(run, hook):
+    """Issue 44: the snippet ran as the host's root. Now uid 65534 of its user namespace, the host's
+    nobody (when the trainer is root), no capabilities, no_new_privs, no nested user namespace."""
+    code = (
+        "import json, os\n"
+        "r = {'ids': [os.getuid(), os.getgid()], 'root': sorted(os.listdir('/'))}\n"
+        "if os.path.exists('/proc/self'):  # a container may refuse the sandbox a /proc of its own: then none\n"
+        "    status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "    r['map'] = open('/proc/self/uid_map').read().split()\n"
+        "    r['caps'] = [status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs')]\n"
+        "try:\n"
+        "    import ctypes\n"
+        "    r['nested_userns'] = ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0\n"
+        "except ImportError:\n"
+        "    r['nested_userns'] = 'ImportError'\n"
+        "print(json.dumps(r))\n"
+    )
+    r = outcome(run(code))
+    assert r["ids"] == [SANDBOX_UID, SANDBOX_UID]
+    python_dirs = {os.path.abspath(p).split(os.sep)[1] for p in (sys.prefix, os.path.realpath(sys.base_prefix))}
+    system = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sandbox"}
+    assert "sandbox" in r["root"] and set(r["root"]) <= system | python_dirs, r["root"]
+    if "map" in r:
+        outside = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()  # the host's nobody when the trainer is root
+        assert r["map"] == [str(SANDBOX_UID), str(outside), "1"]
+        assert r["caps"] == ["0000000000000000", "0000000000000000", "0000000000000000", "1"]
+        assert r["nested_userns"] == ("ImportError" if hook else False)
+
+
+def test_without_the_hook_it_cannot_remount_unmount_or_become_root(run, monkeypatch):
+    """ctypes is the hook's to refuse; without the hook, the kernel still refuses what would undo the sandbox."""
+    monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", False)
+    code = (
+        "import ctypes, errno, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(ret):\n"
+        "    return errno.errorcode[ctypes.get_errno()] if ret != 0 else 'done'\n"
+        "print(err(libc.mount(None, b'/usr', None, ctypes.c_ulong(32 | 4096), None)))\n"  # MS_REMOUNT | MS_BIND: rw
+        "print(err(libc.umount2(b'/sandbox', 2)))\n"
+        "print(err(libc.chroot(b'/usr')))\n"
+        "print(err(libc.setuid(0)))\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"  # every process it may signal: its own namespace's only
+        "except ProcessLookupError:\n"
+        "    print('ESRCH')\n"
+    )
+    r = run(code)
+    assert r.stdout.split() == ["EPERM", "EPERM", "EPERM", "EINVAL", "ESRCH"], r  # EINVAL: uid 0 is not mapped
+
+
+def test_no_network(run, monkeypatch):
+    """With the audit hook's socket block off: only the network namespace stands between."""
+    monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", False)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
     port = server.getsockname()[1]
     try:
-        r = run(f"import socket; s = socket.socket(); s.settimeout(2); s.connect(('127.0.0.1', {port})); print('connected')")
-        assert "connected" not in r.stdout and r.exit_code == 1
-        server.settimeout(0.5)
-        with pytest.raises(socket.timeout):
-            server.accept()  # nothing reached the listener
+        code = attempts(
+            f"connect: s = socket.socket(); s.settimeout(2); s.connect(('127.0.0.1', {port}))",
+            "interfaces: print(sorted(n for _, n in socket.if_nameindex()), file=sys.stderr)",
+        ).replace("import json, os, sys", "import json, os, socket, sys")
+        r = run(code)
+        assert outcome(r)["connect"] in ("OSError", "ConnectionRefusedError"), r
+        assert r.stderr.strip() == "['lo']"  # a fresh namespace: a loopback only
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing reached the listener (a connection would be queued by now)
     finally:
         server.close()
 
 
-def test_the_parents_environment_is_not_visible(monkeypatch):
+def test_the_parents_environment_is_not_visible(run, monkeypatch):
     monkeypatch.setenv("HYBRIDRL_SECRET", "s3cret")
     r = run("import os; print(sorted(os.environ)); print(os.environ.get('HYBRIDRL_SECRET'))")
     assert "s3cret" not in r.stdout and "HYBRIDRL_SECRET" not in r.stdout
 
 
-def test_no_process_spawning_or_ctypes():
+def test_no_process_spawning_or_ctypes(run):
     assert "not allowed" in run("import subprocess; subprocess.run(['echo', 'hi'])").stderr
     assert "not allowed" in run("import os; os.system('echo hi')").stderr
     assert "not allowed" in run("import ctypes; ctypes.CDLL(None).system(b'echo hi')").stderr
 
 
-def test_a_megabyte_of_output_is_cut():
+def test_a_megabyte_of_output_is_cut(run):
     r = run("print('x' * 1_000_000)", max_output_bytes=1000)
     assert r.truncated and r.stdout == "x" * 1000 and r.exit_code == 0
 
 
-def test_concurrency_is_bounded_and_the_event_loop_free():
-    sandbox = LocalSandbox(SandboxConfig(max_concurrency=2, wall_timeout_s=5))
-    code = "import time; t = time.time(); time.sleep(0.4); print(t, time.time())"
+def test_concurrency_is_bounded_and_the_event_loop_free(run):
+    """Counted, not timed: the most runs inside the semaphore at once, and a task that needs 100
+    turns of the event loop finishing while the snippets are still running."""
+    sandbox = LocalSandbox(SandboxConfig(max_concurrency=2))
+    inner, active, most = sandbox._run, [0], [0]
+
+    async def counting(code, stdin):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        try:
+            return await inner(code, stdin)
+        finally:
+            active[0] -= 1
+
+    sandbox._run = counting
+
+    async def spinner():
+        for _ in range(100):
+            await asyncio.sleep(0)
 
     async def main():
-        ticks = []
+        runs = asyncio.ensure_future(asyncio.gather(*(sandbox.run("print(1)") for _ in range(5))))
+        spin = asyncio.ensure_future(spinner())
+        done, _ = await asyncio.wait({runs, spin}, return_when=asyncio.FIRST_COMPLETED)
+        assert spin in done and runs not in done  # the loop turned while snippets ran
+        return await runs
 
-        async def ticker():  # the loop keeps running while snippets do
-            while True:
-                ticks.append(time.perf_counter())
-                await asyncio.sleep(0.05)
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == ["1\n"] * 5
+    assert most[0] == 2
 
-        t = asyncio.create_task(ticker())
-        results = await asyncio.gather(*(sandbox.run(code) for _ in range(5)))
-        t.cancel()
-        return results, ticks
 
-    results, ticks = asyncio.run(main())
-    spans = [tuple(map(float, r.stdout.split())) for r in results]
-    # the most snippets alive at any instant
-    most = max(sum(a <= s < b for a, b in spans) for s, _ in spans)
-    assert most == 2
-    assert len(ticks) >= 15  # ~1.2 s of runs, a tick every 50 ms
+def test_a_setup_failure_is_one_line_and_nothing_runs(run, monkeypatch, tmp_path):
+    """The snippet never runs half-isolated: a root that cannot be built is the run's one-line error."""
+    sandbox = LocalSandbox(SandboxConfig())  # probed before the root is broken
+    monkeypatch.setattr(sandbox_module, "_root_plan", lambda: ([("/usr", "/usr"), (str(tmp_path / "gone"), "/gone")], []))
+    r = asyncio.run(sandbox.run("print('ran')"))
+    assert (r.exit_code, r.stdout) == (sandbox_module.EXIT_SETUP_FAILED, "")
+    assert r.stderr.startswith("sandbox setup failed: opening") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_it_refuses_to_start_where_the_kernel_refuses_namespaces(monkeypatch):
+    monkeypatch.setitem(sandbox_module._NAMESPACES, "probe", "unshare failed: Operation not permitted")
+    with pytest.raises(SandboxUnavailable, match="allow_unsafe_fallback") as e:
+        LocalSandbox(SandboxConfig())
+    assert "\n" not in str(e.value)
+    assert LocalSandbox(SandboxConfig(allow_unsafe_fallback=True)).isolated is False
 
 
 class FusionHandler(BaseHTTPRequestHandler):
@@ -187,7 +482,7 @@ def test_sandbox_fusion_client(fusion_url):
         SandboxFusionClient("ftp://x")
 
 
-def test_the_trainer_is_never_forked_and_the_limits_still_hold(monkeypatch):
+def test_the_trainer_is_never_forked_and_the_limits_still_hold(run, monkeypatch):
     """A preexec_fn makes Python fork() the whole trainer (gigabytes resident, a CUDA context) for
     every snippet, serialised under the GIL: 0.30 s a call beside 6 GB resident against 0.08 s
     (measured here). The sandbox starts with vfork + exec and sets itself up in the child: the

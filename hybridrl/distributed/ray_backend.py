@@ -243,7 +243,8 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
                     raise _died(who[index[ref]], dead) from None
                 except RayTaskError:
                     pass
-            _check_silent([who[index[ref]] for ref in still], HEARTBEAT_S * 3, "while a peer failed in a collective with it")
+            # Silent through most of that wait, while live processes beat every second: gone.
+            _check_silent([who[index[ref]] for ref in still], HEARTBEAT_S * 2, "while another rank failed (lost with its node?)")
             role, rank, info = who[index[ready[0]]]
             cause = e.as_instanceof_cause()  # the worker's exception type, with its traceback text
             if isinstance(e.cause, BaseException) and isinstance(cause, type(e.cause)):

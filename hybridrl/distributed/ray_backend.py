@@ -16,10 +16,11 @@ on silent for `trainer.worker_timeout_s` reports it the same way.
 
 Several nodes: a pool's ranks are laid out node by node (`resource_pool.py`), the heartbeat
 actor stays on the driver's node (it must outlive any other node), and a lost node is seen in
-seconds: the live ranks fail in a collective with its dead ones, whose heartbeats have stopped,
-so the dead rank is reported as the cause before Ray's own node health check has noticed. A run
-that asks for more nodes than have joined waits `trainer.worker_timeout_s` for them (nodes still
-starting, or a lost node being replaced before a `trainer.max_restarts` restart).
+seconds: Ray reports its actors unreachable, and when a live rank fails first (in a collective
+with a dead one), a rank whose heartbeats have stopped is reported as the cause rather than the
+live rank's echo of it. A run that asks for more nodes than have joined waits
+`trainer.worker_timeout_s` for them (nodes still starting, or a lost node being replaced before
+a `trainer.max_restarts` restart).
 """
 
 from __future__ import annotations
@@ -263,8 +264,8 @@ def _check_stalled(waiting: list[tuple[str, int, dict]]) -> None:
 def _check_silent(waiting: list[tuple[str, int, dict]], limit: float, why: str) -> None:
     """Raise WorkerDiedError for the rank of `waiting` longest without a heartbeat, if `limit` s or more.
 
-    A process killed with its node (raylet and all) is not reported dead by Ray until the node's
-    health check fails (15 s or more); its heartbeats stop at once.
+    A process killed with its node (raylet and all) may be reported by Ray only seconds later
+    (a failed call to it, or the node's health check); its heartbeats stop at once.
     """
     monitor = _WATCH["monitor"]
     pids = [info["pid"] for _, _, info in waiting if isinstance(info.get("pid"), int)]

@@ -779,7 +779,8 @@ class TrainerConfig:
     worker_timeout_s: float = option(
         60.0,
         "Ray backend: a worker process that sends no heartbeat for this many seconds while the controller waits "
-        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts).",
+        "on it (stopped, frozen node) is reported like a dead one (and restarted with max_restarts); also how long a "
+        "run on trainer.nnodes > 1 waits for missing nodes to join (at start, and for a lost node's replacement).",
     )
     max_restarts: int = option(
         0,

@@ -13,6 +13,14 @@ role, rank, node and pid (`WorkerDiedError`), and `RayBackend.shutdown` kills th
 A stalled process (SIGSTOP, a frozen node) is not dead to Ray: each host sends a heartbeat
 every second from a thread to a small `Heartbeats` actor, and a wait that sees a rank it waits
 on silent for `trainer.worker_timeout_s` reports it the same way.
+
+Several nodes: a pool's ranks are laid out node by node (`resource_pool.py`), the heartbeat
+actor stays on the driver's node (it must outlive any other node), and a lost node is seen in
+seconds: Ray reports its actors unreachable, and when a live rank fails first (in a collective
+with a dead one), a rank whose heartbeats have stopped is reported as the cause rather than the
+live rank's echo of it. A run that asks for more nodes than have joined waits
+`trainer.worker_timeout_s` for them (nodes still starting, or a lost node being replaced before
+a `trainer.max_restarts` restart).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from datetime import timedelta
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from hybridrl.distributed.dispatch import collect_outputs, dispatch_mesh, dispatch_mode, split_inputs
 from hybridrl.distributed.errors import BackendError, WorkerDiedError
@@ -106,6 +114,7 @@ class WorkerHost:
             "ip": ray.util.get_node_ip_address(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "gpus": [str(g) for g in ray.get_gpu_ids()],
         }
 
@@ -227,7 +236,7 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
             raise _died(who[index[ready[0]]], e) from None
         except RayTaskError as e:
             # Give a dead peer a moment to be reported: it is the cause, the rest are echoes.
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0) if pending else ([], [])
+            done, still = ray.wait(pending, num_returns=len(pending), timeout=3.0) if pending else ([], [])
             for ref in done:
                 try:
                     ray.get(ref)
@@ -235,6 +244,8 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
                     raise _died(who[index[ref]], dead) from None
                 except RayTaskError:
                     pass
+            # Silent through most of that wait, while live processes beat every second: gone.
+            _check_silent([who[index[ref]] for ref in still], HEARTBEAT_S * 2, "while another rank failed (lost with its node?)")
             role, rank, info = who[index[ready[0]]]
             cause = e.as_instanceof_cause()  # the worker's exception type, with its traceback text
             if isinstance(e.cause, BaseException) and isinstance(cause, type(e.cause)):
@@ -245,7 +256,18 @@ def wait_all(refs: list, who: list[tuple[str, int, dict]]) -> list:
 
 def _check_stalled(waiting: list[tuple[str, int, dict]]) -> None:
     """Raise WorkerDiedError for a rank we wait on that has sent no heartbeat for worker_timeout_s."""
-    monitor, limit = _WATCH["monitor"], _WATCH["timeout_s"]
+    limit = _WATCH["timeout_s"]
+    if limit is not None:
+        _check_silent(waiting, limit, f"(trainer.worker_timeout_s={limit:g}); stalled, e.g. SIGSTOP or a frozen node")
+
+
+def _check_silent(waiting: list[tuple[str, int, dict]], limit: float, why: str) -> None:
+    """Raise WorkerDiedError for the rank of `waiting` longest without a heartbeat, if `limit` s or more.
+
+    A process killed with its node (raylet and all) may be reported by Ray only seconds later
+    (a failed call to it, or the node's health check); its heartbeats stop at once.
+    """
+    monitor = _WATCH["monitor"]
     pids = [info["pid"] for _, _, info in waiting if isinstance(info.get("pid"), int)]
     if monitor is None or not pids:
         return
@@ -256,20 +278,15 @@ def _check_stalled(waiting: list[tuple[str, int, dict]]) -> None:
     # The longest silent rank is the stalled one; the others may only be slowed down waiting on it.
     quiet, who = max(((silent.get(w[2].get("pid"), 0.0), w) for w in waiting), key=lambda x: x[0])
     if quiet >= limit:
-        raise _died(
-            who,
-            RuntimeError(
-                f"stopped responding: no heartbeat for {quiet:.0f} s "
-                f"(trainer.worker_timeout_s={limit:g}); stalled, e.g. SIGSTOP or a frozen node"
-            ),
-        )
+        raise _died(who, RuntimeError(f"stopped responding: no heartbeat for {quiet:.0f} s {why}"))
 
 
 def _died(who: tuple[str, int, dict], error: Exception) -> WorkerDiedError:
     role, rank, info = who
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    node = f"{info['ip']} ({info['host']}, node {info['node_id'][:8]}" if info.get("node_id") else f"{info['ip']} ({info['host']}"
     return WorkerDiedError(
-        f"the {role} worker process of rank {rank} on node {info['ip']} ({info['host']}, pid {info['pid']}) died: {reason}",
+        f"the {role} worker process of rank {rank} on node {node}, pid {info['pid']}) died: {reason}",
         role,
         rank,
         info["ip"],
@@ -283,11 +300,11 @@ class RayBackend:
         init_ray(cfg)
         device_type = _device_type(cfg)
         self.specs = pool_specs(cfg, list(roles))
-        problem = missing_resources(self.specs, device_type, ray.nodes())
-        if problem:
-            raise BackendError(f"not enough resources on the Ray cluster: {problem}")
+        _wait_for_nodes(self.specs, device_type, cfg.trainer.worker_timeout_s)
         self.pgs, self.pools, self.groups = [], {}, {}
-        self.monitor = ray.remote(num_cpus=0, max_restarts=0)(Heartbeats).remote()
+        # On the driver's node: heartbeats must outlive any other node, to tell which one was lost.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.monitor = ray.remote(num_cpus=0, max_restarts=0)(Heartbeats).options(scheduling_strategy=here).remote()
         _WATCH.update(monitor=self.monitor, timeout_s=cfg.trainer.worker_timeout_s)
         try:
             for spec in self.specs:
@@ -305,14 +322,17 @@ class RayBackend:
             raise
 
     def _start_pool(self, spec: PoolSpec, cfg, device_type: str) -> tuple[list, list[dict]]:
-        per_node = [placement_group([bundle(device_type)] * spec.per_node, strategy="STRICT_PACK") for _ in range(spec.nnodes)]
-        self.pgs += per_node
-        ready, _ = ray.wait([pg.ready() for pg in per_node], num_returns=len(per_node), timeout=PG_TIMEOUT_S)
-        if len(ready) < len(per_node):
+        # One bundle per node with its per_node devices: the ranks of a node are consecutive, and
+        # STRICT_SPREAD keeps two bundles off one node even where one node could hold both.
+        strategy = "STRICT_SPREAD" if spec.nnodes > 1 else "STRICT_PACK"
+        pg = placement_group([bundle(device_type, spec.per_node)] * spec.nnodes, strategy=strategy)
+        self.pgs.append(pg)
+        ready, _ = ray.wait([pg.ready()], timeout=PG_TIMEOUT_S)
+        if not ready:
             raise BackendError(
-                f"Ray could not place {spec.name}: {len(per_node) - len(ready)} of {spec.nnodes} node(s) with "
-                f"{spec.per_node} free {'GPU' if device_type == 'cuda' else 'CPU'}s were not found within "
-                f"{PG_TIMEOUT_S}s (other jobs on the cluster?); see `ray status`"
+                f"Ray could not place {spec.name}: {spec.nnodes} node(s) with {spec.per_node} free "
+                f"{'GPU' if device_type == 'cuda' else 'CPU'}s each were not found within {PG_TIMEOUT_S}s "
+                "(other jobs on the cluster?); see `ray status`"
             )
         remote = ray.remote(max_restarts=0)(WorkerHost)
         # The driver's HYBRIDRL_* settings reach the workers even on a cluster started elsewhere.
@@ -320,13 +340,15 @@ class RayBackend:
         res = {"num_gpus": 1, "num_cpus": 1} if device_type == "cuda" else {"num_cpus": 1}
         hosts = [
             remote.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **res
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=n), **res
             ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env, self.monitor)
-            for n, pg in enumerate(per_node)
+            for n in range(spec.nnodes)
             for i in range(spec.per_node)
         ]
         unknown = {"ip": "?", "host": "?", "pid": "?"}
         infos = wait_all([h.info.remote() for h in hosts], [(spec.name, r, unknown) for r in range(len(hosts))])
+        if spec.nnodes > 1:
+            print(f"[hybridrl] {spec.name}: {describe_placement(infos)}", flush=True)
         if spec.world > 1:
             addr, port = infos[0]["ip"], ray.get(hosts[0].free_port.remote())
             wait_all(
@@ -361,6 +383,33 @@ class RayBackend:
         if self.monitor is not None:
             ray.kill(self.monitor, no_restart=True)
             self.monitor = None
+
+
+def describe_placement(infos: list[dict]) -> str:
+    """Which ranks run on which node, in one line: `ranks 0-1 on node 3f2a9c1e (10.0.0.1, gpu-1); ...`."""
+    nodes: dict[str, list[int]] = {}
+    for rank, info in enumerate(infos):
+        nodes.setdefault(info["node_id"], []).append(rank)
+    parts = []
+    for node, ranks in nodes.items():
+        info = infos[ranks[0]]
+        span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+        pids = ",".join(str(infos[r]["pid"]) for r in ranks)
+        parts.append(f"{span} on node {node[:8]} ({info['ip']}, {info['host']}, pids {pids})")
+    return f"{len(infos)} process(es) on {len(nodes)} node(s): " + "; ".join(parts)
+
+
+def _wait_for_nodes(specs: list[PoolSpec], device_type: str, timeout_s: float) -> None:
+    """Return once the cluster has the nodes the pools need; BackendError after `timeout_s` (at once
+    when fewer devices than one node's share are the problem, which no waiting fixes)."""
+    deadline, told = time.monotonic() + timeout_s, False
+    while problem := missing_resources(specs, device_type, ray.nodes()):
+        if max(s.nnodes for s in specs) == 1 or time.monotonic() > deadline:
+            raise BackendError(f"not enough resources on the Ray cluster: {problem}")
+        if not told:
+            print(f"[hybridrl] waiting up to {timeout_s:g} s (trainer.worker_timeout_s) for Ray nodes: {problem}", flush=True)
+            told = True
+        time.sleep(1.0)
 
 
 def _device_type(cfg) -> str:

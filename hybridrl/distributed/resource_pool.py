@@ -6,9 +6,11 @@ rollout, reference, critic and reward model of its device. Split (`resource_pool
 `resource_pool.reward_model`, `resource_pool.rollout` or verl's `reward_model.enable_resource_pool`
 set): that role gets a pool of its own on separate devices, and its calls overlap the actor's.
 
-Each pool takes `per_node` devices on each of `nnodes` nodes: one Ray placement group per
-node (STRICT_PACK), so ranks r*per_node .. (r+1)*per_node-1 share a node and NCCL can use
-its links. On `trainer.device=cpu` a device is a CPU worker process.
+Each pool takes `per_node` devices on each of `nnodes` nodes: one Ray placement group of
+`nnodes` bundles of `per_node` devices each, spread one bundle per node (STRICT_SPREAD), so
+ranks n*per_node .. (n+1)*per_node-1 share node n and NCCL can use its links, and no two
+bundles share a node even where one node could hold both. On `trainer.device=cpu` a device is
+a CPU worker process.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def pool_specs(cfg, roles: list[str]) -> list[PoolSpec]:
     return [PoolSpec(ACTOR, shared, actor_per_node, t.nnodes)] + [PoolSpec(r, (r,), n, nodes) for r, (n, nodes) in apart.items()]
 
 
-def bundle(device_type: str) -> dict[str, float]:
-    """The resources of one rank's process."""
-    return {"GPU": 1.0, "CPU": 1.0} if device_type == "cuda" else {"CPU": 1.0}
+def bundle(device_type: str, devices: int = 1) -> dict[str, float]:
+    """The resources of `devices` ranks' processes (one node's share of a pool)."""
+    return {"GPU": float(devices), "CPU": float(devices)} if device_type == "cuda" else {"CPU": float(devices)}
 
 
 def missing_resources(specs: list[PoolSpec], device_type: str, nodes: list[dict]) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 
-from hybridrl.distributed.groups import WorkerDiedError
+from hybridrl.distributed.groups import BackendError, WorkerDiedError
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer.rundir import checkpoints_dir
 
@@ -25,6 +25,13 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
             # trainer.max_wall_time_s counts from this launch, not from the latest restart.
             trainer.run.started = launched
             return trainer.fit()
+        except BackendError as e:
+            if attempt == 0:
+                raise
+            # The restart found no cluster to run on (a lost node not replaced in time).
+            last = ckpt.latest_checkpoint(checkpoints_dir(cfg))
+            where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
+            raise BackendError(f"{e}; {where}. Resume with trainer.resume_mode=auto") from None
         except WorkerDiedError as e:
             last = ckpt.latest_checkpoint(checkpoints_dir(cfg))
             where = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"

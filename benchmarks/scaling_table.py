@@ -1,0 +1,87 @@
+"""The weak-scaling table of `benchmarks/scaling.sh`, from the runs' metrics.jsonl files.
+
+    python benchmarks/scaling_table.py OUT_DIR 1 2 4 [--ppo PPO_GPUS SPLIT_ACTOR]
+
+OUT_DIR holds `grpo_<n>gpu.jsonl` for each GPU count (and `gae_colocated.jsonl`,
+`gae_split.jsonl` with --ppo). Every number is the median over steps 2 and later (step 1 warms
+up); tokens/s per GPU = the step's tokens / step time / GPUs; efficiency = tokens/s per GPU over
+the smallest count's; MFU per GPU = `perf/mfu/actor` (the update's, per rank; `-` where the
+device reports no peak FLOPs, e.g. on CPU). A stage a configuration skips (no old log-prob pass
+with `reuse_on_policy_log_prob`, no critic in GRPO) shows `-`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+STAGES = [  # (metric, column)
+    ("timing_s/gen", "gen"),
+    ("timing_s/old_log_prob", "old log-prob"),
+    ("timing_s/ref", "ref"),
+    ("timing_s/values", "values"),
+    ("timing_s/update_critic", "update_critic"),
+    ("timing_s/update_actor", "update_actor"),
+]
+CRITIC = ("timing_s/values", "timing_s/update_critic")
+
+
+def summary(path: Path, gpus: int) -> dict[str, float | None]:
+    """Medians over steps 2+ of the step time, its stages, tokens/s per GPU and MFU."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r]
+    if not steps:
+        raise SystemExit(f"{path}: no step 2 or later with timing_s/step (run at least 2 steps)")
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in steps if key in r]
+        return statistics.median(values) if values else None
+
+    out = {key: median(key) for key, _ in STAGES}
+    out["step"] = median("timing_s/step")
+    out["tokens_per_gpu"] = median("perf/total_num_tokens") / out["step"] / gpus
+    out["mfu"] = median("perf/mfu/actor")
+    return out
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(out: Path, counts: list[int], ppo: tuple[int, int] | None = None) -> str:
+    runs = [("GRPO colocated", n, out / f"grpo_{n}gpu.jsonl") for n in counts]
+    if ppo:
+        g, a = ppo
+        runs += [
+            ("PPO (gae) colocated", g, out / "gae_colocated.jsonl"),
+            (f"PPO (gae) split {a} + {g - a}", g, out / "gae_split.jsonl"),
+        ]
+    rows = [(label, n, summary(path, n)) for label, n, path in runs if path.exists()]
+    if not rows:
+        raise SystemExit(f"{out}: no run's metrics found (grpo_<n>gpu.jsonl)")
+    stages = [(k, name) for k, name in STAGES if k not in CRITIC or any(s[k] is not None for _, _, s in rows)]
+    head = ["run", "GPUs", "step s"] + [name for _, name in stages] + ["tokens/s per GPU", "efficiency", "MFU per GPU"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    base = next((s["tokens_per_gpu"] for label, _, s in rows if label.startswith("GRPO")), None)
+    for label, n, s in rows:
+        eff = f"{s['tokens_per_gpu'] / base:.2f}" if label.startswith("GRPO") and base else ""
+        mfu = "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
+        cells = [label, str(n), _num(s["step"], ".2f")] + [_num(s[k], ".2f") for k, _ in stages]
+        cells += [f"{s['tokens_per_gpu']:,.0f}", eff, mfu]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("counts", type=int, nargs="+")
+    parser.add_argument("--ppo", type=int, nargs=2, metavar=("PPO_GPUS", "SPLIT_ACTOR"))
+    args = parser.parse_args(argv)
+    print(table(args.out, args.counts, tuple(args.ppo) if args.ppo else None))
+
+
+if __name__ == "__main__":
+    main()

@@ -227,7 +227,7 @@ class RLTrainer:
 
         cfg = self.config
         out = run_dir(cfg)
-        with _restored_process_state():
+        with _restored_process_state(), rundir.locked(out):
             if _find_resume(cfg) is None:
                 rundir.claim(out, cfg.trainer.overwrite)  # before inputs/ is written: overwrite moves the old run aside
             self._write_inputs()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 from typing import Any, Callable
 
+from .checks_files import file_problems
 from .extensions import algorithm_problems, registered_choices
 from .layout import ParallelLayout, build_layout, layout_problem
 from .schema import Config, ConfigError, resolve, show, walk
@@ -255,6 +256,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + _token_budget_problems(cfg)
     problems += _reward_model_problems(r) + _async_problems(r) + _multi_turn_problems(r)
     problems += algorithm_problems(cfg, r, Problem) + _rollout_tp_problems(r) + _remote_reward_problems(r)
+    problems += file_problems(r, Problem)  # names and files the config points at (checks_files.py)
     if not any(p.keys[0] in _PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += _batch_problems(cfg)
     return problems

@@ -431,8 +431,9 @@ def _find_resume(cfg) -> Path | None:
         path = Path(t.resume_from_path)
         if not (path / "trainer_state.json").exists():
             raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
-        return path
-    return ckpt.latest_checkpoint(checkpoints_dir(cfg))
+        return ckpt.check_resumable(path)
+    last = ckpt.latest_checkpoint(checkpoints_dir(cfg))
+    return ckpt.check_resumable(last) if last else None
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:

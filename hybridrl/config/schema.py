@@ -459,6 +459,11 @@ class CustomRewardConfig:
         "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
         "threads of the trainer process.",
     )
+    memory_limit_mb: int | None = option(
+        8192,
+        "Address space (RLIMIT_AS) of each process running a custom reward function, in MB; an allocation past it "
+        "raises MemoryError in that call, which scores 0 and counts in reward/errors. null = no limit.",
+    )
     remote: RemoteRewardConfig = option(RemoteRewardConfig, "Score with an HTTP service in place of a function.")
 
 

@@ -185,7 +185,11 @@ def reward_pool(cfg, compute_score, in_memory: bool = False):
         return compute_score
     if c.path and not in_memory:
         return WorkerPool(
-            Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers, timeout_s=c.timeout_s
+            Target(c.path, c.name, dict(c.reward_kwargs)),
+            kind="process",
+            num_workers=c.num_workers,
+            timeout_s=c.timeout_s,
+            memory_limit_mb=c.memory_limit_mb,
         )
     fn = compute_score.compute_score if isinstance(compute_score, ManagedScorer) else compute_score
     return WorkerPool(fn, kind="thread", timeout_s=c.timeout_s)

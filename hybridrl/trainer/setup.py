@@ -28,6 +28,7 @@ from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.rewards.registry import check_data_sources
 from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rollout.native.cache import stable_cache_addresses
 from hybridrl.tracking.summary import end_of_run_summary
@@ -199,6 +200,9 @@ def _check_reward_kwargs(cfg, custom, records) -> None:
     try:
         batched = cfg.reward_model.reward_manager == "batch" or getattr(custom, "batched", False)
         check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records}, batched)
+        rm = cfg.reward_model  # the built-in scorers score every sample unless a remote or RM-only reward does
+        if custom is None and not cfg.custom_reward_function.remote.url and not (rm.enable and rm.rule_weight == 0):
+            check_data_sources([r.data_source for r in records], str(cfg.data.train_files))
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 

@@ -1,15 +1,116 @@
-"""Checks on the names and files a config points at, run by `validate` (so `explain` and `train`
-give one verdict): run names that stay inside the runs folder.
+"""Checks on the names and files a config points at, so that `explain` and `train` give one verdict.
+
+`file_problems` runs in `validate` (no file is read): run names that stay inside the runs folder,
+a reward model that names its checkpoint. `path_problems` runs with the path checks
+(`config/paths.py`, skipped by `explain --no-path-check`): the reward model's directory, the tool and
+interaction configs loaded as the agent loop loads them (their classes imported: a tool config is
+code). `data_size_problems` (explain only): a training set large enough for one batch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Callable
 
 
 def file_problems(cfg: Any, problem: type) -> list:
     """Every problem found here, as `problem(message, keys)` (validate.Problem)."""
-    return _run_name_problems(cfg, problem)
+    return _run_name_problems(cfg, problem) + _reward_model_path_problems(cfg, problem)
+
+
+def _reward_model_path_problems(cfg: Any, problem: type) -> list:
+    rm = cfg.reward_model
+    if cfg.algorithm.name == "rl" and rm.enable and not rm.model.path:
+        return [
+            problem(
+                "reward_model.enable=true needs reward_model.model.path (a sequence-classifier directory, or a causal LM "
+                "with reward_model.generative.enable=true)",
+                ("reward_model.model.path",),
+            )
+        ]
+    return []
+
+
+def path_problems(cfg: Any, model_dir: Callable[[str, str | None], list[str]]) -> list[str]:
+    """Problems with files on this machine, one message each (`model_dir`: paths.py's check of a
+    model directory)."""
+    out = []
+    rm = cfg.reward_model
+    if cfg.algorithm.name == "rl" and rm.enable and rm.model.path:
+        out += model_dir("reward_model.model.path", rm.model.path)
+    return out + _agent_config_problems(cfg)
+
+
+def _agent_config_problems(cfg: Any) -> list[str]:
+    """The tool and interaction configs, loaded (and their tools built) as the rollout will."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return []
+    out = []
+    for key, path in (("tool_config_path", mt.tool_config_path), ("interaction_config_path", mt.interaction_config_path)):
+        if not path or not os.path.isfile(path):
+            continue  # missing: reported by validate
+        # Imported here, not at the top: the config layer reads these files the way the agent loop does.
+        if key == "tool_config_path":
+            from hybridrl.rollout.agent.tool_config import load_tool_config as load
+        else:
+            from hybridrl.rollout.agent.interaction import load_interaction_config as load
+        try:
+            load(path)
+        except ValueError as e:
+            out.append(f"actor_rollout_ref.rollout.multi_turn.{key}: {_first_line(e)}")
+        except Exception as e:  # a tool's own constructor, a file that is not text
+            out.append(
+                f"actor_rollout_ref.rollout.multi_turn.{key}={path!r}: loading it raised {type(e).__name__}: {_first_line(e)}"
+            )
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def data_size_problems(cfg: Any) -> list[str]:
+    """A batch larger than the training set stops `train` when it reads the data; `explain`, which
+    reads no rows, asks this. (`train` itself reports the rows' own problems first.)"""
+    files = cfg.data.train_files
+    files = [files] if isinstance(files, str) else list(files or [])
+    batch = (
+        (cfg.data.gen_batch_size or cfg.data.train_batch_size)
+        if cfg.algorithm.filter_groups.enable
+        else cfg.data.train_batch_size
+    )
+    if cfg.algorithm.name != "rl" or not files or not isinstance(batch, int) or not all(os.path.isfile(f) for f in files):
+        return []
+    rows = 0
+    for f in files:
+        n = _count_rows(Path(f))
+        if n is None:
+            return []
+        rows += n
+    if rows and batch > rows:
+        return [
+            f"data.train_batch_size={batch} is larger than the training set ({rows} rows in {', '.join(files)}); "
+            f"use at most {rows}"
+        ]
+    return []
+
+
+def _count_rows(path: Path) -> int | None:
+    """Rows of a parquet (its footer) or JSONL file (non-blank lines); None when unknown or too big to count quickly."""
+    try:
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+        if path.suffix.lower() == ".jsonl" and path.stat().st_size <= 1 << 30:
+            with open(path, "rb") as f:
+                return sum(1 for line in f if line.strip())
+    except Exception:  # an unreadable file is reported when it is read
+        return None
+    return None
 
 
 def _run_name_problems(cfg: Any, problem: type) -> list:

@@ -65,9 +65,10 @@ _held: dict[Path, list] = {}
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold the run directory `path` exclusively (created if missing) until the block ends."""
+    """Hold the run directory `path` exclusively (created if missing) until the block ends. The lock
+    file is removed at the end (and a directory this made, if still empty), so a run leaves no trace
+    of it; a holder killed with SIGKILL leaves the file, unlocked, for the next run to reuse."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     key = path.resolve()
     if key in _held:
         _held[key][1] += 1
@@ -76,24 +77,47 @@ def locked(path: Path) -> Iterator[None]:
         finally:
             _held[key][1] -= 1
         return
-    f = open(path / LOCK, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise RunDirError(
-            f"{path} is in use by another run (pid {holder}); wait for it to end, stop it, or give this run "
-            "another trainer.experiment_name (or trainer.default_local_dir)"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    made = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    f = _acquire(path)
     _held[key] = [f, 1]
     try:
         yield
     finally:
         del _held[key]
+        try:
+            os.unlink(path / LOCK)  # still ours: we hold the lock, so no other run has taken the name
+        except FileNotFoundError:
+            pass
         f.close()  # closing the descriptor releases the lock
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only if empty: the run failed before writing anything
+
+
+def _acquire(path: Path):
+    """The open, locked lock file of `path`; RunDirError naming the holder's pid when it is taken."""
+    while True:
+        f = open(path / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise RunDirError(
+                f"{path} is in use by another run (pid {holder}); wait for it to end, stop it, or give this run "
+                "another trainer.experiment_name (or trainer.default_local_dir)"
+            ) from None
+        try:  # the holder we waited on may have removed the file as it ended: lock the current one
+            same = os.fstat(f.fileno()).st_ino == os.stat(path / LOCK).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

@@ -149,3 +149,23 @@ def test_overwrite_keeps_the_lock_with_the_new_run(tmp_path):
 def _fake_run_files(path):
     (path / "metrics.jsonl").write_text('{"step": 1}\n')
     (path / "config.yaml").write_text("trainer: {}\n")
+
+
+def test_shipped_configs_resume_by_default():
+    import yaml
+
+    for name in ("quickstart", "arith_ppo", "dapo_arith", "gsm8k_grpo"):
+        trainer = yaml.safe_load(open(f"configs/{name}.yaml"))["trainer"]
+        assert trainer.get("resume_mode", "auto") == "auto", name
+
+
+def test_the_lock_file_goes_with_the_run(tmp_path):
+    run = tmp_path / "new" / "run"
+    with rundir.locked(run):
+        assert (run / rundir.LOCK).exists()
+    assert not run.exists()  # nothing was written: the directory made for the lock is removed too
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("kept")
+    with rundir.locked(run):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]

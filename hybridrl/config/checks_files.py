@@ -16,7 +16,33 @@ from typing import Any, Callable
 
 def file_problems(cfg: Any, problem: type) -> list:
     """Every problem found here, as `problem(message, keys)` (validate.Problem)."""
-    return _run_name_problems(cfg, problem) + _reward_model_path_problems(cfg, problem)
+    return _run_name_problems(cfg, problem) + _reward_model_path_problems(cfg, problem) + _sandbox_problems(cfg, problem)
+
+
+def _sandbox_problems(cfg: Any, problem: type) -> list:
+    """reward_model.sandbox_fusion (hybridrl/rewards/code_sandbox.py)."""
+    sf, key, out = cfg.reward_model.sandbox_fusion, "reward_model.sandbox_fusion", []
+    if sf.url is None:
+        return out
+    if not (isinstance(sf.url, str) and sf.url.startswith(("http://", "https://"))):
+        out.append(
+            problem(
+                f"{key}.url={sf.url!r} must be an http:// or https:// URL (the service's /run_code endpoint)", (f"{key}.url",)
+            )
+        )
+    for name in ("max_concurrent", "memory_limit_mb"):
+        value = getattr(sf, name)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            out.append(problem(f"{key}.{name}={value!r} must be a whole number >= 1", (f"{key}.{name}",)))
+    if cfg.custom_reward_function.path or cfg.custom_reward_function.remote.url:
+        out.append(
+            problem(
+                f"{key}.url scores code with the built-in scorers' routing; it cannot be combined with "
+                "custom_reward_function.path or custom_reward_function.remote.url (score code inside your own function instead)",
+                (f"{key}.url",),
+            )
+        )
+    return out
 
 
 def _reward_model_path_problems(cfg: Any, problem: type) -> list:

@@ -187,8 +187,6 @@ IGNORED: dict[str, str] = {
             "reward_loop_class_name",
         )
     },
-    "reward_model.sandbox_fusion.max_concurrent": "sandbox option; sandbox_fusion.url is unset",
-    "reward_model.sandbox_fusion.memory_limit_mb": "sandbox option; sandbox_fusion.url is unset",
     "algorithm.pf_ppo.*": "used only with algorithm.use_pf_ppo=true",
     "hydra.*": "Hydra's own settings",
     # verl's SFT trainer argv (hybridrl.sft_trainer renames its keys into ours or into sft.*)
@@ -246,7 +244,6 @@ NEEDS: dict[str, Need] = {
     "data.datagen.*": Need((None,), "a data generator"),
     "data.apply_chat_template_kwargs": Need(({},), "chat-template keyword arguments"),
     "data.apply_chat_template_kwargs.*": Need((), "chat-template keyword arguments"),
-    "reward_model.sandbox_fusion.url": Need((None,), "the SandboxFusion code-execution service"),
     "reward_manager.module.*": Need((None, "custom_reward_manager"), "a custom reward manager class"),
     "algorithm.use_pf_ppo": Need((False,), "preference-feedback PPO reweighting"),
     "trainer.val_only": Need((False,), "validation-only runs (use hybridrl eval)"),

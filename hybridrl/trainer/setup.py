@@ -26,6 +26,7 @@ from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL, ROLL
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rewards import check_reward_kwargs, default_compute_score, load_custom_reward_fn, needs_ground_truth
+from hybridrl.rewards.code_sandbox import CODE_SOURCES, SandboxFusionReward, needs_ground_truth_or_code
 from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
 from hybridrl.rewards.registry import check_data_sources
@@ -160,6 +161,8 @@ def _reward_fn(cfg, reward_fn: ComputeScore | None = None):
     c = cfg.custom_reward_function
     if c.remote.url and reward_fn is None:
         return RemoteReward.from_config(c.remote), (lambda source: False), None
+    if cfg.reward_model.sandbox_fusion.url and reward_fn is None and not c.path:  # code runs on the service
+        return SandboxFusionReward.from_configs(cfg.reward_model.sandbox_fusion, c.remote), needs_ground_truth_or_code, None
     if reward_fn is not None:
         custom, fn, need_gt = reward_fn, reward_fn, (lambda source: False)
     elif c.path:
@@ -202,7 +205,8 @@ def _check_reward_kwargs(cfg, custom, records) -> None:
         check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, {r.data_source for r in records}, batched)
         rm = cfg.reward_model  # the built-in scorers score every sample unless a remote or RM-only reward does
         if custom is None and not cfg.custom_reward_function.remote.url and not (rm.enable and rm.rule_weight == 0):
-            check_data_sources([r.data_source for r in records], str(cfg.data.train_files))
+            code = CODE_SOURCES if rm.sandbox_fusion.url else ()
+            check_data_sources([r.data_source for r in records if r.data_source not in code], str(cfg.data.train_files))
     except ValueError as e:
         raise ConfigError([str(e)]) from None
 

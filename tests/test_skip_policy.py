@@ -22,9 +22,8 @@ def _run(tmp_path, body: str, strict: bool):
     test = tmp_path / "test_probe.py"
     test.write_text(body)
     conftest = tmp_path / "conftest.py"
-    conftest.write_text(
-        f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\nfrom skip_policy import pytest_sessionfinish, pytest_terminal_summary\n"
-    )
+    hook = "from skip_policy import pytest_sessionfinish, pytest_terminal_summary\n"
+    conftest.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n" + hook)
     env = {"PATH": "/usr/bin:/bin", "HYBRIDRL_STRICT_SKIPS": "1" if strict else "0", "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test)],

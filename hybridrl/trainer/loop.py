@@ -21,6 +21,7 @@ import time
 
 from hybridrl.config import Config
 from hybridrl.data.batch import Batch
+from hybridrl.trainer.mismatch import rollout_mismatch_warning
 from hybridrl.trainer.setup import RunContext
 
 
@@ -63,6 +64,7 @@ class Trainer:
         if run.global_step == 0:
             self._log_before_training()
         metrics: dict = {}
+        warned = None
         while run.global_step < run.total_steps:
             run.global_step += 1
             metrics = self._timed_step()
@@ -71,6 +73,8 @@ class Trainer:
                 metrics.update(self.validate())
             run.tracker.log(metrics, step=run.global_step)
             check_finite(metrics, t.max_nonfinite_steps)
+            if not warned and (warned := rollout_mismatch_warning(metrics, run.global_step, self.cfg)):
+                print(warned, flush=True)  # once per run (trainer/mismatch.py)
             if last or _every(t.save_freq, run.global_step):
                 run.save_checkpoint(self.state_dict())
                 fault_injection_point(run.global_step)

@@ -35,3 +35,25 @@ def correct_rollout_mismatch(batch: Batch, rc) -> dict[str, float]:
     if weights is not None:
         batch[K.ROLLOUT_IS_WEIGHTS] = weights.to(batch[K.OLD_LOG_PROBS].dtype)
     return metrics
+
+
+# Largest |p_engine - p_trainer| of a sampled token in sync mode that is numerics, not a bug: the
+# engine computes in float32 on CPU (measured ~2e-6 with TP and SP, tests/e2e/test_tp_rollout_cli.py),
+# in bfloat16 on GPUs (a few 1e-2 at worst). Past it the engine most likely samples with other weights.
+PROBS_DIFF_WARN = {"cpu": 1e-3, "gpu": 0.2}
+
+
+def rollout_mismatch_warning(metrics: dict, step: int, cfg) -> str | None:
+    """The warning for a sync-mode step whose engine and trainer probabilities of the same sampled
+    tokens differ by more than numerics explain, else None (the loop prints it once per run)."""
+    diff = metrics.get("training/rollout_probs_diff_max")
+    if diff is None or cfg.trainer.mode != "sync":
+        return None
+    limit = PROBS_DIFF_WARN["cpu" if cfg.trainer.device == "cpu" else "gpu"]
+    if diff <= limit:
+        return None
+    return (
+        f"[hybridrl] warning: step {step}: the rollout engine's and the trainer's probabilities of the same sampled "
+        f"tokens differ by up to {diff:.3g} (training/rollout_probs_diff_max; numerics stay under {limit:g} here): "
+        "the engine may be sampling with other weights (a missed or mis-sharded weight sync); the run goes on"
+    )

@@ -78,6 +78,7 @@ def _verdicts(tmp_path, *overrides):
     return [cli(cmd, *args, check=False) for cmd in ("explain", "train")]
 
 
+@pytest.mark.slow  # the CLI's explain and train
 @pytest.mark.parametrize(
     "overrides,expected",
     [
@@ -104,6 +105,7 @@ def test_explain_and_train_give_one_verdict(tmp_path, tiny_model_with_weights, a
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_explain_names_no_path_check_when_only_paths_are_missing(tmp_path):
     from cli_helpers import cli
 

@@ -112,7 +112,10 @@ def _isolate(memory_limit_mb: int | None, marker: str) -> str | None:
         import resource
 
         limit = int(memory_limit_mb) * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        except (ValueError, OSError):  # macOS refuses RLIMIT_AS: the timeout still bounds a call
+            pass
     return identity
 
 

@@ -46,21 +46,20 @@ def unexpected(reasons: list[str]) -> Counter:
     return Counter(r for r in reasons if not r.startswith(ALLOWED))
 
 
-def _skipped(session) -> list[str]:
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+def _skipped(reporter) -> list[str]:
     if reporter is None:
         return []
     return [reason_of(r) for r in reporter.stats.get("skipped", []) if getattr(r, "longrepr", None) is not None]
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    bad = unexpected(_skipped(session))
+    bad = unexpected(_skipped(session.config.pluginmanager.get_plugin("terminalreporter")))
     if bad and os.environ.get(STRICT_ENV, "") not in ("", "0") and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    bad = unexpected(_skipped(terminalreporter._session))
+    bad = unexpected(_skipped(terminalreporter))
     if not bad:
         return
     strict = os.environ.get(STRICT_ENV, "") not in ("", "0")

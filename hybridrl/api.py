@@ -223,12 +223,13 @@ class RLTrainer:
         from hybridrl import launch
         from hybridrl.config import ConfigError
         from hybridrl.trainer import checkpoint as ckpt
+        from hybridrl.trainer import rundir
         from hybridrl.trainer.rundir import run_dir
         from hybridrl.trainer.supervise import fit_with_restarts
 
         cfg = self.config
         out = run_dir(cfg)
-        with _restored_process_state():
+        with _restored_process_state(), rundir.locked(out):
             launch.claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
             self._write_inputs()
             problems = launch.input_problems(cfg)

@@ -165,10 +165,14 @@ def _os_error(e: BaseException) -> OSError | None:
 
 
 def _last_checkpoint_state(cfg) -> str:
+    from hybridrl.distributed.checkpoint import CheckpointError
     from hybridrl.trainer.checkpoint import latest_checkpoint
     from hybridrl.trainer.rundir import checkpoints_dir
 
-    last = latest_checkpoint(checkpoints_dir(cfg))
+    try:
+        last = latest_checkpoint(checkpoints_dir(cfg))
+    except CheckpointError:  # a bad `latest` pointer: that error is reported on its own
+        return "the checkpoints' latest pointer is invalid"
     # Checkpoints are written to a temporary name and renamed when complete, so a failed or
     # interrupted write never touches the last complete one.
     return f"the last checkpoint {last} is intact" if last else "no checkpoint was written yet"

@@ -41,6 +41,8 @@ def _load(args):
         for p in problems:
             print(f"hybridrl: warning: {p} (not checked further: --no-path-check)", file=sys.stderr)
     elif problems:
+        if args.command == "explain":  # every problem here is about this machine's files
+            problems[-1] += "; to plan a config for another machine, run hybridrl explain --no-path-check"
         raise ConfigError(problems)
     for n in cfg.notices:
         print(f"hybridrl: notice: {n}", file=sys.stderr)
@@ -76,9 +78,14 @@ def cmd_train(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from hybridrl.config import explain
+    from hybridrl.config import ConfigError, explain
 
     cfg = _load(args)
+    if not args.no_path_check:  # train reads the rows; explain counts them, for the same verdict
+        from hybridrl.config.checks_files import data_size_problems
+
+        if problems := data_size_problems(cfg):
+            raise ConfigError(problems)
     print(explain(cfg))
     return 0
 

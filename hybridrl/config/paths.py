@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .checks_files import path_problems
 from .schema import Config
 
 DATA_SUFFIXES = (".jsonl", ".parquet")
@@ -109,4 +110,4 @@ def missing_paths(cfg: Config) -> list[str]:
         out.append(f"trainer.resume_from_path={t.resume_from_path!r} does not exist; give a checkpoints/step_N directory")
     run = Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
     out += _writable("trainer.default_local_dir", run)
-    return out
+    return out + path_problems(cfg, _model_dir)  # reward model, tool configs, data size (checks_files.py)

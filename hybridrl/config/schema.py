@@ -517,6 +517,11 @@ class CustomRewardConfig:
         "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
         "threads of the trainer process.",
     )
+    memory_limit_mb: int | None = option(
+        8192,
+        "Address space (RLIMIT_AS) of each process running a custom reward function, in MB; an allocation past it "
+        "raises MemoryError in that call, which scores 0 and counts in reward/errors. null = no limit.",
+    )
     remote: RemoteRewardConfig = option(RemoteRewardConfig, "Score with an HTTP service in place of a function.")
 
 
@@ -575,6 +580,18 @@ class GenerativeRewardModelConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """Code answers scored by running them on a SandboxFusion service (verl's reward_model.sandbox_fusion):
+    samples of a code data source (codecontests, apps, codeforces, taco, ...) run against their test
+    cases; others keep their built-in scorer. Requests follow custom_reward_function.remote's timeout,
+    retries and circuit breaker (hybridrl/rewards/code_sandbox.py)."""
+
+    url: str | None = option(None, "The service's /run_code endpoint, e.g. http://host:8080/run_code; null = off.")
+    max_concurrent: int = option(64, "Responses scored at once (one request per test case, in turn).")
+    memory_limit_mb: int = option(1024, "Memory limit of one run on the service, in MB.")
+
+
+@dataclass
 class RewardModelConfig:
     """The reward-model worker, and how rule-based rewards are computed from the scorers (verl's reward managers)."""
 
@@ -584,6 +601,7 @@ class RewardModelConfig:
         "reward_models=[...]); the step's score is reward_weight x RM score + rule_weight x rule score.",
     )
     model: RewardModelModelConfig = option(RewardModelModelConfig, "The reward model's checkpoint.")
+    sandbox_fusion: SandboxFusionConfig = option(SandboxFusionConfig, "Score code by running it on a SandboxFusion service.")
     generative: GenerativeRewardModelConfig = option(GenerativeRewardModelConfig, "An LLM judge as the reward model.")
     strategy: str = option("fsdp", "How the reward model is sharded over its devices: fsdp or fsdp2 (both FSDP2 here).")
     micro_batch_size_per_gpu: int | None = option(

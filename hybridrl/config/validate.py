@@ -14,6 +14,7 @@ from typing import Any
 
 from .batch_plan import PLAN_INPUTS, BatchPlan, RolePlan, batch_problems, plan_batches
 from .checks import algorithm, modes, parallel, reward, rollout
+from .checks_files import file_problems
 from .extensions import registered_choices
 from .problem import Problem, get, suggest
 from .schema import Config, resolve, show, walk
@@ -58,6 +59,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + parallel.token_budget_problems(cfg)
     problems += reward.reward_model_problems(r) + modes.async_problems(r) + rollout.multi_turn_problems(r)
     problems += algorithm.algorithm_problems(cfg, r) + rollout.tp_problems(r) + reward.remote_problems(r)
+    problems += file_problems(r, Problem)  # names and files the config points at (checks_files.py)
     if not any(p.keys[0] in PLAN_INPUTS for p in problems):  # the batch rules need positive sizes
         problems += batch_problems(cfg)
     return problems

@@ -187,8 +187,6 @@ IGNORED: dict[str, str] = {
             "reward_loop_class_name",
         )
     },
-    "reward_model.sandbox_fusion.max_concurrent": "sandbox option; sandbox_fusion.url is unset",
-    "reward_model.sandbox_fusion.memory_limit_mb": "sandbox option; sandbox_fusion.url is unset",
     "algorithm.pf_ppo.*": "used only with algorithm.use_pf_ppo=true",
     "hydra.*": "Hydra's own settings",
     # verl's SFT trainer argv (hybridrl.sft_trainer renames its keys into ours or into sft.*)
@@ -211,38 +209,8 @@ class Need(NamedTuple):
 
 NEEDS: dict[str, Need] = {
     # verl spellings of features hybridrl has under another key
-    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": Need(
-        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.len": Need(
-        (0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need(
-        (0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.log": Need(
-        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward_model.reward_kwargs.max_resp_len": Need(
-        (None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
     # the DAPO recipe's own section (recipe/dapo/config/dapo_trainer.yaml) spells the same as reward.*
     "reward.reward_manager.name": Need(("naive",), "this spelling of the reward manager (use reward_model.reward_manager)"),
-    "reward.reward_kwargs.overlong_buffer_cfg.enable": Need(
-        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward.reward_kwargs.overlong_buffer_cfg.len": Need(
-        (0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": Need(
-        (0.0,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward.reward_kwargs.overlong_buffer_cfg.log": Need(
-        (False,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
-    "reward.reward_kwargs.max_resp_len": Need(
-        (None,), "this spelling of DAPO overlong shaping (use reward_model.overlong_buffer.*)"
-    ),
     # features hybridrl does not have
     "*.strategy": Need(("fsdp", "fsdp2"), "the Megatron strategy (hybridrl trains with FSDP2)"),
     "*.optim.optimizer": Need(("AdamW", "adamw"), "optimizers other than AdamW"),
@@ -276,7 +244,6 @@ NEEDS: dict[str, Need] = {
     "data.datagen.*": Need((None,), "a data generator"),
     "data.apply_chat_template_kwargs": Need(({},), "chat-template keyword arguments"),
     "data.apply_chat_template_kwargs.*": Need((), "chat-template keyword arguments"),
-    "reward_model.sandbox_fusion.url": Need((None,), "the SandboxFusion code-execution service"),
     "reward_manager.module.*": Need((None, "custom_reward_manager"), "a custom reward manager class"),
     "algorithm.use_pf_ppo": Need((False,), "preference-feedback PPO reweighting"),
     "trainer.val_only": Need((False,), "validation-only runs (use hybridrl eval)"),
@@ -304,6 +271,12 @@ RENAMED: dict[str, str] = {
     "ray_kwargs.ray_init.*": "ray_init.kwargs.*",  # anything else goes to ray.init as is
     "global_profiler.steps": "trainer.profile_steps",
     "trainer.log_val_generations": "trainer.log_val_samples",  # validation prompts kept in samples.jsonl
+    # DAPO overlong shaping as verl's recipes spell it (the reward manager's kwargs): the same keys under
+    # custom_reward_function.reward_kwargs, which configure reward_model.overlong_buffer (schema.resolve)
+    "reward_model.reward_kwargs.overlong_buffer_cfg.*": "custom_reward_function.reward_kwargs.overlong_buffer_cfg.*",
+    "reward_model.reward_kwargs.max_resp_len": "custom_reward_function.reward_kwargs.max_resp_len",
+    "reward.reward_kwargs.overlong_buffer_cfg.*": "custom_reward_function.reward_kwargs.overlong_buffer_cfg.*",
+    "reward.reward_kwargs.max_resp_len": "custom_reward_function.reward_kwargs.max_resp_len",
 }
 
 # verl's deprecated global micro-batch sizes: per_gpu = global // (world // sp) (fsdp_workers.py).

@@ -52,11 +52,24 @@ def render_prompt(tokenizer, prompt, tools: list[dict] | None = None) -> str:
     return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False, **kwargs)
 
 
+def check_text(text: str, where: str) -> str:
+    """`text` unchanged, or a DataError when it cannot be written as UTF-8 (a lone surrogate such as
+    "\\ud800", left by a broken JSON export), which the tokenizer would meet as a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(
+            f"{where}: the text holds {text[e.start : e.end]!r} at character {e.start}, a lone UTF-16 surrogate that is not "
+            "valid Unicode text; fix the row (re-export the file with valid UTF-8) or remove it"
+        ) from None
+    return text
+
+
 def _check_prompt(prompt, where: str):
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"{where}: the prompt is an empty string; remove the row or fill it in")
-        return prompt
+        return check_text(prompt, where)
     if isinstance(prompt, np.ndarray):  # parquet lists of structs come back as arrays
         prompt = list(prompt)
     if isinstance(prompt, list) and prompt:
@@ -69,6 +82,7 @@ def _check_prompt(prompt, where: str):
                 raise DataError(f"{where}: prompt message {j} has role {msg['role']!r:.40}; use one of {', '.join(ROLES)}")
             if not msg["content"].strip() and not msg.get("tool_calls"):
                 raise DataError(f"{where}: prompt message {j} ({msg['role']}) has empty content; fill it in or drop the message")
+            check_text(msg["content"], f"{where}: prompt message {j}")
         return [dict(m) for m in prompt]
     raise DataError(f"{where}: the prompt must be a string or a non-empty list of chat messages, got {prompt!r:.120}")
 
@@ -136,7 +150,7 @@ def load_prompt_records(
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
             if ground_truth is None and require_ground_truth(source):
                 raise DataError(f"{where}: missing reward_model.ground_truth, which the {source!r} scorer needs")
-            text = render_prompt(tokenizer, prompt, tools)
+            text = check_text(render_prompt(tokenizer, prompt, tools), where)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length and filter_overlong:
                 dropped += 1

@@ -27,7 +27,7 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
-from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, render_prompt, truncate
+from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, check_text, render_prompt, truncate
 
 KINDS = ("dpo", "kto", "sft", "rm")
 # The completions a row of each kind carries, as batch fields.
@@ -213,7 +213,7 @@ def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
     if isinstance(value, str):
         if not value:
             raise DataError(f"{where} is an empty string")
-        return value
+        return check_text(value, where)
     if not isinstance(value, (list, np.ndarray)) or len(value) == 0:
         raise DataError(f"{where} must be a string or a non-empty list of chat messages, got {value!r:.120}")
     messages = _check_prompt(value, where)

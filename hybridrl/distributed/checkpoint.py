@@ -21,6 +21,8 @@ Anything else is refused with a `CheckpointError` ("... is not a valid checkpoin
 from __future__ import annotations
 
 import io
+import math
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -29,6 +31,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -110,10 +113,67 @@ class SafeFileSystemReader(FileSystemReader):
             name = getattr(info, "relative_path", None)
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 raise CheckpointError(f"{path} points at a shard file {name!r} outside its directory")
+        _check_storage(metadata, path.parent)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _check_storage(metadata: Metadata, directory: Path) -> None:
+    """Every shard is a regular file in `directory` (not a link out of it), every entry lies inside its
+    shard, and the tensors the metadata declares fit in the bytes stored: a crafted `.metadata` cannot
+    make DCP seek before a file or allocate more than the checkpoint holds."""
+    sizes: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        name = info.relative_path
+        if name not in sizes:
+            file = directory / name
+            if file.is_symlink() or not file.is_file():
+                what = "a symbolic link" if file.is_symlink() else "missing or not a regular file"
+                raise CheckpointError(f"its shard {name} is {what}")
+            sizes[name] = file.stat().st_size
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 <= length):
+            raise CheckpointError(f"its .metadata gives {name} an invalid offset {offset!r} or size {length!r}")
+        if offset + length > sizes[name]:
+            raise CheckpointError(
+                f"its .metadata places an entry at bytes {offset}..{offset + length} of {name} ({sizes[name]} bytes)"
+            )
+    declared = 0
+    for value in metadata.state_dict_metadata.values():
+        size = getattr(value, "size", None)
+        if size is not None:
+            props = getattr(value, "properties", None)
+            itemsize = torch.empty((), dtype=props.dtype).element_size() if props is not None else 1
+            declared += math.prod(size) * itemsize
+    if declared > sum(sizes.values()):
+        raise CheckpointError(
+            f"its .metadata declares {declared} bytes of tensors, more than its shards hold ({sum(sizes.values())})"
+        )
+
+
+def check_model_config(model: nn.Module, role_dir: Path) -> None:
+    """Refuse a role directory whose config.json builds a model (`model`, on the meta device) with
+    parameters shaped unlike the saved weights (say vocab_size 2**33), before anything is allocated."""
+    reader = SafeFileSystemReader(Path(role_dir) / "model")
+    try:
+        saved = reader.read_metadata().state_dict_metadata
+    except CheckpointError as e:
+        raise CheckpointError(f"{role_dir / 'model'} is not a valid checkpoint: {e}") from None
+    for name, tensor in model.state_dict().items():
+        size = getattr(saved.get(name), "size", None)
+        if size is not None and tuple(size) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{role_dir} is not a valid checkpoint: its config.json makes {name} {tuple(tensor.shape)}, "
+                f"but the saved weights are {tuple(size)}"
+            )
+    built = sum(p.numel() for p in model.parameters())
+    stored = sum(math.prod(v.size) for v in saved.values() if getattr(v, "size", None) is not None)
+    if built > stored + 1024:  # names may differ (a critic's value head), the sizes may not
+        raise CheckpointError(
+            f"{role_dir} is not a valid checkpoint: its config.json builds {built} parameters, the saved weights hold {stored}"
+        )
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -167,7 +227,7 @@ def _load(state: dict, path: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=_single())
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
         raise CheckpointError(f"{path} is not a valid checkpoint: {_reason(e)}") from None
 
 
@@ -232,6 +292,36 @@ def save_hf(model: nn.Module, path: str | Path, tokenizer=None) -> None:
             tokenizer.save_pretrained(path)
 
 
+def check_role_config(role_dir: str | Path, backbone_only: bool = False) -> None:
+    """`check_model_config` for the model `role_dir/config.json` describes, built on the meta device
+    (`backbone_only`: a critic's, which has no LM head)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    role_dir = Path(role_dir)
+    try:
+        config = AutoConfig.from_pretrained(role_dir)
+        classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+        auto = AutoModel if backbone_only else AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+        with torch.device("meta"):
+            model = auto.from_config(config, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{role_dir} is not a valid checkpoint: its config.json does not build a model ({_reason(e)})"
+        ) from None
+    check_model_config(model, role_dir)
+
+
+def _refuse_links_out(role_dir: Path) -> None:
+    """A symbolic link in the checkpoint that leads outside it (a chat_template.jinja -> /etc/shadow)
+    would copy that file into the exported model: refused."""
+    inside = role_dir.resolve()
+    for p in role_dir.rglob("*"):
+        if p.is_symlink() and not p.resolve().is_relative_to(inside):
+            raise CheckpointError(
+                f"{role_dir} is not a valid checkpoint: {p.relative_to(role_dir)} is a link to {os.readlink(p)}, outside it"
+            )
+
+
 def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write `role_dir` (config + DCP weights) as a plain HF directory: config.json,
     model.safetensors (in `dtype`; training keeps fp32 masters), tokenizer. Runs in one
@@ -241,12 +331,14 @@ def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.
     role_dir, out = Path(role_dir), Path(out)
     if not is_sharded_checkpoint(role_dir):
         raise FileNotFoundError(f"{role_dir} is not a sharded hybridrl checkpoint directory (no model/.metadata)")
+    _refuse_links_out(role_dir)
     config = AutoConfig.from_pretrained(role_dir)
     # A reward model (algorithm.name=rm) is saved as a sequence classifier and exported as one.
     classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     with torch.device("meta"):  # no random init: every weight comes from the checkpoint
         model = auto.from_config(config, dtype=torch.float32)
+    check_model_config(model, role_dir)
     model.to_empty(device="cpu")
     model.tie_weights()
     load_model(model, role_dir)

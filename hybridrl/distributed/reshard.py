@@ -37,6 +37,20 @@ class Reshard:
     bytes_received: int = 0
     full_gather_bytes: int = 0
 
+    def __post_init__(self):
+        # The rollout layout numbers ranks replica x tp + tp_rank, and the pieces other ranks are sent
+        # are computed from their global ranks that way: a tp_rank given otherwise would load this
+        # rank's engine with another rank's slices (log-probs that drift from the trainer's).
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"reshard: tp_rank {self.tp_rank} is outside 0..{self.tp_size - 1}")
+        if dist.is_available() and dist.is_initialized() and self.tp_size > 1:
+            expected = dist.get_rank() % self.tp_size
+            if self.tp_rank != expected:
+                raise ValueError(
+                    f"reshard: rank {dist.get_rank()} was given tp_rank {self.tp_rank}, but the rollout layout makes it "
+                    f"tp rank {expected} of {self.tp_size} (global rank % tp)"
+                )
+
     def pieces(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, this rank's TP piece) for every parameter of the policy, adapters merged."""
         model = self.model

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from .code_sandbox import CODE_SOURCES, SandboxFusionReward, needs_ground_truth_or_code
 from .custom import load_custom_reward_fn
 from .managers import ManagedScorer
 from .pool import Target, WorkerPool
-from .registry import check_reward_kwargs, default_compute_score, needs_ground_truth
+from .registry import check_data_sources, check_reward_kwargs, default_compute_score, needs_ground_truth
 from .remote import RemoteReward
 
 # A reward function: (data_source, solution_str, ground_truth, extra_info, **reward_kwargs) -> score
@@ -28,6 +29,8 @@ def build_scorer(cfg, reward_fn: ComputeScore | None = None):
     c = cfg.custom_reward_function
     if c.remote.url and reward_fn is None:
         return RemoteReward.from_config(c.remote), (lambda source: False), None
+    if cfg.reward_model.sandbox_fusion.url and reward_fn is None and not c.path:  # code runs on the service
+        return SandboxFusionReward.from_configs(cfg.reward_model.sandbox_fusion, c.remote), needs_ground_truth_or_code, None
     if reward_fn is not None:
         custom, fn, need_gt = reward_fn, reward_fn, (lambda source: False)
     elif c.path:
@@ -54,13 +57,22 @@ def reward_pool(cfg, compute_score, in_memory: bool = False):
         return compute_score
     if c.path and not in_memory:
         return WorkerPool(
-            Target(c.path, c.name, dict(c.reward_kwargs)), kind="process", num_workers=c.num_workers, timeout_s=c.timeout_s
+            Target(c.path, c.name, dict(c.reward_kwargs)),
+            kind="process",
+            num_workers=c.num_workers,
+            timeout_s=c.timeout_s,
+            memory_limit_mb=c.memory_limit_mb,
         )
     fn = compute_score.compute_score if isinstance(compute_score, ManagedScorer) else compute_score
     return WorkerPool(fn, kind="thread", timeout_s=c.timeout_s)
 
 
-def check_kwargs(cfg, custom, data_sources: set[str]) -> None:
-    """custom_reward_function.reward_kwargs against the function that takes them; ValueError names the mismatch."""
+def check_kwargs(cfg, custom, data_sources: list[str]) -> None:
+    """custom_reward_function.reward_kwargs against the function that takes them, and the rows'
+    data sources against the built-in scorers; ValueError names the mismatch."""
     batched = cfg.reward_model.reward_manager == "batch" or getattr(custom, "batched", False)
-    check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, data_sources, batched)
+    check_reward_kwargs(custom, cfg.custom_reward_function.reward_kwargs, set(data_sources), batched)
+    rm = cfg.reward_model  # the built-in scorers score every sample unless a remote or RM-only reward does
+    if custom is None and not cfg.custom_reward_function.remote.url and not (rm.enable and rm.rule_weight == 0):
+        code = CODE_SOURCES if rm.sandbox_fusion.url else ()
+        check_data_sources([s for s in data_sources if s not in code], str(cfg.data.train_files))

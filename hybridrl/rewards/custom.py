@@ -33,11 +33,17 @@ def load_custom_reward_fn(path: str, name: str = "compute_score") -> Callable:
         raise ValueError(f"cannot import {full} as Python (custom_reward_function.path); expected a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    cwd = os.getcwd()
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[module_name]
         raise
+    finally:
+        # A module that changes directory at import would move every relative path of the run
+        # (model.path, data files, the run directory) under the trainer's feet.
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
 
     if not hasattr(module, name):
         defined = sorted(

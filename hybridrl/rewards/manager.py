@@ -18,7 +18,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .pool import Outcome, WorkerPool
+from .pool import Outcome, WorkerPool, call
+
+# A score beyond this magnitude counts as an error, as NaN and inf do: one sample at 1e308 makes the
+# batch mean inf, and the update of that step would be skipped (trainer.max_nonfinite_steps).
+MAX_ABS_SCORE = 1e6
 
 logger = logging.getLogger("hybridrl.rewards")
 
@@ -52,6 +56,12 @@ def _as_number(value: Any) -> float | None:
         number = float(value)
         return number if math.isfinite(number) else None
     return None
+
+
+def _as_score(value: Any) -> float | None:
+    """A finite number within +-MAX_ABS_SCORE, else None (an error)."""
+    number = _as_number(value)
+    return number if number is not None and abs(number) <= MAX_ABS_SCORE else None
 
 
 def _log_first_error(index: int, data_source: Any, message: str) -> None:
@@ -113,8 +123,9 @@ def outcomes_to_result(outcomes: Sequence[Outcome], data_sources: Sequence[str])
     """One call's `Outcome` per sample -> scores (0.0 for a failure), extras and the failure counts."""
     scores: list[float] = []
     per_sample_extras: list[dict[str, float]] = []
-    num_errors = num_timeouts = 0
+    num_errors = num_timeouts = output_bytes = 0
     for i, outcome in enumerate(outcomes):
+        output_bytes += outcome.output_bytes
         score, sample_extras, error = _score_one(outcome)
         if error is not None:
             num_errors += 1
@@ -125,13 +136,14 @@ def outcomes_to_result(outcomes: Sequence[Outcome], data_sources: Sequence[str])
 
     keys = dict.fromkeys(key for sample in per_sample_extras for key in sample)
     extras = {key: [sample.get(key, 0.0) for sample in per_sample_extras] for key in keys}
-    return ScoreResult(scores=scores, extras=extras, num_errors=num_errors, num_timeouts=num_timeouts)
+    metrics = {"output_bytes": float(output_bytes)} if output_bytes else {}
+    return ScoreResult(scores=scores, extras=extras, num_errors=num_errors, num_timeouts=num_timeouts, metrics=metrics)
 
 
 def _call(compute_score: Callable[..., Any], kwargs: dict) -> Outcome:
     """In this process, without a pool (the Python API's plain functions)."""
     try:
-        return Outcome(value=compute_score(**kwargs))
+        return Outcome(value=call(compute_score, kwargs))
     except Exception:
         return Outcome(error=traceback.format_exc())
 
@@ -143,12 +155,16 @@ def _score_one(outcome: Outcome) -> tuple[float, dict[str, float], str | None]:
     raw = outcome.value
 
     if isinstance(raw, dict):
-        score = _as_number(raw.get("score"))
+        score = _as_score(raw.get("score"))
         sample_extras = {
             str(key): number for key, value in raw.items() if key != "score" and (number := _as_number(value)) is not None
         }
     else:
-        score, sample_extras = _as_number(raw), {}
+        score, sample_extras = _as_score(raw), {}
     if score is None:
-        return 0.0, {}, (f"expected a finite number or a dict with a numeric 'score', got {raw!r:.200}")
+        return (
+            0.0,
+            {},
+            (f"expected a finite number of magnitude <= {MAX_ABS_SCORE:g} or a dict with one as 'score', got {raw!r:.200}"),
+        )
     return score, sample_extras, None

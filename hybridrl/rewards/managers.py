@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .manager import ScoreResult, _as_number, _log_first_error, score_batch
+from .manager import MAX_ABS_SCORE, ScoreResult, _as_number, _as_score, _log_first_error, score_batch
 
 REWARD_MANAGERS = ("naive", "dapo", "batch", "prime")
 
@@ -86,13 +86,17 @@ def _collect(raw: Sequence[Any], data_sources: Sequence[str]) -> ScoreResult:
     scores, extras, errors = [], [], 0
     for i, value in enumerate(raw):
         if isinstance(value, dict):
-            score = _as_number(value.get("score"))
+            score = _as_score(value.get("score"))
             extra = {str(k): x for k, v in value.items() if k != "score" and (x := _as_number(v)) is not None}
         else:
-            score, extra = _as_number(value), {}
+            score, extra = _as_score(value), {}
         if score is None:
             errors += 1
-            _log_first_error(i, data_sources[i], f"expected a finite number or a dict with a numeric 'score', got {value!r:.200}")
+            _log_first_error(
+                i,
+                data_sources[i],
+                f"expected a finite number of magnitude <= {MAX_ABS_SCORE:g} or a dict with one as 'score', got {value!r:.200}",
+            )
             score, extra = 0.0, {}
         scores.append(score)
         extras.append(extra)

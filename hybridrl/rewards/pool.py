@@ -15,12 +15,31 @@ an `Outcome` with `error` set, and the pool goes on: a hung or dead process is r
 
 Items go to the worker processes in chunks (one message per chunk, one small reply per item),
 so a batch of hundreds of cheap calls costs a few milliseconds of messaging.
+
+What a worker process may do to the machine is bounded too:
+- it leads its own session and process group, and stopping it kills the whole group; processes that
+  left the group (a double fork and `setsid`) are found by what they inherit, a marker in their
+  environment (`HYBRIDRL_REWARD_WORKER`, passed on by exec) or the worker's tag descriptor (passed
+  on by fork), and killed with it (Linux: read from /proc);
+- its address space is limited (`RLIMIT_AS`, `memory_limit_mb`): an allocation past it raises
+  MemoryError in that call, which costs one sample;
+- what it prints is counted (`Outcome.output_bytes`, reward/output_bytes) and at most
+  `OUTPUT_SHOWN_PER_CALL` bytes of each call (`OUTPUT_SHOWN_PER_WORKER` over a worker's life) reach the console.
+
+An `async def` reward function (or one returning an awaitable) is awaited: each call runs it to
+completion in an event loop of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import inspect
 import multiprocessing as mp
 import os
+import secrets
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -49,22 +68,105 @@ class Target:
         return functools.partial(fn, **self.kwargs) if self.kwargs else fn
 
 
+MARKER_ENV = "HYBRIDRL_REWARD_WORKER"  # set in each worker's environment; its descendants inherit it
+OUTPUT_SHOWN_PER_CALL = 1024  # bytes of a call's output shown on the console
+OUTPUT_SHOWN_PER_WORKER = 64 * 1024  # over a worker's life; the rest is only counted
+
+
 @dataclass
 class Outcome:
     value: Any = None
     error: str | None = None
     """None when the call returned; otherwise what went wrong (the traceback, or one line)."""
     timed_out: bool = False
+    output_bytes: int = 0
+    """What the call printed (stdout and stderr, its child processes' too), in bytes."""
 
 
-def _serve(conn: Connection, target: Target) -> None:
-    """A worker's loop: receive a chunk [(index, kwargs), ...], reply (index, ok, value) per item."""
+def call(fn: Callable, kwargs: dict) -> Any:
+    """`fn(**kwargs)`, awaited when it is a coroutine function or returns an awaitable (a reward
+    written `async def` for an HTTP judge). Each call gets its own event loop."""
+    value = fn(**kwargs)
+    if inspect.isawaitable(value):
+        return asyncio.run(_awaited(value))
+    return value
+
+
+async def _awaited(value):
+    return await value
+
+
+def _isolate(memory_limit_mb: int | None, marker: str) -> str | None:
+    """In a fresh worker, before any user code: own session (so the group can be killed whole),
+    the environment marker, the tag descriptor, and the address-space limit. Returns the tag's
+    identity in /proc (None where there is no /proc)."""
+    os.setsid()
+    os.environ[MARKER_ENV] = marker
+    tag, _ = os.pipe()  # inherited by every fork (never used): what a forked descendant still holds
+    os.set_inheritable(tag, True)
     try:
+        identity = os.readlink(f"/proc/self/fd/{tag}")
+    except OSError:
+        identity = None
+    if memory_limit_mb:
+        import resource
+
+        limit = int(memory_limit_mb) * 2**20
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        except (ValueError, OSError):  # macOS refuses RLIMIT_AS: the timeout still bounds a call
+            pass
+    return identity
+
+
+class _Output:
+    """The worker's stdout and stderr (fds 1 and 2, so child processes and C code too) go to an
+    append-only temporary file; after each call its size is counted and a capped part shown."""
+
+    def __init__(self):
+        import tempfile
+
+        self.console = os.fdopen(os.dup(2), "w", errors="replace")
+        self.file = tempfile.TemporaryFile()
+        flags = fcntl.fcntl(self.file.fileno(), fcntl.F_GETFL)
+        fcntl.fcntl(self.file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)  # writes after a truncate start at 0
+        for fd in (1, 2):
+            os.dup2(self.file.fileno(), fd)
+        self.shown = 0
+
+    def collect(self) -> int:
+        """Bytes written since the last collect; shows at most the caps, then empties the file."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        fd = self.file.fileno()
+        size = os.fstat(fd).st_size
+        if size:
+            room = min(OUTPUT_SHOWN_PER_CALL, OUTPUT_SHOWN_PER_WORKER - self.shown)
+            if room > 0:
+                head = os.pread(fd, room, 0).decode(errors="replace")
+                more = f" [... {size - room} more bytes not shown]" if size > room else ""
+                if self.shown + room >= OUTPUT_SHOWN_PER_WORKER:
+                    more += " [this worker's later output is counted in reward/output_bytes, not shown]"
+                self.console.write(f"[reward worker {os.getpid()}] {head.rstrip()}{more}\n")
+                self.console.flush()
+                self.shown += room
+            os.ftruncate(fd, 0)
+        return size
+
+
+def _serve(conn: Connection, target: Target, memory_limit_mb: int | None = None, marker: str = "") -> None:
+    """A worker's loop: receive a chunk [(index, kwargs), ...], reply (index, ok, value, output bytes) per item."""
+    try:
+        tag = _isolate(memory_limit_mb, marker)
+        output = _Output()
         fn = target.load()
     except BaseException:
         conn.send(("load-failed", traceback.format_exc()))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", os.getpid(), tag))
     while True:
         try:
             chunk = conn.recv()
@@ -74,25 +176,75 @@ def _serve(conn: Connection, target: Target) -> None:
             return
         for index, kwargs in chunk:
             try:
-                reply = (index, True, fn(**kwargs))
+                reply = (index, True, call(fn, kwargs))
+            except MemoryError:
+                reply = (
+                    index,
+                    False,
+                    f"MemoryError: the call ran out of its {memory_limit_mb} MB (custom_reward_function.memory_limit_mb)",
+                )
             except BaseException:  # SystemExit and KeyboardInterrupt too: one sample, not the worker
                 reply = (index, False, traceback.format_exc())
+            reply = (*reply, output.collect())
             try:
                 conn.send(reply)
             except OSError:
                 return  # the parent is gone
             except Exception:  # the value does not pickle
-                conn.send((index, False, f"the reward function returned {type(reply[2]).__name__}, which cannot be sent back"))
+                conn.send(
+                    (index, False, f"the reward function returned {type(reply[2]).__name__}, which cannot be sent back", reply[3])
+                )
+
+
+def _kill_marked(marker: str, tag: str | None) -> int:
+    """SIGKILL every process whose environment carries `marker` or that holds the descriptor `tag`
+    (a worker's descendants that left its process group); returns how many. Reads /proc (Linux);
+    elsewhere nothing is found."""
+    needle = f"{MARKER_ENV}={marker}\0".encode()
+    killed = 0
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            if not _marked(pid, needle, tag):
+                continue
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:  # gone, or not ours to read
+            continue
+    return killed
+
+
+def _marked(pid: int, needle: bytes, tag: str | None) -> bool:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        if needle in f.read() + b"\0":
+            return True
+    if tag is None:
+        return False
+    fds = f"/proc/{pid}/fd"
+    for fd in os.listdir(fds):
+        try:
+            if os.readlink(f"{fds}/{fd}") == tag:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, memory_limit_mb: int | None = None):
         self.conn, child = _SPAWN.Pipe()
-        self.proc = _SPAWN.Process(target=_serve, args=(child, target), daemon=True)
+        self.marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+        self.proc = _SPAWN.Process(target=_serve, args=(child, target, memory_limit_mb, self.marker), daemon=True)
         self.proc.start()
         child.close()
+        self.tag: str | None = None  # the worker's tag descriptor in /proc, once it is ready
         self.pending: deque[int] = deque()  # item indices sent and not answered, in order
         self.since = 0.0  # when the oldest pending item started (the last reply or the send)
 
@@ -107,6 +259,7 @@ class _Worker:
             raise RuntimeError(f"a reward worker exited while starting (exit code {self.exitcode()})") from None
         if msg[0] == "load-failed":
             raise RuntimeError(f"the reward function could not be loaded in its worker:\n{msg[1]}")
+        self.tag = msg[2]
 
     def send(self, chunk: list[tuple[int, dict]]) -> None:
         self.pending.extend(i for i, _ in chunk)
@@ -118,18 +271,22 @@ class _Worker:
         return self.proc.exitcode
 
     def stop(self, kill: bool = False) -> None:
-        if self.proc.is_alive():
-            if kill:
-                self.proc.kill()
-            else:
-                try:
-                    self.conn.send(None)
-                except OSError:
-                    pass
-                self.proc.join(timeout=2.0)
-                if self.proc.is_alive():
-                    self.proc.kill()
+        """End the worker and everything it started: its process group, then any process that left
+        the group but carries the worker's environment marker."""
+        if self.proc.is_alive() and not kill:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
             self.proc.join(timeout=2.0)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker leads its group (os.setsid in _isolate)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=2.0)
+        _kill_marked(self.marker, self.tag)
         self.conn.close()
 
 
@@ -149,7 +306,7 @@ class _ThreadJob:
                     return
                 self.pos, self.since = pos, time.monotonic()
             try:
-                outcome = Outcome(value=self.fn(**kwargs))
+                outcome = Outcome(value=call(self.fn, kwargs))
             except BaseException:  # trusted code, but SystemExit / KeyboardInterrupt still cost one sample
                 outcome = Outcome(error=traceback.format_exc())
             with self.cond:
@@ -173,6 +330,7 @@ class WorkerPool:
         timeout_s: float = 10.0,
         chunk_size: int = 64,
         start_timeout_s: float = 120.0,
+        memory_limit_mb: int | None = None,
     ):
         if kind not in ("process", "thread"):
             raise ValueError(f"WorkerPool kind must be 'process' or 'thread', not {kind!r}")
@@ -181,10 +339,10 @@ class WorkerPool:
         if not (timeout_s > 0) or num_workers < 1:
             raise ValueError(f"WorkerPool needs timeout_s > 0 and num_workers >= 1 (got {timeout_s}, {num_workers})")
         self.target, self.kind, self.timeout_s = target, kind, float(timeout_s)
-        self.chunk_size, self.start_timeout_s = chunk_size, start_timeout_s
+        self.chunk_size, self.start_timeout_s, self.memory_limit_mb = chunk_size, start_timeout_s, memory_limit_mb
         self.replaced = 0
         """Workers replaced after a timeout or a death (threads: abandoned), over the pool's life."""
-        self.workers = [_Worker(target) for _ in range(num_workers)] if kind == "process" else []
+        self.workers = [_Worker(target, memory_limit_mb) for _ in range(num_workers)] if kind == "process" else []
         try:
             for w in self.workers:
                 w.start(start_timeout_s)
@@ -205,7 +363,7 @@ class WorkerPool:
 
     def _replace(self, w: _Worker) -> _Worker:
         w.stop(kill=True)
-        fresh = _Worker(self.target)
+        fresh = _Worker(self.target, self.memory_limit_mb)
         fresh.start(self.start_timeout_s)
         self.workers[self.workers.index(w)] = fresh
         self.replaced += 1
@@ -261,8 +419,10 @@ class WorkerPool:
                 if w.conn in ready:
                     try:
                         while w.pending and w.conn.poll():
-                            i, ok, value = w.conn.recv()
-                            out[i] = Outcome(value=value) if ok else Outcome(error=value)
+                            i, ok, value, printed = w.conn.recv()
+                            out[i] = (
+                                Outcome(value=value, output_bytes=printed) if ok else Outcome(error=value, output_bytes=printed)
+                            )
                             w.pending.popleft()
                             left -= 1
                             w.since = time.monotonic()

@@ -85,6 +85,29 @@ def scorer_for(data_source: str) -> Callable[..., float]:
     return scorer
 
 
+def check_data_sources(data_sources: Iterable[str], files: str = "the training data") -> None:
+    """Raise a ValueError naming the data sources no built-in scorer knows: scored by the built-in
+    scorers alone, every sample of theirs would be an error, and the run would train on zeros.
+
+    >>> check_data_sources(["gsm8k", "arith"])
+    >>> check_data_sources(["gsm8k", "my_set"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: data_source 'my_set' (1 row(s) of the training data) has no built-in reward; ...
+    """
+    counts: dict[str, int] = {}
+    for source in data_sources:
+        if source not in _SCORERS:
+            counts[source] = counts.get(source, 0) + 1
+    if counts:
+        shown = ", ".join(f"{s!r} ({n} row(s) of {files})" for s, n in sorted(counts.items()))
+        raise ValueError(
+            f"data_source {shown} has no built-in reward; known data sources: {', '.join(KNOWN_DATA_SOURCES)}. "
+            "Set custom_reward_function.path to a Python file defining compute_score(data_source, solution_str, "
+            "ground_truth, extra_info), use a remote reward (custom_reward_function.remote.url), or fix data.reward_fn_key"
+        )
+
+
 def check_reward_kwargs(
     custom_fn: Callable | None, kwargs: dict[str, Any], data_sources: Iterable[str], batched: bool = False
 ) -> None:

@@ -41,14 +41,25 @@ def latest_checkpoint(root: Path) -> Path | None:
     """The newest complete checkpoint under `root`, or None."""
     pointer = root / LATEST
     if pointer.exists():
-        path = root / pointer.read_text().strip()
+        try:
+            name = pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{pointer} cannot be read ({e})") from None
+        # `latest` names one of root's own step directories; anything else (an absolute path, `..`,
+        # a link out) would make auto-resume load whatever directory it points at.
+        if not re.fullmatch(r"step_\d+", name) or (root / name).is_symlink():
+            raise CheckpointError(
+                f"{pointer} holds {name[:80]!r}, not the name of a step_N directory in {root}; "
+                "delete the file to resume from the highest complete step"
+            )
+        path = root / name
         if path.is_dir() and (path / "trainer_state.json").exists():
             return path
     # The pointer is missing or stale: fall back to the highest complete step directory.
     steps = []
     for p in root.glob("step_*") if root.exists() else []:
         m = re.fullmatch(r"step_(\d+)", p.name)
-        if m and (p / "trainer_state.json").exists():
+        if m and not p.is_symlink() and (p / "trainer_state.json").exists():
             steps.append((int(m.group(1)), p))
     return max(steps)[1] if steps else None
 
@@ -95,9 +106,42 @@ def load_trainer_state(path: Path) -> dict:
         state = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{file} is not a valid checkpoint file: {e}") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file} is not a valid checkpoint file: a JSON object was expected")
+    problem = _trainer_state_problem(state)
+    if problem:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: {problem}")
     return state
+
+
+def _trainer_state_problem(state) -> str | None:
+    """What is wrong with a trainer_state.json's content (the keys resume reads), or None."""
+    if not isinstance(state, dict):
+        return "a JSON object was expected"
+
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not count(state.get("global_step")):
+        return f"global_step is {state.get('global_step')!r}, not a step number"
+    data = state.get("data")
+    if not (isinstance(data, dict) and count(data.get("epoch")) and count(data.get("position"))):
+        return f"data is {str(data)[:80]!r}, not {{epoch, position}} counts"
+    kl = state.get("kl_ctrl")
+    if kl is not None and not (isinstance(kl, dict) and isinstance(kl.get("value"), (int, float))):
+        return f"kl_ctrl is {str(kl)[:80]!r}, not {{value: number}}"
+    return None
+
+
+def check_resumable(path: Path) -> Path:
+    """Read what resume reads before any worker starts, so a corrupt or crafted checkpoint is one
+    CheckpointError: trainer_state.json, rng.pt, and each role's config.json against its weights."""
+    from hybridrl.distributed.checkpoint import check_role_config, is_sharded_checkpoint
+
+    load_trainer_state(path)
+    load_plain(path / "rng.pt")
+    for role in ("actor", "ref", "critic"):
+        if is_sharded_checkpoint(path / role):
+            check_role_config(path / role, backbone_only=role == "critic")
+    return path
 
 
 # -- RNG --------------------------------------------------------------------------------------
@@ -127,13 +171,26 @@ def restore_rng(path: Path) -> None:
 
 def restore_rng_file(file: Path) -> None:
     state = load_plain(file)
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    try:  # read every part before setting any: a malformed file changes nothing
+        version, internal, gauss = state["python"]
+        py = (version, tuple(internal), gauss)
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np_state = (name, keys.numpy().astype(np.uint32), pos, has_gauss, cached)
+        torch_state = state["torch"]
+        if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8):
+            raise TypeError("torch: not a byte tensor")
+        old_py = random.getstate()
+        random.setstate(py)
+        try:
+            np.random.set_state(np_state)
+        except BaseException:
+            random.setstate(old_py)
+            raise
+        torch.set_rng_state(torch_state)
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: malformed RNG states ({type(e).__name__}: {e})") from None
 
 
 def seed_everything(seed: int) -> None:

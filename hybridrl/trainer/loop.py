@@ -21,7 +21,7 @@ import time
 
 from hybridrl.config import Config
 from hybridrl.data.batch import Batch
-from hybridrl.trainer.alarms import Alarms
+from hybridrl.trainer.alarms import Alarms, run_alarms
 from hybridrl.trainer.setup import RunContext
 
 
@@ -38,7 +38,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run: RunContext):
         self.cfg, self.run = cfg, run
-        self.alarms = Alarms()
+        self.alarms = Alarms(run_alarms(cfg))  # once-per-run warnings (trainer/alarms.py)
 
     def step(self, batch: Batch) -> dict:
         """One training step on the loader's next batch; returns its metrics, with

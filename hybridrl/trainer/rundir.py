@@ -5,16 +5,27 @@ another run's.
 A run that does not resume starts in a directory holding no run files, or stops with one line
 naming the choices. `trainer.overwrite=true` moves the old run aside to `<dir>.old-<timestamp>`
 (a rename: nothing is deleted).
+
+While a run trains it holds an exclusive lock on `<dir>/.lock` (`locked`): a second run started
+into the same directory stops with one line naming the holder's pid, instead of both appending to
+one metrics.jsonl and overwriting each other's checkpoints. The lock is `flock`, which the kernel
+drops when the holder dies, so a crashed run never blocks its rerun.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # What a run writes (hybridrl/trainer/setup.py, hybridrl/tracking/tracker.py).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "profile")
+
+
+LOCK = ".lock"
 
 
 class RunDirError(FileExistsError):
@@ -42,6 +53,9 @@ def claim(path: Path, overwrite: bool) -> Path | None:
         aside = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         n += 1
     os.replace(path, aside)
+    if (aside / LOCK).exists():  # the lock is held on the file, not the name: keep it with the new run
+        path.mkdir()
+        os.replace(aside / LOCK, path / LOCK)
     print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
     return aside
 
@@ -66,7 +80,73 @@ def find_resume(cfg) -> Path | None:
         path = Path(t.resume_from_path)
         if not (path / "trainer_state.json").exists():
             raise FileNotFoundError(f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.json)")
-        return path
-    from hybridrl.trainer.checkpoint import latest_checkpoint  # imports torch: only when asked
+    from hybridrl.trainer.checkpoint import check_resumable, latest_checkpoint  # imports torch: only when asked
 
-    return latest_checkpoint(checkpoints_dir(cfg))
+    if t.resume_mode != "resume_path":
+        path = latest_checkpoint(checkpoints_dir(cfg))
+    return check_resumable(path) if path else None
+
+
+# Locks this process holds: {resolved dir: [open lock file, depth]}. The API and the CLI's
+# supervisor both take the lock; flock on a second descriptor would refuse the process itself.
+_held: dict[Path, list] = {}
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the run directory `path` exclusively (created if missing) until the block ends. The lock
+    file is removed at the end (and a directory this made, if still empty), so a run leaves no trace
+    of it; a holder killed with SIGKILL leaves the file, unlocked, for the next run to reuse."""
+    path = Path(path)
+    key = path.resolve()
+    if key in _held:
+        _held[key][1] += 1
+        try:
+            yield
+        finally:
+            _held[key][1] -= 1
+        return
+    made = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    f = _acquire(path)
+    _held[key] = [f, 1]
+    try:
+        yield
+    finally:
+        del _held[key]
+        try:
+            os.unlink(path / LOCK)  # still ours: we hold the lock, so no other run has taken the name
+        except FileNotFoundError:
+            pass
+        f.close()  # closing the descriptor releases the lock
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only if empty: the run failed before writing anything
+
+
+def _acquire(path: Path):
+    """The open, locked lock file of `path`; RunDirError naming the holder's pid when it is taken."""
+    while True:
+        f = open(path / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise RunDirError(
+                f"{path} is in use by another run (pid {holder}); wait for it to end, stop it, or give this run "
+                "another trainer.experiment_name (or trainer.default_local_dir)"
+            ) from None
+        try:  # the holder we waited on may have removed the file as it ended: lock the current one
+            same = os.fstat(f.fileno()).st_ino == os.stat(path / LOCK).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

@@ -335,7 +335,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
         tools=tools,
     )
     try:
-        check_kwargs(cfg, custom_reward, {r.data_source for r in records})
+        check_kwargs(cfg, custom_reward, [r.data_source for r in records])
     except ValueError as e:
         raise ConfigError([str(e)]) from None
     val_records = []

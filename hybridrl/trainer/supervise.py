@@ -12,11 +12,18 @@ import time
 
 from hybridrl.distributed.groups import BackendError, WorkerDiedError
 from hybridrl.trainer import checkpoint as ckpt
-from hybridrl.trainer.rundir import checkpoints_dir
+from hybridrl.trainer import rundir
+from hybridrl.trainer.rundir import checkpoints_dir, run_dir
 
 
 def fit_with_restarts(cfg, make_trainer) -> dict:
-    """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths."""
+    """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths.
+    The run directory is locked throughout (hybridrl/trainer/rundir.py)."""
+    with rundir.locked(run_dir(cfg)):
+        return _fit_with_restarts(cfg, make_trainer)
+
+
+def _fit_with_restarts(cfg, make_trainer) -> dict:
     limit, launched = cfg.trainer.max_restarts, time.perf_counter()
     for attempt in range(limit + 1):
         trainer = None

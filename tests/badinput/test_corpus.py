@@ -231,6 +231,10 @@ CASES = [
     # ---- prompt data files: read and checked before any model work
     Case("jsonl_latin1", "train", ("data.train_files={d}/t.jsonl",), ("t.jsonl:7", "not valid UTF-8", "0xe9", "UTF-8"),
          files={"t.jsonl": good_then().encode() + b'{"data_source": "caf\xe9"}\n'}),
+    Case("jsonl_lone_surrogate", "train", ("data.train_files={d}/t.jsonl",), ("t.jsonl, row 6", "lone UTF-16 surrogate"),
+         files={"t.jsonl": good_then({**GOOD, "prompt": "1+\ud800="})}),
+    Case("jsonl_unknown_source", "train", ("data.train_files={d}/t.jsonl",), ("'mystery' (1 row(s)", "no built-in reward"),
+         files={"t.jsonl": good_then({**GOOD, "data_source": "mystery"})}),
     Case("jsonl_utf16", "train", ("data.train_files={d}/t.jsonl",), ("t.jsonl:1", "not valid UTF-8"),
          files={"t.jsonl": good_then().encode("utf-16")}),
     Case("jsonl_truncated", "train", ("data.train_files={d}/t.jsonl",), ("t.jsonl:7", "last line is cut off", "truncated"),

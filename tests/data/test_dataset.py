@@ -36,6 +36,8 @@ def test_records_tokenize_through_chat_template(tmp_path, tok):
         ({**row(), "prompt": [{"content": "x"}]}, "'role' and 'content'"),
         ({**row(), "data_source": None}, "missing 'data_source'"),
         ({**row(), "reward_model": {}}, "missing reward_model.ground_truth"),
+        (row("1+\ud800="), "prompt message 0: the text holds '\\ud800' at character 2"),
+        ({**row(), "prompt": "x\udfff"}, "a lone UTF-16 surrogate"),
     ],
 )
 def test_malformed_row_names_file_and_index(tmp_path, tok, bad, msg):

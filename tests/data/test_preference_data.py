@@ -55,6 +55,8 @@ def test_pairs_tokenize_as_text_or_messages_with_eos(tmp_path, tok):
         ("sft", {"messages": MSG}, "'messages' must end with an assistant message"),
         ("sft", {"prompt": MSG}, "missing 'response' (SFT rows need 'messages', or 'prompt' and 'response')"),
         ("sft", {"messages": [{"content": "x"}]}, "'role' and 'content'"),
+        ("dpo", {"prompt": MSG, "chosen": "3\ud800", "rejected": "4"}, "'chosen': the text holds '\\ud800'"),
+        ("dpo", {"prompt": [{"role": "user", "content": "\ud800"}], "chosen": "3", "rejected": "4"}, "lone UTF-16 surrogate"),
     ],
 )
 def test_malformed_row_names_file_index_and_what_is_wrong(tmp_path, tok, kind, bad, msg):

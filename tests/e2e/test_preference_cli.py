@@ -166,7 +166,7 @@ def test_malformed_preference_row_stops_with_its_index(tiny_model_dir, pref_data
 
 @pytest.mark.parametrize("config", ["dpo", "kto"])
 def test_shipped_preference_config_learns(config, tmp_path):
-    """configs/{dpo,kto}.yaml as shipped: accuracy over the last 20 steps > 0.9, the loss falls."""
+    """configs/{dpo,kto}.yaml as shipped: accuracy over the last 20 steps > 0.85, the loss falls."""
     root = Path(__file__).resolve().parents[2]
     cli(
         "train",
@@ -178,8 +178,9 @@ def test_shipped_preference_config_learns(config, tmp_path):
     )
     rows = [r for r in metrics(tmp_path) if "rewards/accuracies" in r]
     acc, loss = [r["rewards/accuracies"] for r in rows], [r["loss"] for r in rows]
-    assert sum(acc[-20:]) / 20 > 0.9, acc[-20:]
-    assert sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.15, (loss[:10], loss[-10:])
+    # measured 2026-11-28 (CPU): accuracy 0.955 (dpo), 0.945 (kto); the loss fell 0.436, 0.268
+    assert sum(acc[-20:]) / 20 > 0.85, acc[-20:]
+    assert sum(loss[-10:]) / 10 < sum(loss[:10]) / 10 - 0.1, (loss[:10], loss[-10:])
     # the preference carries over to problems never trained on (the implicit reward log pi - log
     # pi_ref of the final policy against its warmed-up reference, 200 held-out problems)
     kind = {"dpo": "pairs", "kto": "kto"}[config]

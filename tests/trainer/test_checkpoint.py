@@ -11,7 +11,7 @@ def test_atomic_save_and_latest(tmp_path):
     for step in (2, 4):
         tmp = ckpt.begin_save(root, step)
         (tmp / "payload").write_text(str(step))
-        ckpt.finish_save(root, tmp, step, {"global_step": step}, keep=None)
+        ckpt.finish_save(root, tmp, step, {"global_step": step, "data": {"epoch": 0, "position": step}}, keep=None)
     assert ckpt.latest_checkpoint(root).name == "step_4"
     # a crash mid-save leaves only a .tmp directory: it is never taken as a checkpoint
     tmp = ckpt.begin_save(root, 6)
@@ -20,7 +20,7 @@ def test_atomic_save_and_latest(tmp_path):
     # a stale pointer (directory removed by hand) falls back to the newest complete step
     (root / "latest").write_text("step_8")
     assert ckpt.latest_checkpoint(root).name == "step_4"
-    assert ckpt.load_trainer_state(root / "step_4") == {"global_step": 4}
+    assert ckpt.load_trainer_state(root / "step_4") == {"global_step": 4, "data": {"epoch": 0, "position": 4}}
 
 
 def test_prune_keeps_newest(tmp_path):

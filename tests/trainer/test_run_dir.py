@@ -92,3 +92,80 @@ def test_prune_renames_before_deleting(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
     ckpt.finish_save(root, ckpt.begin_save(root, 4), 4, {"global_step": 4}, keep=2)  # leftovers go next time
     assert sorted(p.name for p in root.iterdir() if p.name != "latest") == ["step_3", "step_4"]
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from hybridrl.trainer import rundir
+with rundir.locked(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(path):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_run_into_a_locked_dir_is_refused_naming_the_holder(tmp_path):
+    run = tmp_path / "run"
+    holder = _holder(run)
+    try:
+        with pytest.raises(rundir.RunDirError) as e:
+            with rundir.locked(run):
+                pass
+        msg = str(e.value)
+        assert "\n" not in msg and f"pid {holder.pid}" in msg and "in use by another run" in msg
+    finally:
+        holder.kill()  # SIGKILL: a crash, no cleanup runs
+        holder.wait()
+    with rundir.locked(run):  # the kernel dropped the dead holder's lock: the rerun goes ahead
+        assert (run / rundir.LOCK).read_text().strip() == str(os.getpid())
+        with rundir.locked(run):  # the same process may take it again (the API, then the supervisor)
+            pass
+
+
+def test_overwrite_keeps_the_lock_with_the_new_run(tmp_path):
+    run = tmp_path / "run"
+    with rundir.locked(run):
+        _fake_run_files(run)
+        aside = rundir.claim(run, overwrite=True)
+        assert (run / rundir.LOCK).exists() and not (aside / rundir.LOCK).exists()
+        import subprocess
+        import sys
+
+        probe = "import sys; from pathlib import Path; from hybridrl.trainer import rundir\n"
+        probe += "with rundir.locked(Path(sys.argv[1])): pass"
+        proc = subprocess.run([sys.executable, "-c", probe, str(run)], capture_output=True, text=True)
+        assert proc.returncode != 0 and f"pid {os.getpid()}" in proc.stderr
+
+
+def _fake_run_files(path):
+    (path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (path / "config.yaml").write_text("trainer: {}\n")
+
+
+def test_shipped_configs_resume_by_default():
+    import yaml
+
+    for name in ("quickstart", "arith_ppo", "dapo_arith", "gsm8k_grpo"):
+        trainer = yaml.safe_load(open(f"configs/{name}.yaml"))["trainer"]
+        assert trainer.get("resume_mode", "auto") == "auto", name
+
+
+def test_the_lock_file_goes_with_the_run(tmp_path):
+    run = tmp_path / "new" / "run"
+    with rundir.locked(run):
+        assert (run / rundir.LOCK).exists()
+    assert not run.exists()  # nothing was written: the directory made for the lock is removed too
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("kept")
+    with rundir.locked(run):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]

@@ -117,3 +117,173 @@ def test_crafted_rng_and_trainer_state_files_are_refused(tmp_path):
     (step / "trainer_state.json").write_text('{"global_step": 1')
     with pytest.raises(dckpt.CheckpointError, match=r"trainer_state.json is not a valid checkpoint file"):
         ckpt.load_trainer_state(step)
+
+
+# -- crafted or corrupt files give the one-line CheckpointError, never DCP's CheckpointException ----
+def _saved(tmp_path, seed=6):
+    cfg, model, opt, sched = _model_and_optim(seed)
+    dckpt.save_model(model, tmp_path / "actor", cfg)
+    dckpt.save_optimizer(model, opt, sched, tmp_path / "actor")
+    return model, opt, sched
+
+
+def _rewrite_metadata(directory, change):
+    meta_file = directory / ".metadata"
+    with open(meta_file, "rb") as f:
+        meta = pickle.load(f)
+    change(meta)
+    meta_file.write_bytes(pickle.dumps(meta))
+
+
+def _refused(fn, match):
+    try:
+        fn()
+    except dckpt.CheckpointError as e:
+        assert "is not a valid checkpoint" in str(e) and "\n" not in str(e), str(e)
+        assert match in str(e), str(e)
+        return
+    except BaseException as e:  # torch's CheckpointException is not an Exception
+        raise AssertionError(f"{type(e).__name__} escaped, not a CheckpointError: {str(e)[:300]}") from None
+    raise AssertionError("the corrupt checkpoint loaded")
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [("offset", -100, "invalid offset"), ("length", 2**62, "places an entry"), ("offset", 2**40, "places an entry")],
+)
+def test_metadata_offsets_outside_the_shard_are_refused(tmp_path, field, value, match):
+    model, _, _ = _saved(tmp_path)
+
+    def change(meta):
+        for info in meta.storage_data.values():
+            setattr(info, field, value)
+
+    _rewrite_metadata(tmp_path / "actor" / "model", change)
+    _refused(lambda: dckpt.load_model(model, tmp_path / "actor"), match)
+
+
+def test_metadata_declaring_huge_tensors_is_refused_before_allocating(tmp_path):
+    model, _, _ = _saved(tmp_path)
+
+    def change(meta):
+        meta.state_dict_metadata["model.embed_tokens.weight"].size = torch.Size([2**33, 16])
+
+    _rewrite_metadata(tmp_path / "actor" / "model", change)
+    _refused(lambda: dckpt.load_model(model, tmp_path / "actor"), "more than its shards hold")
+
+
+def test_a_shard_that_is_a_pickle_runs_nothing(tmp_path):
+    model, _, _ = _saved(tmp_path)
+    marker = tmp_path / "pwned"
+    for shard in (tmp_path / "actor" / "model").glob("*.distcp"):
+        size = shard.stat().st_size
+        payload = pickle.dumps(_CreatesFile(marker))
+        shard.write_bytes(payload + b"\0" * (size - len(payload)))  # same size: the offsets still fit
+    _refused(lambda: dckpt.load_model(model, tmp_path / "actor"), "")
+    assert not marker.exists()
+
+
+def test_a_shard_that_is_a_symlink_is_refused(tmp_path):
+    model, _, _ = _saved(tmp_path)
+    other = tmp_path / "elsewhere.distcp"
+    for shard in (tmp_path / "actor" / "model").glob("*.distcp"):
+        other.write_bytes(shard.read_bytes())  # a valid shard, but outside the checkpoint
+        shard.unlink()
+        shard.symlink_to(other)
+    _refused(lambda: dckpt.load_model(model, tmp_path / "actor"), "symbolic link")
+
+
+def test_a_pickle_in_param_groups_is_refused_through_load_optimizer(tmp_path):
+    model, opt, sched = _saved(tmp_path)
+    marker = tmp_path / "pwned"
+    optim = tmp_path / "actor" / "optim"
+    shard = next(optim.glob("*.distcp"))
+    payload = pickle.dumps(_CreatesFile(marker))
+    start = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload)
+
+    def change(meta):
+        for index, info in meta.storage_data.items():
+            if "param_groups" in index.fqn and index.fqn.endswith(".lr"):
+                info.offset, info.length = start, len(payload)
+
+    _rewrite_metadata(optim, change)
+    _refused(lambda: dckpt.load_optimizer(model, opt, sched, tmp_path / "actor"), "param_groups")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", [{"python": 5}, {"python": [3, [1, 2], None]}, [1, 2], {}])
+def test_a_malformed_rng_file_is_a_checkpoint_error(tmp_path, content):
+    step = ckpt.finish_save(tmp_path / "c", ckpt.begin_save(tmp_path / "c", 1), 1, {"global_step": 1}, keep=None)
+    torch.save(content, step / "rng.pt")
+    state = torch.get_rng_state()
+    _refused(lambda: ckpt.restore_rng(step), "rng.pt")
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"global_step": "x", "data": {"epoch": 0, "position": 0}}',
+        '{"global_step": 1}',
+        '{"global_step": 1, "data": {"epoch": []}}',
+        '{"global_step": -3, "data": {"epoch": 0, "position": 0}}',
+        '{"global_step": 1, "data": {"epoch": 0, "position": 0}, "kl_ctrl": 7}',
+    ],
+)
+def test_a_malformed_trainer_state_is_a_checkpoint_error(tmp_path, content):
+    step = ckpt.finish_save(tmp_path / "c", ckpt.begin_save(tmp_path / "c", 1), 1, {"global_step": 1}, keep=None)
+    (step / "trainer_state.json").write_text(content)
+    _refused(lambda: ckpt.load_trainer_state(step), "trainer_state.json")
+
+
+def test_a_config_unlike_the_weights_is_refused_by_export(tmp_path):
+    import json
+
+    _saved(tmp_path)
+    config = json.loads((tmp_path / "actor" / "config.json").read_text())
+    config["vocab_size"] = 2**33
+    (tmp_path / "actor" / "config.json").write_text(json.dumps(config))
+    _refused(lambda: dckpt.export_hf(tmp_path / "actor", tmp_path / "hf"), "(8589934592, 16)")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("pointer", ["/etc", "../../elsewhere", "step_1/../..", "step_x"])
+def test_latest_must_name_a_step_dir_inside_checkpoints(tmp_path, pointer):
+    root = tmp_path / "run" / "checkpoints"
+    ckpt.finish_save(root, ckpt.begin_save(root, 1), 1, {"global_step": 1}, keep=None)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "trainer_state.json").write_text("{}")
+    (root / ckpt.LATEST).write_text(pointer)
+    with pytest.raises(dckpt.CheckpointError, match="not the name of a step_N directory"):
+        ckpt.latest_checkpoint(root)
+    (root / ckpt.LATEST).write_text("step_1")
+    assert ckpt.latest_checkpoint(root) == root / "step_1"
+
+
+def test_export_refuses_a_link_out_of_the_checkpoint(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    _saved(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("{{ 'the host secret' }}")
+    (tmp_path / "actor" / "chat_template.jinja").symlink_to(secret)
+    del PreTrainedTokenizerFast
+    _refused(lambda: dckpt.export_hf(tmp_path / "actor", tmp_path / "hf"), "chat_template.jinja is a link to")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_resume_checks_the_role_configs_first(tmp_path):
+    import json
+
+    _saved(tmp_path)
+    step = tmp_path
+    (step / "trainer_state.json").write_text(json.dumps({"global_step": 1, "data": {"epoch": 0, "position": 4}}))
+    torch.save(ckpt.rng_state(), step / "rng.pt")
+    assert ckpt.check_resumable(step) == step
+    config = json.loads((step / "actor" / "config.json").read_text())
+    config["vocab_size"] = 2**33
+    (step / "actor" / "config.json").write_text(json.dumps(config))
+    _refused(lambda: ckpt.check_resumable(step), "config.json")

@@ -229,3 +229,24 @@ def test_prefix_caching_and_chunked_prefill_are_ours_and_say_where_they_do_nothi
     assert not any("does nothing" in n or "do nothing" in n for n in cfg.notices)
     cfg = verl(f"{R}.enable_prefix_caching=True", f"{R}.name=hf")
     assert any(n.startswith(f"{R}.enable_prefix_caching=true applies to the native engine") for n in cfg.notices)
+
+
+@pytest.mark.parametrize("section", ["reward_model", "reward"])
+def test_dapo_recipes_overlong_buffer_cfg_spelling_configures_the_overlong_buffer(section):
+    """verl's DAPO recipes: +reward_model.reward_kwargs.overlong_buffer_cfg.{enable,len,penalty_factor,log}
+    and max_resp_len (the reward manager's kwargs) are hybridrl's reward_model.overlong_buffer."""
+    kw = f"+{section}.reward_kwargs"
+    cfg = verl(
+        "data.max_response_length=512",
+        f"{kw}.overlong_buffer_cfg.enable=True",
+        f"{kw}.overlong_buffer_cfg.len=128",
+        f"{kw}.overlong_buffer_cfg.penalty_factor=0.5",
+        f"{kw}.overlong_buffer_cfg.log=True",
+        f"{kw}.max_resp_len=512",
+        "reward_model.reward_manager=dapo",
+    )
+    ob = cfg.reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.penalty_factor, ob.log) == (True, 128, 0.5, True)
+    assert cfg.custom_reward_function.reward_kwargs == {}  # nothing reaches the scorer
+    (message,) = errors("data.max_response_length=512", f"{kw}.max_resp_len=256")
+    assert "max_resp_len=256 differs from data.max_response_length=512" in message

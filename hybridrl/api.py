@@ -243,6 +243,7 @@ class RLTrainer:
 
         cfg = self.config
         out = run_dir(cfg)
+        _preflight(cfg)  # under torchrun, a missing wandb: one line, before any file is written
         with _restored_process_state():
             if _find_resume(cfg) is None:
                 rundir.claim(out, cfg.trainer.overwrite)  # before inputs/ is written: overwrite moves the old run aside
@@ -564,6 +565,15 @@ def _check_reward_fn(fn: Callable, cfg) -> None:
         raise HybridRLError(
             f"reward_fn {name}({shown}) returned {value!r:.80}; return a finite number or a dict with a numeric 'score'"
         )
+
+
+def _preflight(cfg) -> None:
+    from hybridrl.cli.preflight import backend_problems, launcher_refusal
+
+    if refusal := launcher_refusal():
+        raise HybridRLError(refusal)
+    if problems := backend_problems(cfg):
+        raise HybridRLError("; ".join(problems))
 
 
 def _call_batched(fn, kwargs, data_source, solution_str, ground_truth, extra_info):

@@ -100,9 +100,15 @@ def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
 
 
 def cmd_train(args) -> int:
+    from hybridrl.cli.preflight import backend_problems, launcher_refusal
+    from hybridrl.config import ConfigError
     from hybridrl.tracking.tracker import notice
 
+    if refusal := launcher_refusal():  # before anything is read or written (hybridrl/cli/preflight.py)
+        raise UsageError(refusal)
     cfg = args.cfg = _load(args)
+    if problems := backend_problems(cfg):  # wandb, mlflow, swanlab, Ray: before any file or model
+        raise ConfigError(problems)
     notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
@@ -174,6 +180,10 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from hybridrl.cli.preflight import launcher_refusal
+
+    if refusal := launcher_refusal():
+        raise UsageError(refusal)
     import torch
 
     from hybridrl.config.schema import MultiTurnConfig, RolloutConfig

@@ -213,6 +213,7 @@ def _load(
     for item in overrides:
         _apply_override(tree, item, errors)
     translation = verl_keys.translate(tree, set(_ENTRIES), _DICT_KEYS, _DEFAULTS)
+    verl_keys.vllm_engine(tree, translation)  # the same meaning with and without a file
     if verl:
         verl_keys.verl_argv(tree, translation)
     errors.extend(translation.errors)

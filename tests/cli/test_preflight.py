@@ -78,3 +78,17 @@ def test_missing_wandb_is_one_line_before_any_file_and_the_rerun_runs(tmp_path):
     assert "Traceback" not in proc.stderr and not out.exists()
     cli(*args, "trainer.logger=[console]", "trainer.test_freq=-1", "trainer.val_before_train=false")
     assert (out / "checkpoints/step_1").is_dir()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_rollout_name_vllm_means_the_same_with_and_without_a_file():
+    from hybridrl.config import load_config
+
+    vllm = "actor_rollout_ref.rollout.name=vllm"
+    with_file = load_config(QUICK[0], QUICK[1:] + [vllm])
+    argv = load_config(
+        None, [f"data.train_files={ROOT / 'data/arith/train.jsonl'}", "actor_rollout_ref.model.path=m", vllm], verl="ppo"
+    )
+    for cfg in (with_file, argv):
+        assert cfg.actor_rollout_ref.rollout.name == "auto"
+        assert any(n.startswith(f"{vllm}: hybridrl's own engine generates") and "pip install vllm" in n for n in cfg.notices)

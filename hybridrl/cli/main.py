@@ -106,7 +106,13 @@ def cmd_train(args) -> int:
 
     if refusal := launcher_refusal():  # before anything is read or written (hybridrl/cli/preflight.py)
         raise UsageError(refusal)
+    args.no_path_check = bool(args.print_cfg)  # printing the config needs no model or data here
     cfg = args.cfg = _load(args)
+    if args.print_cfg:  # Hydra's --cfg job: the config the run would use (${...} and defaults resolved)
+        from hybridrl.config import to_dict
+
+        print(yaml_text(to_dict(cfg)), end="")
+        return 0
     if problems := backend_problems(cfg):  # wandb, mlflow, swanlab, Ray: before any file or model
         raise ConfigError(problems)
     notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
@@ -122,6 +128,12 @@ def cmd_train(args) -> int:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def yaml_text(tree: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False, width=100)
 
 
 def trainer_class(cfg):
@@ -400,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
         s.set_defaults(fn=fn)
+        if name == "train":
+            s.add_argument(
+                "--cfg",
+                "-c",
+                choices=["job"],
+                dest="print_cfg",
+                help="print the resolved config as YAML and run nothing (as Hydra)",
+            )
         if name == "explain":
             s.add_argument(
                 "--no-path-check",
@@ -477,7 +497,12 @@ def _quiet_libraries() -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "train" or any(x.startswith("-") for x in extra)):
+        parser.parse_args(argv)  # the usual one-line error for what is not an override
+    if extra:  # overrides after an option (`train CONFIG --cfg job key=value`)
+        args.args += extra
     if args.command in ("report", "dashboard"):  # they only read files: no torch import (seconds on a small machine)
         try:
             return args.fn(args)

@@ -574,6 +574,9 @@ def _preflight(cfg) -> None:
         raise HybridRLError(refusal)
     if problems := backend_problems(cfg):
         raise HybridRLError("; ".join(problems))
+    from hybridrl.config.hub import fetch_repo_ids
+
+    fetch_repo_ids(cfg)  # HYBRIDRL_ALLOW_HUB=1: model paths that are Hub ids become local snapshots
 
 
 def _call_batched(fn, kwargs, data_source, solution_str, ground_truth, extra_info):

@@ -33,6 +33,10 @@ def _load(args):
     config, overrides, verl = _config_and_overrides(args)
     args.config = config  # named in error messages
     cfg = load_config(config, overrides, verl=verl)
+    if args.command == "train" and not getattr(args, "print_cfg", None):
+        from hybridrl.config.hub import fetch_repo_ids
+
+        fetch_repo_ids(cfg)  # --allow-hub: Hub ids become local snapshots before anything loads
     problems = missing_paths(cfg) + _device_problems(cfg)
     if problems and getattr(args, "no_path_check", False):
         for p in problems:
@@ -411,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
             "as in Hydra",
         )
         s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
+        s.add_argument("--allow-hub", action="store_true", help="model paths may be Hugging Face Hub ids (downloaded first)")
         s.set_defaults(fn=fn)
         if name == "train":
             s.add_argument(
@@ -509,8 +514,10 @@ def main(argv=None) -> int:
         except FileNotFoundError as e:
             print(f"hybridrl: error: {e}", file=sys.stderr)
             return 2
-    from hybridrl.models.loading import hub_offline_by_default
+    from hybridrl.models.loading import ALLOW_HUB_ENV, hub_offline_by_default
 
+    if getattr(args, "allow_hub", False):
+        os.environ[ALLOW_HUB_ENV] = "1"
     hub_offline_by_default()  # before anything imports huggingface_hub
     if args.command in ("train", "eval"):
         _quiet_libraries()

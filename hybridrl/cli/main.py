@@ -495,10 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_libraries() -> None:
-    """Progress bars from `save_pretrained` would interleave with the one-line-per-step log."""
-    from transformers.utils import logging as hf_logging
+    """The libraries' own bars (loading weights, writing shards) on a terminal only: in a log file they
+    are lines of carriage returns between the one-line-per-step log (hybridrl/tracking/progress.py)."""
+    from hybridrl.tracking.progress import library_bars, on_terminal
 
-    hf_logging.disable_progress_bar()
+    library_bars(on_terminal())
 
 
 def main(argv=None) -> int:
@@ -519,7 +520,7 @@ def main(argv=None) -> int:
     if getattr(args, "allow_hub", False):
         os.environ[ALLOW_HUB_ENV] = "1"
     hub_offline_by_default()  # before anything imports huggingface_hub
-    if args.command in ("train", "eval"):
+    if args.command in ("train", "eval", "export"):
         _quiet_libraries()
     try:
         return args.fn(args)

@@ -61,19 +61,27 @@ def backend_problems(cfg) -> list[str]:
     loggers = cfg.trainer.logger
     for name in [loggers] if isinstance(loggers, str) else list(loggers or []):
         module, package = LOGGER_PACKAGES.get(name, (None, None))
-        if module and importlib.util.find_spec(module) is None:
-            kept = [x for x in loggers if x not in LOGGER_PACKAGES or importlib.util.find_spec(LOGGER_PACKAGES[x][0])]
+        if module and not installed(module):
+            kept = [x for x in loggers if x not in LOGGER_PACKAGES or installed(LOGGER_PACKAGES[x][0])]
             problems.append(
                 f"trainer.logger includes {name!r}, which is not installed: pip install {package}, or drop it: "
                 f"trainer.logger=[{','.join(kept) or 'console'}]"
             )
-    if _uses_ray(cfg) and importlib.util.find_spec("ray") is None:
+    if _uses_ray(cfg) and not installed("ray"):
         t = cfg.trainer
         problems.append(
             f"trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node} devices (or a Ray address) need "
             f"Ray, which is not installed: pip install 'hybridrl[ray]' (one device runs without it)"
         )
     return problems
+
+
+def installed(module: str) -> bool:
+    """Whether `import module` can find it (a module blocked with sys.modules[name] = None is not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _uses_ray(cfg) -> bool:

@@ -130,7 +130,10 @@ def _batch_in_prompts(rest: dict, out: list[str]) -> int:
     per_device = int(rest.pop("per_device_train_batch_size", 8))  # GRPOConfig's defaults
     accumulation = int(rest.pop("gradient_accumulation_steps", 1))
     n = next((json.loads(o.split("=", 1)[1]) for o in out if o.startswith("actor_rollout_ref.rollout.n=")), None)
-    n = rest.get("rollout_n", n) or 8
+    n = rest.get("rollout_n", n)
+    if n is None:  # GRPOConfig's num_generations default, not grpo()'s 4: the completions add up as in TRL
+        n = 8
+        out.append("actor_rollout_ref.rollout.n=8")
     devices = int(rest.get("n_gpus", 1))
     completions = per_device * accumulation * devices
     if completions % n:

@@ -81,6 +81,8 @@ def test_trl_names_translate_and_beta_is_the_kl_coefficient():
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=8" in overrides
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16" in overrides
     assert not any(o.startswith("preference.beta") for o in overrides)
+    _, overrides, _ = translate({"per_device_train_batch_size": 16}, "grpo")  # TRL's num_generations default, 8
+    assert "actor_rollout_ref.rollout.n=8" in overrides and "data.train_batch_size=2" in overrides
     _, overrides, _ = translate({"beta": 0.0}, "grpo")
     assert "actor_rollout_ref.actor.use_kl_loss=false" in overrides  # TRL: beta=0 means no reference model
 

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 # (launcher, its world-size variable, its rank variable), in the order they are recognised.
 LAUNCHERS = (
     ("torchrun/accelerate", "WORLD_SIZE", "RANK"),
-    ("Slurm (srun)", "SLURM_NTASKS", "SLURM_PROCID"),
+    # SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: an sbatch script's own shell sees the allocation's task
+    # count, and starting hybridrl once there is right (examples/slurm/hybridrl.sbatch); srun's tasks see their step's
+    ("Slurm (srun)", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),
     ("MPI (mpirun)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
     ("MPI (mpirun)", "PMI_SIZE", "PMI_RANK"),
 )

@@ -29,7 +29,7 @@ QUICK = [
     [
         ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, "started by torchrun/accelerate as rank 1 of 2"),
         ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, "started by torchrun/accelerate as rank 0 of 2"),
-        ({"SLURM_NTASKS": "4", "SLURM_PROCID": "3"}, "started by Slurm (srun) as rank 3 of 4"),
+        ({"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"}, "started by Slurm (srun) as rank 3 of 4"),
         ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}, "started by MPI (mpirun) as rank 1 of 2"),
     ],
 )
@@ -39,7 +39,8 @@ def test_every_rank_of_a_launcher_refuses(env, start):
 
 
 def test_one_process_per_node_runs():
-    assert launcher_refusal({"WORLD_SIZE": "1", "RANK": "0", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
+    assert launcher_refusal({"WORLD_SIZE": "1", "RANK": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None
+    assert launcher_refusal({"SLURM_NTASKS": "16", "SLURM_JOB_ID": "7"}) is None  # an sbatch script's own shell
     assert launcher_refusal({}) is None
 
 

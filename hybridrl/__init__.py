@@ -6,7 +6,17 @@ __version__ = "0.1.0"
 # stays light (the CLI's report and dashboard never import torch).
 from hybridrl.api import FitResult, HybridRLError, RLTrainer, TrainingStopped, batched_reward, grpo, ppo  # noqa: E402
 
-__all__ = ["FitResult", "HybridRLError", "RLTrainer", "RemoteReward", "TrainingStopped", "batched_reward", "grpo", "ppo"]
+__all__ = [
+    "EarlyStopping",
+    "FitResult",
+    "HybridRLError",
+    "RLTrainer",
+    "RemoteReward",
+    "TrainingStopped",
+    "batched_reward",
+    "grpo",
+    "ppo",
+]
 
 
 def __getattr__(name):
@@ -14,6 +24,10 @@ def __getattr__(name):
         from hybridrl.rewards.remote import RemoteReward
 
         return RemoteReward
+    if name == "EarlyStopping":  # a callback of the Python API (hybridrl/trainer/callbacks.py)
+        from hybridrl.trainer.callbacks import EarlyStopping
+
+        return EarlyStopping
     raise AttributeError(f"module 'hybridrl' has no attribute {name!r}")
 
 

@@ -126,7 +126,12 @@ class RLTrainer:
     - `actor`, `critic`: a model directory or a transformers `PreTrainedModel`; `tokenizer`: a
       directory or a tokenizer object (default: the actor's directory, or the model's `name_or_path`).
     - `reward_fn`: `(data_source, solution_str, ground_truth, extra_info) -> float | dict`, or a batched
-      function (`batched_reward`), or a `hybridrl.rewards.remote.RemoteReward`; None = the config's.
+      function (`batched_reward`), or a `hybridrl.rewards.remote.RemoteReward`; None = the config's. Or
+      TRL's form, `f(prompts, completions, **columns) -> list[float]` (sync or async), or a list of such
+      functions summed with `reward_weights`: rows are then `{"prompt": ..., <any columns>}`
+      (hybridrl/trl_compat.py, docs/coming_from_trl.md).
+    - `callbacks`: objects with `on_step_end(metrics)`, `on_evaluate(metrics)`, `on_save(path)`; one that
+      returns True stops the run (hybridrl/trainer/callbacks.py, `EarlyStopping`).
     - `train_data`, `val_data`: a .jsonl/.parquet path (or a list of paths), a list of row dicts, a
       pandas DataFrame, a `datasets.Dataset`, or a pyarrow Table, in verl's row format.
     - `reward_models`: reward-model workers (see docs/api.md).
@@ -146,7 +151,17 @@ class RLTrainer:
         train_data: Any = None,
         val_data: Any = None,
         overrides: Sequence[str] | str | None = None,
+        reward_weights: Sequence[float] | None = None,
+        callbacks: Sequence[Any] | None = None,
     ):
+        from hybridrl.trainer.callbacks import check_callbacks
+        from hybridrl.trl_compat import adapt_reward
+
+        try:  # TRL-form reward functions and rows (hybridrl/trl_compat.py)
+            reward_fn, train_data, val_data = adapt_reward(reward_fn, reward_weights, train_data, val_data)
+            self.callbacks = check_callbacks(callbacks)
+        except ValueError as e:
+            raise HybridRLError(str(e)) from None
         self.reward_fn, self.reward_models = reward_fn, list(reward_models or [])
         self._objects = {"actor": actor, "critic": critic, "tokenizer": tokenizer, "train_data": train_data, "val_data": val_data}
         self._config_source = config
@@ -224,11 +239,13 @@ class RLTrainer:
         from hybridrl.config import ConfigError
         from hybridrl.trainer import checkpoint as ckpt
         from hybridrl.trainer import rundir
+        from hybridrl.trainer.callbacks import with_callbacks
         from hybridrl.trainer.rundir import run_dir
         from hybridrl.trainer.supervise import fit_with_restarts
 
         cfg = self.config
         out = run_dir(cfg)
+        _preflight(cfg)  # under torchrun, a missing wandb: one line, before any file is written
         with _restored_process_state(), rundir.locked(out):
             launch.claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
             self._write_inputs()
@@ -241,7 +258,7 @@ class RLTrainer:
                 launch.check_reward_file(cfg)
             else:
                 _check_reward_fn(self.reward_fn, cfg)
-            fit_with_restarts(cfg, self._trainer_class())
+            fit_with_restarts(cfg, with_callbacks(self._trainer_class(), self.callbacks))
         history = _read_history(out / "metrics.jsonl")
         validation = next((_val(r) for r in reversed(history) if _val(r)), {})
         train = next((r for r in reversed(history) if r.get("step", 0) > 0), {})
@@ -325,8 +342,8 @@ def keyword_overrides(settings: Mapping[str, Any]) -> list[str]:
 
 def grpo(
     model: Any,
-    data: Any,
-    reward: Callable | None = None,
+    data: Any = None,
+    reward: Callable | Sequence[Callable] | None = None,
     *,
     val_data: Any = None,
     tokenizer: Any = None,
@@ -336,17 +353,20 @@ def grpo(
 ) -> FitResult:
     """GRPO in one call: `grpo(model, data, reward, batch_size=8, rollout_n=4, steps=20)`.
 
-    `settings` are config keys by keyword (SHORT_KEYS, a unique last name, or dotted via a dict);
-    defaults: algorithm.adv_estimator=grpo, 4 samples per prompt, the KL loss to the reference on.
+    `settings` are config keys by keyword (SHORT_KEYS, a unique last name, or dotted via a dict), or
+    TRL's GRPOConfig names (`num_generations`, `learning_rate`, `beta`, ...: hybridrl/trl_compat.py);
+    `reward` may be TRL-form functions (a list, with `reward_weights=`), `callbacks=` as RLTrainer's.
+    Defaults: algorithm.adv_estimator=grpo, 4 samples per prompt, the KL loss to the reference on, and
+    the mini-batch as large as the batch when only the batch size is given.
     """
     base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=true"]
-    return _short_form(base, model, data, reward, val_data, tokenizer, config, overrides, settings)
+    return _short_form(base, model, data, reward, val_data, tokenizer, config, overrides, settings, algorithm="grpo")
 
 
 def ppo(
     model: Any,
-    data: Any,
-    reward: Callable | None = None,
+    data: Any = None,
+    reward: Callable | Sequence[Callable] | None = None,
     *,
     critic: Any = None,
     val_data: Any = None,
@@ -357,20 +377,32 @@ def ppo(
 ) -> FitResult:
     """PPO with a learned critic (GAE) in one call; the critic starts from `critic` or the policy's weights."""
     base = ["algorithm.adv_estimator=gae"]
-    return _short_form(base, model, data, reward, val_data, tokenizer, config, overrides, settings, critic=critic)
+    return _short_form(
+        base, model, data, reward, val_data, tokenizer, config, overrides, settings, critic=critic, algorithm="ppo"
+    )
 
 
-def _short_form(base, model, data, reward, val_data, tokenizer, config, overrides, settings, critic=None) -> FitResult:
-    overrides = base + list([overrides] if isinstance(overrides, str) else overrides) + keyword_overrides(settings)
+def _short_form(base, model, data, reward, val_data, tokenizer, config, overrides, settings, critic=None, algorithm="grpo"):
+    from hybridrl.trl_compat import TRLSettingError, mini_batch_default, translate
+
+    try:
+        settings, trl_overrides, api = translate(settings, algorithm)
+    except TRLSettingError as e:
+        raise HybridRLError(str(e)) from None
+    overrides = list([overrides] if isinstance(overrides, str) else overrides)
+    keywords = keyword_overrides(settings)
+    overrides = base + trl_overrides + mini_batch_default(config, overrides + keywords) + overrides + keywords
     trainer = RLTrainer(
         config,
         actor=model,
         critic=critic,
-        tokenizer=tokenizer,
-        reward_fn=reward,
-        train_data=data,
-        val_data=val_data,
+        tokenizer=api.get("processing_class", tokenizer),
+        reward_fn=api.get("reward_funcs", reward),
+        train_data=api.get("train_dataset", data),
+        val_data=api.get("eval_dataset", val_data),
         overrides=overrides,
+        reward_weights=api.get("reward_weights"),
+        callbacks=api.get("callbacks"),
     )
     return trainer.fit()
 
@@ -491,9 +523,17 @@ def _check_reward_fn(fn: Callable, cfg) -> None:
     from hybridrl.rewards.manager import _as_number
     from hybridrl.rewards.pool import WorkerPool
     from hybridrl.rewards.remote import RemoteReward
+    from hybridrl.rewards.trl import TRLRewards
 
     if isinstance(fn, RemoteReward):
         return  # a service: its failures are counted, never fatal
+    if isinstance(fn, TRLRewards):
+        files = cfg.data.train_files
+        try:
+            fn.probe(read_rows(files if isinstance(files, str) else files[0])[0])
+        except ValueError as e:
+            raise HybridRLError(str(e)) from None
+        return
     if not callable(fn):
         raise HybridRLError(f"reward_fn must be a function, got {type(fn).__name__}")
     files = cfg.data.train_files
@@ -523,6 +563,18 @@ def _check_reward_fn(fn: Callable, cfg) -> None:
         raise HybridRLError(
             f"reward_fn {name}({shown}) returned {value!r:.80}; return a finite number or a dict with a numeric 'score'"
         )
+
+
+def _preflight(cfg) -> None:
+    from hybridrl.cli.preflight import backend_problems, launcher_refusal
+
+    if refusal := launcher_refusal():
+        raise HybridRLError(refusal)
+    if problems := backend_problems(cfg):
+        raise HybridRLError("; ".join(problems))
+    from hybridrl.config.hub import fetch_repo_ids
+
+    fetch_repo_ids(cfg)  # HYBRIDRL_ALLOW_HUB=1: model paths that are Hub ids become local snapshots
 
 
 def _call_batched(fn, kwargs, data_source, solution_str, ground_truth, extra_info):

@@ -36,6 +36,10 @@ def _load(args):
     config, overrides, verl = _config_and_overrides(args)
     args.config = config  # named in error messages
     cfg = load_config(config, overrides, verl=verl)
+    if args.command == "train" and not getattr(args, "print_cfg", None):
+        from hybridrl.config.hub import fetch_repo_ids
+
+        fetch_repo_ids(cfg)  # --allow-hub: Hub ids become local snapshots before anything loads
     problems = input_problems(cfg)
     if problems and getattr(args, "no_path_check", False):
         for p in problems:
@@ -59,9 +63,21 @@ def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
 
 
 def cmd_train(args) -> int:
+    from hybridrl.cli.preflight import backend_problems, launcher_refusal
+    from hybridrl.config import ConfigError
     from hybridrl.tracking.tracker import notice
 
+    if refusal := launcher_refusal():  # before anything is read or written (hybridrl/cli/preflight.py)
+        raise UsageError(refusal)
+    args.no_path_check = bool(args.print_cfg)  # printing the config needs no model or data here
     cfg = args.cfg = _load(args)
+    if args.print_cfg:  # Hydra's --cfg job: the config the run would use (${...} and defaults resolved)
+        from hybridrl.config import to_dict
+
+        print(yaml_text(to_dict(cfg)), end="")
+        return 0
+    if problems := backend_problems(cfg):  # wandb, mlflow, swanlab, Ray: before any file or model
+        raise ConfigError(problems)
     notice(f"{args.config or 'verl defaults'}: config checked; importing torch and transformers")
     from hybridrl.distributed.groups import WorkerDiedError
     from hybridrl.trainer.dynamic_sampling import DynamicSamplingError
@@ -75,6 +91,12 @@ def cmd_train(args) -> int:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def yaml_text(tree: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False, width=100)
 
 
 def cmd_explain(args) -> int:
@@ -119,6 +141,10 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from hybridrl.cli.preflight import launcher_refusal
+
+    if refusal := launcher_refusal():
+        raise UsageError(refusal)
     import torch
 
     from hybridrl.config.schema import MultiTurnConfig, RolloutConfig
@@ -326,7 +352,16 @@ def build_parser() -> argparse.ArgumentParser:
             "as in Hydra",
         )
         s.add_argument("--verl", choices=["ppo", "dapo", "sft"], default=None, help=argparse.SUPPRESS)
+        s.add_argument("--allow-hub", action="store_true", help="model paths may be Hugging Face Hub ids (downloaded first)")
         s.set_defaults(fn=fn)
+        if name == "train":
+            s.add_argument(
+                "--cfg",
+                "-c",
+                choices=["job"],
+                dest="print_cfg",
+                help="print the resolved config as YAML and run nothing (as Hydra)",
+            )
         if name == "explain":
             s.add_argument(
                 "--no-path-check",
@@ -397,24 +432,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_libraries() -> None:
-    """Progress bars from `save_pretrained` would interleave with the one-line-per-step log."""
-    from transformers.utils import logging as hf_logging
+    """The libraries' own bars (loading weights, writing shards) on a terminal only: in a log file they
+    are lines of carriage returns between the one-line-per-step log (hybridrl/tracking/progress.py)."""
+    from hybridrl.tracking.progress import library_bars, on_terminal
 
-    hf_logging.disable_progress_bar()
+    library_bars(on_terminal())
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "train" or any(x.startswith("-") for x in extra)):
+        parser.parse_args(argv)  # the usual one-line error for what is not an override
+    if extra:  # overrides after an option (`train CONFIG --cfg job key=value`)
+        args.args += extra
     if args.command in ("report", "dashboard"):  # they only read files: no torch import (seconds on a small machine)
         try:
             return args.fn(args)
         except FileNotFoundError as e:
             print(f"hybridrl: error: {e}", file=sys.stderr)
             return 2
-    from hybridrl.models.loading import hub_offline_by_default
+    from hybridrl.models.loading import ALLOW_HUB_ENV, hub_offline_by_default
 
+    if getattr(args, "allow_hub", False):
+        os.environ[ALLOW_HUB_ENV] = "1"
     hub_offline_by_default()  # before anything imports huggingface_hub
-    if args.command in ("train", "eval"):
+    if args.command in ("train", "eval", "export"):
         _quiet_libraries()
     try:
         return args.fn(args)

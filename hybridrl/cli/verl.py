@@ -75,6 +75,9 @@ def split_argv(argv: list[str], entry: str) -> list[str]:
             continue
         if arg.startswith(("--config-path=", "--config-dir=")):
             continue
+        if arg in ("--cfg", "-c") or arg.startswith("--cfg="):  # Hydra's: print the config, run nothing
+            overrides.insert(0, f"--cfg={arg.split('=', 1)[1] if '=' in arg else next(it, '')}")
+            continue
         if arg.startswith("--config-name="):
             name = arg.split("=", 1)[1]
             continue

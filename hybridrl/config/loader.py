@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from . import verl_keys
+from . import hydra, verl_keys
 from .extensions import load_extensions
 from .schema import Config, ConfigError, resolve, type_name, walk
 from .validate import config_notices as validation_notices
@@ -108,6 +108,8 @@ def load_config(
     """
     errors: list[str] = []
     tree = _read_yaml(path, errors) if path is not None else {}
+    if "defaults" in tree:  # a Hydra defaults list, as verl's config tree has (config/hydra.py)
+        tree = hydra.compose(Path(path), lambda p: _read_yaml(p, errors), errors)
     if verl:
         base = verl_keys.verl_base(verl, set(_ENTRIES))
         _merge(base, tree)
@@ -212,7 +214,10 @@ def _load(
         overrides = [overrides]
     for item in overrides:
         _apply_override(tree, item, errors)
+    hydra.drop_targets(tree)
+    hydra.resolve_interpolations(tree, dataclasses.asdict(Config()), errors)  # ${...}, after the overrides, as Hydra
     translation = verl_keys.translate(tree, set(_ENTRIES), _DICT_KEYS, _DEFAULTS)
+    verl_keys.vllm_engine(tree, translation)  # the same meaning with and without a file
     if verl:
         verl_keys.verl_argv(tree, translation)
     errors.extend(translation.errors)

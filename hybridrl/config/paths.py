@@ -28,9 +28,14 @@ def _model_dir(key: str, path: str | None) -> list[str]:
         return []  # an empty path is a validation problem, reported there
     p = Path(path)
     if not p.exists():
+        from hybridrl.config.hub import ALLOW_HUB_ENV, download_command, hub_allowed, looks_like_repo_id
+
+        if hub_allowed() and looks_like_repo_id(path):
+            return []  # downloaded before any model loads (hybridrl/models/hub.py)
         return [
             f"{key}={path!r} does not exist on this machine; hybridrl loads local model directories only "
-            f"(download one first, e.g. `huggingface-cli download <repo> --local-dir DIR`, and set {key}=DIR)"
+            f"(download one first, e.g. `{download_command()}`, and set {key}=DIR; or allow Hub ids: "
+            f"--allow-hub or {ALLOW_HUB_ENV}=1)"
         ]
     if not p.is_dir():
         return [f"{key}={path!r} is a file, not a model directory; give the directory that holds config.json"]

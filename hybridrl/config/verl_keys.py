@@ -20,6 +20,7 @@ so that docs/verl.md and the tests read the same tables.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -307,8 +308,9 @@ VERL_DEFAULTS: dict[str, Any] = {
     "trainer.logger": ["console", "wandb"],
 }
 
-# verl's generation engines: hybridrl's native engine generates instead, from verl argv only.
-VERL_ENGINES = ("vllm", "sglang", "trtllm")
+# verl's generation engines hybridrl has no adapter for: its own engine generates instead, from verl
+# argv only. `vllm` is not one of them: it means the same with and without a config file (`vllm_engine`).
+VERL_ENGINES = ("sglang", "trtllm")
 # verl's loggers hybridrl does not have; `file` is verl's JSONL logger.
 VERL_LOGGERS = {"file": "jsonl", "swanlab": None, "vemlp_wandb": None, "clearml": None, "trackio": None}
 
@@ -595,6 +597,18 @@ def verl_argv(tree: dict, out: Translation) -> None:
                 f"trainer.logger: {', '.join(dropped)} not available here; metrics also go to metrics.jsonl in the run directory"
             )
         put(tree, "trainer.logger", list(dict.fromkeys([*kept, "jsonl"])))
+
+
+def vllm_engine(tree: dict, out: Translation) -> None:
+    """`rollout.name=vllm`, with and without a config file: hybridrl's vLLM adapter where vLLM is installed;
+    where it is not, hybridrl's own engine with the same sampling settings, said in a notice at start,
+    before any model loads. verl's scripts and YAML all name vllm, and most of them run here as they are."""
+    if get(tree, f"{_R}.name") == "vllm" and importlib.util.find_spec("vllm") is None:
+        put(tree, f"{_R}.name", "auto")
+        out.notices.append(
+            f"{_R}.name=vllm: hybridrl's own engine generates (native on a GPU, hf on CPU) with the same sampling "
+            f"settings, as vLLM is not installed here (pip install vllm to generate with it)"
+        )
 
 
 # The DAPO recipe's config (recipe/dapo/config/dapo_trainer.yaml) on top of verl's PPO defaults.

@@ -11,10 +11,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hybridrl.config.hub import ALLOW_HUB_ENV, download_command
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-ALLOW_HUB_ENV = "HYBRIDRL_ALLOW_HUB"
 
 
 class ModelLoadError(ValueError):
@@ -41,7 +40,7 @@ def _check_dir(path: str, what: str, need: str = "config.json") -> Path:
     if not p.exists():
         raise ModelLoadError(
             f"{what}={path!r} does not exist. hybridrl loads local model directories only (config.json + weights); "
-            f"download one first (e.g. `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir DIR`, "
+            f"download one first (e.g. `{download_command('Qwen/Qwen2.5-0.5B-Instruct')}`, "
             f"docs/models.md) and set {what}=DIR"
         )
     if not p.is_dir():

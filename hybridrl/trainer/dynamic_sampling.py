@@ -26,6 +26,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rewards.manager import ScoreResult
 from hybridrl.rewards.managers import overlong_penalty
+from hybridrl.tracking.progress import ticker
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.scoring import last_token_scores, score
 from hybridrl.trainer.stream_scoring import StreamScorer, streamable
@@ -115,7 +116,7 @@ class RolloutSampler:
         comes back without them and `join` adds them."""
         stream = StreamScorer(self.compute_score, prompts, self.sampling.n, self.decode) if self.stream else None
         try:
-            with timer("gen"):
+            with timer("gen"), ticker(f"generating {len(prompts)} x {self.sampling.n} responses"):
                 if generated is not None:
                     batch = generated.get()
                 elif stream is not None:

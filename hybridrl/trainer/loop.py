@@ -73,6 +73,7 @@ class Trainer:
                 metrics.update(self.validate())
             run.tracker.log(metrics, step=run.global_step)
             self.alarms.check(metrics, run.global_step)
+            last = last or is_last_step(run)  # an API callback may end the run here (trainer/callbacks.py)
             check_finite(metrics, t.max_nonfinite_steps)
             if last or _every(t.save_freq, run.global_step):
                 run.save_checkpoint(self.state_dict())

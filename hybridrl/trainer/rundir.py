@@ -4,7 +4,9 @@ another run's.
 
 A run that does not resume starts in a directory holding no run files, or stops with one line
 naming the choices. `trainer.overwrite=true` moves the old run aside to `<dir>.old-<timestamp>`
-(a rename: nothing is deleted).
+(a rename: nothing is deleted). What a start that failed before its first training step left
+(the config, the step-0 validation) is moved aside the same way, with a note, so the same command
+runs again once the cause is fixed.
 
 While a run trains it holds an exclusive lock on `<dir>/.lock` (`locked`): a second run started
 into the same directory stops with one line naming the holder's pid, instead of both appending to
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +35,32 @@ class RunDirError(FileExistsError):
     """A new run was pointed at a directory that holds another run."""
 
 
+def _aside(path: Path) -> Path:
+    aside = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        n += 1
+    return aside
+
+
+def _took_no_step(path: Path) -> bool:
+    """No checkpoint and no metrics line of a training step (step >= 1); unreadable lines count as steps."""
+    ckpts = path / "checkpoints"
+    if ckpts.exists() and any(ckpts.iterdir()):
+        return False
+    metrics = path / "metrics.jsonl"
+    if not metrics.exists():
+        return True
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            if line.strip() and json.loads(line).get("step", 1) >= 1:
+                return False
+        except (ValueError, AttributeError):
+            return False
+    return True
+
+
 def run_files(path: Path) -> list[str]:
     return [name for name in RUN_FILES if (path / name).exists()]
 
@@ -41,22 +70,27 @@ def claim(path: Path, overwrite: bool) -> Path | None:
     found = run_files(path)
     if not found:
         return None
+    if not overwrite and _took_no_step(path):
+        aside = _move_aside(path)
+        print(f"[hybridrl] {path} held a start that took no training step ({', '.join(found)}): moved it to {aside}", flush=True)
+        return aside
     if not overwrite:
         raise RunDirError(
             f"{path} already holds a run ({', '.join(found)}); to continue it set trainer.resume_mode=auto, "
             "to start another give it a new trainer.experiment_name (or trainer.default_local_dir), or set "
             f"trainer.overwrite=true to move the old run aside to {path}.old-<timestamp> (nothing is deleted)"
         )
-    aside = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    n = 1
-    while aside.exists():
-        aside = path.with_name(f"{path.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        n += 1
+    aside = _move_aside(path)
+    print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
+    return aside
+
+
+def _move_aside(path: Path) -> Path:
+    aside = _aside(path)
     os.replace(path, aside)
     if (aside / LOCK).exists():  # the lock is held on the file, not the name: keep it with the new run
         path.mkdir()
         os.replace(aside / LOCK, path / LOCK)
-    print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
     return aside
 
 

@@ -16,6 +16,7 @@ from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.registry import diagnostic_metrics
 from hybridrl.rewards.remote import RemoteReward
 from hybridrl.rollout import SamplingParams
+from hybridrl.tracking.progress import bar
 
 
 def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -63,6 +64,7 @@ def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batc
     """
     rows, per_source = [], defaultdict(list)
     failures = {"val-aux/reward/errors": 0.0, "val-aux/reward/timeouts": 0.0}
+    shown = bar(len(records), "evaluating", unit="prompt")  # a terminal only (hybridrl/tracking/progress.py)
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         prompts = collate_prompts(chunk, pad_token_id, [str(start + i) for i in range(len(chunk))])
@@ -85,5 +87,7 @@ def evaluate(engine, records: list[PromptRecord], sampling: SamplingParams, batc
                     "response_length": int(lengths[i]),
                 }
             )
+        shown.update(len(chunk))
+    shown.close()
     metrics = {f"val-core/{s}/reward/mean@{sampling.n}": float(np.mean(v)) for s, v in per_source.items()}
     return rows, {**metrics, **failures}

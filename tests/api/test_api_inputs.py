@@ -54,8 +54,8 @@ def test_unknown_key_raises_with_a_suggestion(tmp_path):
 
 def test_bad_row_names_the_row(tmp_path):
     data = rows("train", 16)
-    del data[3]["data_source"]
-    with pytest.raises(HybridRLError, match=r"train_data.jsonl, row 3: missing 'data_source'") as e:
+    del data[3]["prompt"]  # (a missing data_source is fine with a reward function: test_trl_api.py)
+    with pytest.raises(HybridRLError, match=r"train_data.jsonl, row 3: missing the prompt field 'prompt'") as e:
         _trainer(tmp_path, train_data=data).fit()
     assert "\n" not in str(e.value)
     with pytest.raises(HybridRLError, match=r"train_data: got one dict"):

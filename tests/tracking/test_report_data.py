@@ -244,3 +244,22 @@ def test_thin_samples_keeps_whole_steps_evenly_spaced_with_first_and_last():
     assert sorted({g["step"] for g in train}) == [1, 12, 23, 34, 45, 56, 67, 78, 89, 100]
     assert len(train) == 40 and len([g for g in kept if g["kind"] == "val"]) == 24
     assert thin_samples(groups, max_groups=1000) == sorted(groups, key=lambda g: (g["step"], g["kind"] != "train"))
+
+
+def test_console_eta_is_a_median_one_slow_step_barely_moves(monkeypatch):
+    import hybridrl.tracking.tracker as tracker
+
+    now = [0.0]
+    monkeypatch.setattr(tracker.time, "perf_counter", lambda: now[0])
+    c = ConsoleLogger(total_steps=1000, start_step=0)
+    c.log({}, 0)
+    now[0] = 10.0  # step 1 compiles
+    c.log({}, 1)
+    for step in range(2, 22):  # then 1 s per step
+        now[0] += 1.0
+        c.log({}, step)
+    before = c.eta(21, now=now[0])
+    now[0] += 300.0  # one step of 300 s (a validation, a stall)
+    c.log({}, 22)
+    after = c.eta(22, now=now[0])
+    assert before == pytest.approx(1.0 * 979) and after == pytest.approx(1.0 * 978)  # the mean would give ~15x

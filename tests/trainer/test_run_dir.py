@@ -169,3 +169,19 @@ def test_the_lock_file_goes_with_the_run(tmp_path):
     with rundir.locked(run):
         pass
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_a_start_that_took_no_step_is_moved_aside_so_the_rerun_runs(tmp_path, capsys):
+    run = tmp_path / "run"
+    _fake_run(run, steps=(0,))  # the config and the step-0 validation, then a crash
+    (run / "tensorboard").mkdir()
+    aside = rundir.claim(run, overwrite=False)
+    assert not run.exists() and aside.name.startswith("run.old-") and (aside / "config.yaml").exists()
+    assert "held a start that took no training step" in capsys.readouterr().out
+    _fake_run(run, steps=(0, 1))  # a run that trained a step is never moved without trainer.overwrite
+    with pytest.raises(rundir.RunDirError):
+        rundir.claim(run, overwrite=False)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    with pytest.raises(rundir.RunDirError):
+        rundir.claim(run, overwrite=False)

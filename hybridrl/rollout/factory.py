@@ -74,10 +74,10 @@ def tp_problem(name: str, tp: int, asked: str | None = None) -> str | None:
     configured `rollout.name`, when it differs (auto)."""
     if tp <= 1 or name == "native":
         return None
-    auto = "; auto is hf on CPU" if asked == "auto" else ""
+    auto = " (auto is hf on CPU)" if asked == "auto" else ""
     return (
-        f"{_TP_KEY}={tp} needs rollout.name=native (got {asked or name}{auto}); "
-        f"set actor_rollout_ref.rollout.name=native or tensor_model_parallel_size=1"
+        f"{_TP_KEY}={tp} needs the native engine, not rollout.name={asked or name}{auto}; "
+        f"set actor_rollout_ref.rollout.name=native, or {_TP_KEY}=1"
     )
 
 

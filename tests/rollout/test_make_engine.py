@@ -127,7 +127,7 @@ def test_the_tp_rule_is_written_once():
     from hybridrl.rollout.factory import pick_engine, tp1_only_ignored, tp_problem
 
     assert tp_problem("native", 4) is None and tp_problem("hf", 1) is None
-    assert "needs rollout.name=native (got auto; auto is hf on CPU)" in tp_problem("hf", 2, "auto")
+    assert "needs the native engine, not rollout.name=auto (auto is hf on CPU)" in tp_problem("hf", 2, "auto")
     assert pick_engine("auto", cuda=False) == "hf" and pick_engine("auto", cuda=True) == "native"
     assert pick_engine("auto", cuda=False, multi_turn=True) == "native" and pick_engine("hf", cuda=True) == "hf"
     r = RolloutConfig(name="native", enable_prefix_caching=True, enable_chunked_prefill=True)

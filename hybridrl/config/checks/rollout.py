@@ -16,14 +16,14 @@ _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
 
 def notices(cfg: Config) -> list[str]:
     """Engine features that do nothing with the engine or TP size chosen."""
-    r, out = cfg.actor_rollout_ref.rollout, []
-    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
-        if getattr(r, key) and (r.name in ("hf", "vllm") or r.tensor_model_parallel_size > 1):
-            out.append(
-                f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
-                f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
-            )
-    return out
+    from hybridrl.rollout.factory import tp1_only_ignored  # the rule the factory applies (torch-free)
+
+    r = cfg.actor_rollout_ref.rollout
+    return [
+        f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
+        f"with rollout.name={r.name} and tensor_model_parallel_size={r.tensor_model_parallel_size} it does nothing"
+        for key in tp1_only_ignored(r)
+    ]
 
 
 def sampling_problems(cfg: Config) -> list[Problem]:
@@ -124,15 +124,12 @@ def tp_problems(cfg: Config) -> list[Problem]:
                 {key: fix},
             )
         )
-    if r.name in ("hf", "vllm") or (r.name == "auto" and cfg.trainer.device == "cpu"):
-        out.append(
-            Problem(
-                f"{key}={tp} needs the native engine, not rollout.name={r.name}"
-                f"{' (auto is hf on CPU)' if r.name == 'auto' else ''}; set {_R}.name=native, or {key}=1",
-                (f"{_R}.name", key),
-                {f"{_R}.name": "native"},
-            )
-        )
+    from hybridrl.rollout.factory import pick_engine, tp_problem  # the rule the factory applies (torch-free)
+
+    engine = pick_engine(r.name, cuda=cfg.trainer.device != "cpu", multi_turn=bool(r.multi_turn.enable))
+    reason = tp_problem(engine, tp, r.name if r.name != engine else None)
+    if reason:
+        out.append(Problem(reason, (f"{_R}.name", key), {f"{_R}.name": "native"}))
     reason = _model_tp_problem(cfg.actor_rollout_ref.model.path, tp)
     if reason:
         out.append(Problem(f"{key}: {reason}", (key,), {key: 1}))

@@ -249,7 +249,7 @@ class RLTrainer:
         with _restored_process_state(), rundir.locked(out):
             launch.claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
             self._write_inputs()
-            problems = launch.input_problems(cfg)
+            problems = launch.input_problems(cfg, in_memory_rm=bool(self.reward_models))
             if problems:
                 raise ConfigError(problems)
             for n in cfg.notices:  # what `hybridrl train` prints once at start

@@ -42,11 +42,12 @@ def trainer_class(cfg):
     return PPOTrainer
 
 
-def input_problems(cfg) -> list[str]:
-    """The paths the config names that do not exist here, and a device this machine lacks."""
+def input_problems(cfg, in_memory_rm: bool = False) -> list[str]:
+    """The paths the config names that do not exist here, and a device this machine lacks
+    (`in_memory_rm`: the Python API holds the reward model as an object)."""
     from hybridrl.config.paths import missing_paths
 
-    return missing_paths(cfg) + device_problems(cfg)
+    return missing_paths(cfg, in_memory_rm) + device_problems(cfg)
 
 
 def device_problems(cfg) -> list[str]:

@@ -1,8 +1,9 @@
 """Checks on the names and files a config points at, so that `explain` and `train` give one verdict.
 
 `file_problems` runs in `validate` (no file is read): run names that stay inside the runs folder,
-a reward model that names its checkpoint. `path_problems` runs with the path checks
-(`config/paths.py`, skipped by `explain --no-path-check`): the reward model's directory, the tool and
+the sandbox-fusion keys. `path_problems` runs with the path checks
+(`config/paths.py`, skipped by `explain --no-path-check`): the reward model's directory (or that it
+has none, unless the Python API was given the reward model as an object), the tool and
 interaction configs loaded as the agent loop loads them (their classes imported: a tool config is
 code). `data_size_problems` (explain only): a training set large enough for one batch.
 """
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 def file_problems(cfg: Any, problem: type) -> list:
     """Every problem found here, as `problem(message, keys)` (validate.Problem)."""
-    return _run_name_problems(cfg, problem) + _reward_model_path_problems(cfg, problem) + _sandbox_problems(cfg, problem)
+    return _run_name_problems(cfg, problem) + _sandbox_problems(cfg, problem)
 
 
 def _sandbox_problems(cfg: Any, problem: type) -> list:
@@ -45,26 +46,19 @@ def _sandbox_problems(cfg: Any, problem: type) -> list:
     return out
 
 
-def _reward_model_path_problems(cfg: Any, problem: type) -> list:
-    rm = cfg.reward_model
-    if cfg.algorithm.name == "rl" and rm.enable and not rm.model.path:
-        return [
-            problem(
-                "reward_model.enable=true needs reward_model.model.path (a sequence-classifier directory, or a causal LM "
-                "with reward_model.generative.enable=true)",
-                ("reward_model.model.path",),
-            )
-        ]
-    return []
-
-
-def path_problems(cfg: Any, model_dir: Callable[[str, str | None], list[str]]) -> list[str]:
+def path_problems(cfg: Any, model_dir: Callable[[str, str | None], list[str]], in_memory_rm: bool = False) -> list[str]:
     """Problems with files on this machine, one message each (`model_dir`: paths.py's check of a
-    model directory)."""
+    model directory). `in_memory_rm`: the Python API was given reward_models=[...] objects, so
+    reward_model.enable needs no path."""
     out = []
     rm = cfg.reward_model
     if cfg.algorithm.name == "rl" and rm.enable and rm.model.path:
         out += model_dir("reward_model.model.path", rm.model.path)
+    elif cfg.algorithm.name == "rl" and rm.enable and not in_memory_rm:
+        out.append(
+            "reward_model.enable=true needs reward_model.model.path (a sequence-classifier directory, or a causal LM "
+            "with reward_model.generative.enable=true)"
+        )
     return out + _agent_config_problems(cfg)
 
 

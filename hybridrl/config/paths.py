@@ -98,8 +98,9 @@ def _writable(key: str, path: Path) -> list[str]:
     return []
 
 
-def missing_paths(cfg: Config) -> list[str]:
-    """One message per path the run would need that is missing, of the wrong kind, or read-only."""
+def missing_paths(cfg: Config, in_memory_rm: bool = False) -> list[str]:
+    """One message per path the run would need that is missing, of the wrong kind, or read-only
+    (`in_memory_rm`: the reward model is an object given to the Python API, not a path)."""
     m, t = cfg.actor_rollout_ref.model, cfg.trainer
     out = _model_dir("actor_rollout_ref.model.path", m.path)
     if m.tokenizer_path != m.path:  # resolve() fills it in from model.path
@@ -115,4 +116,4 @@ def missing_paths(cfg: Config) -> list[str]:
         out.append(f"trainer.resume_from_path={t.resume_from_path!r} does not exist; give a checkpoints/step_N directory")
     run = Path(t.default_local_dir or f"runs/{t.project_name}/{t.experiment_name}")
     out += _writable("trainer.default_local_dir", run)
-    return out + path_problems(cfg, _model_dir)  # reward model, tool configs, data size (checks_files.py)
+    return out + path_problems(cfg, _model_dir, in_memory_rm)  # reward model, tool configs, data size (checks_files.py)

@@ -566,7 +566,7 @@ def _check_reward_fn(fn: Callable, cfg) -> None:
 
 
 def _preflight(cfg) -> None:
-    from hybridrl.cli.preflight import backend_problems, launcher_refusal
+    from hybridrl.preflight import backend_problems, launcher_refusal
 
     if refusal := launcher_refusal():
         raise HybridRLError(refusal)

@@ -63,11 +63,11 @@ def _config_and_overrides(args) -> tuple[str | None, list[str], str | None]:
 
 
 def cmd_train(args) -> int:
-    from hybridrl.cli.preflight import backend_problems, launcher_refusal
     from hybridrl.config import ConfigError
+    from hybridrl.preflight import backend_problems, launcher_refusal
     from hybridrl.tracking.tracker import notice
 
-    if refusal := launcher_refusal():  # before anything is read or written (hybridrl/cli/preflight.py)
+    if refusal := launcher_refusal():  # before anything is read or written (hybridrl/preflight.py)
         raise UsageError(refusal)
     args.no_path_check = bool(args.print_cfg)  # printing the config needs no model or data here
     cfg = args.cfg = _load(args)
@@ -141,7 +141,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from hybridrl.cli.preflight import launcher_refusal
+    from hybridrl.preflight import launcher_refusal
 
     if refusal := launcher_refusal():
         raise UsageError(refusal)

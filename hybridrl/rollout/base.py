@@ -24,6 +24,15 @@ class SamplingParams:
         return not self.do_sample or self.temperature == 0
 
 
+def vocab_limit(tokenizer) -> int | None:
+    """The tokenizer's length: ids at or past it (the embedding's padding rows) are never sampled.
+    None for a stand-in tokenizer without one (the benchmarks' random-token prompts)."""
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return None
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every id that ends a response: the tokenizer's EOS and those of the model's config and
     generation config (instruct models often list two there, e.g. Qwen2.5's <|im_end|> and

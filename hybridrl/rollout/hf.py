@@ -13,7 +13,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, eos_token_ids
+from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, eos_token_ids, vocab_limit
 
 
 class HFRolloutEngine:
@@ -66,7 +66,7 @@ class HFRolloutEngine:
                     attention_mask=attn,
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
-                    logits_processor=LogitsProcessorList([recorder, _NeverPastVocab(len(self.tokenizer))]),
+                    logits_processor=LogitsProcessorList([recorder, _NeverPastVocab(vocab_limit(self.tokenizer))]),
                     **kwargs,
                 )
         finally:
@@ -117,11 +117,11 @@ class _NeverPastVocab(LogitsProcessor):
     """Ids at or past the tokenizer's length (the embedding's padding rows) are never drawn. It runs
     after `_SampledLogProbs`, so the recorded log-probs keep the trainer's full-vocabulary normalizer."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int | None):
         self.limit = limit
 
     def __call__(self, input_ids, scores):
-        if scores.shape[-1] > self.limit:
+        if self.limit is not None and scores.shape[-1] > self.limit:
             scores = scores.clone()
             scores[:, self.limit :] = float("-inf")
         return scores

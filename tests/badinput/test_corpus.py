@@ -515,7 +515,7 @@ def test_a_bug_keeps_its_traceback(ws, capfd, monkeypatch):
     """An unexpected exception is not turned into a one-line error: it propagates (a traceback)."""
     import hybridrl.config.paths as paths
 
-    def broken(cfg):
+    def broken(cfg, *args):
         raise KeyError("a bug")
 
     monkeypatch.setattr(paths, "missing_paths", broken)

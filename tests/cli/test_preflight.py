@@ -1,4 +1,4 @@
-"""hybridrl/cli/preflight.py: under a launcher's several ranks every rank refuses in one line; an optional
+"""hybridrl/preflight.py: under a launcher's several ranks every rank refuses in one line; an optional
 backend the config names but this machine lacks is refused before any file is written, so the rerun runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import cli
 
 import hybridrl
-from hybridrl.cli.preflight import launcher_refusal
+from hybridrl.preflight import launcher_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [

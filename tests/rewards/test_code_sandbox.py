@@ -139,9 +139,9 @@ def test_verl_key_configures_it_and_code_sources_need_no_custom_reward(service):
         verl="ppo",
     )
     assert cfg.reward_model.sandbox_fusion.url == service.url and cfg.reward_model.sandbox_fusion.max_concurrent == 16
-    from hybridrl.trainer.setup import _reward_fn
+    from hybridrl.rewards.assembly import build_scorer
 
-    fn, need_gt, custom = _reward_fn(cfg)
+    fn, need_gt, custom = build_scorer(cfg)
     assert isinstance(fn, SandboxFusionReward) and custom is None and need_gt("apps") and fn.max_concurrency == 16
     with pytest.raises(ConfigError):
         load_config(

@@ -32,7 +32,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams
+from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, vocab_limit
 from hybridrl.rollout.base import eos_token_ids as default_eos_ids
 from hybridrl.rollout.native.cache import KVCache
 from hybridrl.rollout.native.record import RunRecord
@@ -108,7 +108,7 @@ class NativeRolloutEngine:
             decode_steps=decode_steps_per_sync
             if decode_steps_per_sync is not None
             else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
-            vocab_limit=len(tokenizer),
+            vocab_limit=vocab_limit(tokenizer),
         )
         if (prefix_caching or chunked_prefill) and tp is not None and tp.size > 1:
             raise ValueError("prefix_caching and chunked_prefill run on single-device engines, not with tp")

@@ -65,7 +65,7 @@ def _compose(path: Path, read, errors: list[str], package: list[str], into: dict
         defaults = [*defaults, "_self_"]
     for entry in defaults:
         if entry == "_self_":
-            _merge(_at(into, package), tree)
+            merge(_at(into, package), tree)
             continue
         for group, option, optional, where in _entries(entry, path, package, errors):
             if option is None:
@@ -108,10 +108,11 @@ def _at(tree: dict, package: list[str]) -> dict:
     return node
 
 
-def _merge(into: dict, new: dict) -> None:
+def merge(into: dict, new: dict) -> None:
+    """Deep-merge `new` into `into` in place (mappings merge key by key; anything else replaces)."""
     for k, v in new.items():
         if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
+            merge(into[k], v)
         else:
             into[k] = v
 
@@ -136,7 +137,7 @@ def resolve_interpolations(tree: dict, defaults: dict, errors: list[str]) -> Non
     from omegaconf.errors import OmegaConfBaseException
 
     context = _plain(defaults)
-    _merge(context, copy.deepcopy(tree))
+    merge(context, copy.deepcopy(tree))
     try:
         resolved = OmegaConf.to_container(OmegaConf.create(context), resolve=True)
     except OmegaConfBaseException as e:

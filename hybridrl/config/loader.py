@@ -112,7 +112,7 @@ def load_config(
         tree = hydra.compose(Path(path), lambda p: _read_yaml(p, errors), errors)
     if verl:
         base = verl_keys.verl_base(verl, set(_ENTRIES))
-        _merge(base, tree)
+        hydra.merge(base, tree)
         tree = base
     cfg = _load(copy.deepcopy(tree), overrides, check, errors, readable=not errors, verl=verl)
     cfg.notices = cfg.notices + config_notices(cfg, tree, overrides)
@@ -309,17 +309,9 @@ def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
         node = child
     last = parts[-1]
     if isinstance(value, dict) and isinstance(node.get(last), dict):
-        _merge(node[last], value)
+        hydra.merge(node[last], value)
     else:
         node[last] = value
-
-
-def _merge(into: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def _is_text(tp: Any) -> bool:

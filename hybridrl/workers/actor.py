@@ -113,20 +113,11 @@ class ActorRolloutRefWorker(ProfiledWorker):
             tp_group=tp_group,
         )
 
-    @property
-    def ref(self):
-        """The reference's own model (None with LoRA, or before `freeze_reference`)."""
-        return self.reference.model
-
-    @property
-    def weights_dirty(self) -> bool:
-        return self.sync.dirty
-
     @register(Dispatch.ALL)
     def freeze_reference(self) -> None:
         """Take the current weights as the reference policy (after loading or a warm-up).
         With LoRA the reference is the base model, adapters disabled: nothing to copy."""
-        if self.need_ref and self.ref is None and not self.policy.lora:
+        if self.need_ref and self.reference.model is None and not self.policy.lora:
             self.reference.copy_of(self.engine)
 
     @register(Dispatch.ALL)
@@ -256,7 +247,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         every rank writes its shards; `hybridrl export` makes an HF directory of it. LoRA (one
         device): `actor/` is the merged HF model with the adapter in `actor/adapter` (models/lora.py)."""
         self.policy.save(self.engine, Path(path) / "actor", self.tokenizer)
-        if save_ref and self.ref is not None:
+        if save_ref and self.reference.model is not None:
             self.reference.engine.save(Path(path) / "ref")
 
     @register(Dispatch.ALL)
@@ -266,7 +257,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         path = Path(path)
         self.policy.load_checkpoint(self.engine, path / "actor")
         self.sync.mark_stale()  # an engine with its own weights still holds the initial ones
-        if self.need_ref and self.ref is None and (path / "ref").exists():
+        if self.need_ref and self.reference.model is None and (path / "ref").exists():
             self.reference.load(str(path / "ref"), random_init=True)
             self.reference.engine.load(path / "ref")
 

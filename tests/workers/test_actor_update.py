@@ -128,12 +128,12 @@ def test_update_reports_and_skips_non_finite(tiny_model_dir, monkeypatch):
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 1 and m["actor/nonfinite_in_a_row"] == 1
     assert all(torch.equal(before[n], p) for n, p in worker.model.named_parameters())
-    assert not worker.weights_dirty  # nothing changed: the engine needs no weight sync
+    assert not worker.sync.dirty  # nothing changed: the engine needs no weight sync
     batch[K.ADVANTAGES] = torch.randn_like(batch[K.ADVANTAGES])
     m = worker.update_actor(batch)
     assert m["actor/nonfinite_skipped"] == 0 and m["actor/nonfinite_in_a_row"] == 0
     assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
-    assert worker.weights_dirty
+    assert worker.sync.dirty
 
 
 def test_reference_copy_has_its_own_layers(tiny_model_dir):
@@ -145,8 +145,8 @@ def test_reference_copy_has_its_own_layers(tiny_model_dir):
     worker.release_reference()
     compile_decoder_layers(worker.model)
     worker.freeze_reference()
-    assert all(m._compiled_call_impl is None for m in worker.ref.modules())
-    assert worker.ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
+    assert all(m._compiled_call_impl is None for m in worker.reference.model.modules())
+    assert worker.reference.model.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
 
 
 def test_loaded_reference_runs_packed(tiny_model_with_weights):
@@ -154,7 +154,7 @@ def test_loaded_reference_runs_packed(tiny_model_with_weights):
     worker = make_worker(tiny_model_with_weights)
     worker.release_reference()
     worker.init_model(tiny_model_with_weights, False, 10, need_ref=True, ref_path=tiny_model_with_weights)
-    assert worker.ref.config._attn_implementation == "hybridrl_packed_sdpa"
+    assert worker.reference.model.config._attn_implementation == "hybridrl_packed_sdpa"
     batch = random_batch()
     ref = worker.compute_ref_log_prob(batch.select(SEQ_KEYS))[K.REF_LOG_PROBS]
     policy = worker.compute_log_prob(batch.select(SEQ_KEYS))[K.OLD_LOG_PROBS]

@@ -75,7 +75,7 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tiny_model_dir):
     trainable = {id(p) for p in w.model.parameters() if p.requires_grad}
     in_optim = {id(p) for g in w.optimizer.param_groups for p in g["params"]}
     assert in_optim == trainable and all("lora_" in n for n, p in w.model.named_parameters() if p.requires_grad)
-    assert w.ref is None  # no second copy of the model
+    assert w.reference.model is None  # no second copy of the model
 
     batch = random_batch()
     base_before = {n: p.clone() for n, p in w.model.named_parameters() if not p.requires_grad}

@@ -146,7 +146,8 @@ def test_reference_copy_has_its_own_layers(tiny_model_dir):
     compile_decoder_layers(worker.model)
     worker.freeze_reference()
     assert all(m._compiled_call_impl is None for m in worker.reference.model.modules())
-    assert worker.reference.model.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
+    ref = worker.reference.model
+    assert ref.config._attn_implementation == worker.model.config._attn_implementation == "hybridrl_packed_sdpa"
 
 
 def test_loaded_reference_runs_packed(tiny_model_with_weights):

@@ -165,7 +165,9 @@ def test_ids_past_the_tokenizer_are_never_drawn(path):
 
 MODEL = os.environ.get("HYBRIDRL_GPU_MODEL")
 GSM8K = os.environ.get("HYBRIDRL_GPU_GSM8K")  # a GSM8K .jsonl (question/answer rows)
-needs_model = pytest.mark.skipif(not MODEL, reason="set HYBRIDRL_GPU_MODEL to a local HF model directory")
+needs_model = pytest.mark.skipif(
+    torch.cuda.is_available() and not MODEL, reason="set HYBRIDRL_GPU_MODEL to a local HF model directory"
+)
 INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
 
 

@@ -15,7 +15,9 @@ range). Two places need care, and both once drew a uniformly random token in ~1%
   approximate log (the GPU's lg2.approx, absolute error ~2**-22) is useless there. For
   w = 1 - u < 1/16 (exact in float32: u >= 1/2), E comes from the series w + w^2/2 + ... + w^7/7
   (relative error < 1e-9); elsewhere from log(u), whose argument is then at most 15/16.
-The Triton sampler computes the same function with the same float32 operations. Nothing depends on a generator's state, so
+The Triton sampler computes the same function with the same float32 operations.
+
+Nothing depends on a generator's state, so
 - the same seed gives the same tokens whatever else is in the batch and in whatever row, and
 - the whole step is a fixed sequence of kernels that a CUDA graph can capture and replay.
 

@@ -42,7 +42,7 @@ def main() -> None:
         model_dir = str(write_tiny_model_dir(tempfile.mkdtemp(), **ARCH[name]))
         batch = grpo_batch(a.prompts, a.n, a.prompt_range, a.response_range, ARCH[name]["vocab_size"])
         w = make_worker(model_dir, a, device)
-        models = [w.model, w.ref]
+        models = [w.model, w.reference.model]
         passes = {
             "update_actor": lambda: w.update_actor(batch.select(list(batch.tensors))),
             "old_log_prob": lambda: w.compute_log_prob(batch.select(list(batch.tensors)))[K.OLD_LOG_PROBS],

@@ -162,3 +162,25 @@ def assert_all_finite(rows) -> None:
 
 def without_volatile(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+def one_step_args(model, train, out, config_dir=None, **extra) -> list:
+    """`hybridrl train` arguments of a one-step GRPO run of a tiny model on CPU (4 prompts x 2
+    samples, responses of at most 4 tokens) from an empty config file; `extra`: more keys."""
+    empty = Path(config_dir or Path(out).parent) / "empty.yaml"
+    empty.write_text("{}\n")
+    o = {
+        "data.train_files": train,
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 8,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.rollout.n": 2,
+        "trainer.device": "cpu",
+        "trainer.total_training_steps": 1,
+        "trainer.default_local_dir": out,
+        "trainer.logger": "[jsonl]",
+        **extra,
+    }
+    return [empty, *(f"{k}={v}" for k, v in o.items())]

@@ -7,7 +7,7 @@ import pickle
 import shutil
 
 import pytest
-from cli_helpers import cli
+from cli_helpers import cli, one_step_args
 
 pytestmark = pytest.mark.slow
 
@@ -21,24 +21,7 @@ class _CreatesFile:
 
 
 def _overrides(model_dir, data, out, **extra):
-    empty = out.parent / "empty.yaml"
-    empty.write_text("{}\n")
-    o = {
-        "data.train_files": data["train"],
-        "data.train_batch_size": 4,
-        "data.max_prompt_length": 8,
-        "data.max_response_length": 4,
-        "actor_rollout_ref.model.path": model_dir,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.rollout.n": 2,
-        "trainer.device": "cpu",
-        "trainer.total_training_steps": 1,
-        "trainer.default_local_dir": out,
-        "trainer.logger": "[jsonl]",
-        "trainer.resume_mode": "auto",
-    }
-    o.update(extra)
-    return [empty, *(f"{k}={v}" for k, v in o.items())]
+    return one_step_args(model_dir, data["train"], out, **{"trainer.resume_mode": "auto", **extra})
 
 
 def _assert_refused(proc, marker):

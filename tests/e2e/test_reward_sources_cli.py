@@ -7,28 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli
+from cli_helpers import cli, one_step_args
 
 pytestmark = pytest.mark.slow
 
 
 def _args(model, train, out, *extra, config_dir=None):
-    empty = Path(config_dir or Path(out).parent) / "empty.yaml"
-    empty.write_text("{}\n")
-    o = {
-        "data.train_files": train,
-        "data.train_batch_size": 4,
-        "data.max_prompt_length": 8,
-        "data.max_response_length": 4,
-        "actor_rollout_ref.model.path": model,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.rollout.n": 2,
-        "trainer.device": "cpu",
-        "trainer.total_training_steps": 1,
-        "trainer.default_local_dir": out,
-        "trainer.logger": "[jsonl]",
-    }
-    return [empty, *(f"{k}={v}" for k, v in o.items()), *extra]
+    return [*one_step_args(model, train, out, config_dir=config_dir), *extra]
 
 
 def _rows_with_source(src: str, dst: Path, source: str) -> str:

@@ -14,6 +14,7 @@ prompts of 256 random tokens), both engines generate 512 new tokens per prompt w
   prefill time) / (new tokens - 1), the prefill timed as a 1-token generate;
 - floor ms/step: bytes one decode step must read (bf16 weights once + the K/V of every sequence
   at the mean context length) / the copy bandwidth measured here (a 1 GiB device-to-device copy);
+- tokens sha256: a digest of the native engine's tokens (two trees that behave the same agree);
 - peak memory: torch.cuda.max_memory_allocated during the timed call (it includes the HF model
   kept for the baseline, listed beside it);
 - switch time: an fp32 "trainer" model on the same GPU; wake() + load_weights(all parameters,
@@ -28,6 +29,7 @@ Prints a table and writes rollout_bench.json to --out.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -144,7 +146,11 @@ def run_native(engine, prompts, new_tokens):
     assert tokens == len(prompts) * new_tokens, "EOS was not ignored"
     captures = engine.last_metrics.get("rollout/graph_captures", 0.0)
     assert captures == 0, f"the timed call captured {captures:.0f} CUDA graphs: the warm-up missed a batch size"
+    # the tokens' digest: two trees that behave the same draw the same tokens (issue 42's rule)
+    digest = hashlib.sha256(out[K.RESPONSES].cpu().numpy().tobytes()).hexdigest()[:16]
+    print(f"native x{len(prompts)}: tokens sha256 {digest}", flush=True)
     return dict(
+        tokens_sha256=digest,
         tokens_per_s=tokens / wall,
         decode_ms=engine.last_metrics["rollout/decode_ms_per_step"],
         wall_s=wall,

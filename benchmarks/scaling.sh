@@ -66,7 +66,7 @@ shape = os.environ["SHAPES"]
 if shape == "tiny":
     write_tiny_model_dir(sys.argv[1])
 elif shape in SHAPES:
-    write_tiny_model_dir(sys.argv[1], **SHAPES[shape], vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0)
+    write_tiny_model_dir(sys.argv[1], **SHAPES[shape], vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0)
 else:
     raise SystemExit(f"SHAPES={shape!r}: one of tiny, {', '.join(SHAPES)}")
 PY

@@ -187,3 +187,45 @@ def test_native_and_hf_agree_greedily_under_forced_lengths():
     assert torch.equal(native[K.RESPONSE_MASK], hf[K.RESPONSE_MASK])
     assert torch.equal(native[K.RESPONSES], hf[K.RESPONSES])
     torch.testing.assert_close(native[K.ROLLOUT_LOG_PROBS], hf[K.ROLLOUT_LOG_PROBS], atol=1e-4, rtol=1e-4)
+
+
+# -- a real run's lengths as the schedule (benchmarks/length_histogram.py) --------------------------
+def _histogram_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "length_histogram.py"
+    spec = importlib.util.spec_from_file_location("length_histogram", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_runs_lengths_become_a_histogram_schedule_that_reproduces_them(tmp_path):
+    """Lengths of a lognormal cut at 1024 (2.3% there), written as `hybridrl eval --output` rows and as
+    samples.jsonl groups -> histogram JSON -> `distribution=histogram` draws with the same quantiles
+    and the same share at the cap."""
+    source = ForcedLengths(median=200.0, sigma=0.8, max_len=1024, seed=9).draw([f"p{i}" for i in range(3000)], 4)
+    eval_rows = tmp_path / "eval.jsonl"
+    eval_rows.write_text("".join(json.dumps({"index": i, "response_length": int(x)}) + "\n" for i, x in enumerate(source[:6000])))
+    groups = tmp_path / "samples.jsonl"
+    groups.write_text("".join(json.dumps({"response_lengths": source[i : i + 4].tolist()}) + "\n" for i in range(6000, 12000, 4)))
+    script, out = _histogram_script(), tmp_path / "lengths.json"
+    script.main([str(eval_rows), str(groups), "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["stats"]["n"] == 12000 and written["edges"][-2:] == [1024, 1025]  # the cap: a bin of its own
+    assert written["counts"][-1] == int((source == 1024).sum())
+    assert abs(written["stats"]["lognormal_sigma"] - 0.8) < 0.05  # the fit sees the (slightly cut) tail
+    forced = from_config(_section(distribution="histogram", histogram=str(out), seed=1), 1024)
+    redrawn = forced.draw([f"q{i}" for i in range(5000)], 4)
+    for q in (25, 50, 90, 99):
+        want, got = np.percentile(source, q), np.percentile(redrawn, q)
+        assert abs(got - want) / want < 0.08, (q, want, got)
+    assert abs((redrawn == 1024).mean() - (source == 1024).mean()) < 0.006
+
+
+def test_histogram_script_refuses_files_without_lengths(tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text(json.dumps({"response": "42"}) + "\n")
+    with pytest.raises(SystemExit, match="line 1: no response_length"):
+        _histogram_script().main([str(bad), "--out", str(tmp_path / "h.json")])

@@ -11,14 +11,32 @@
 #   the 8-GPU run: SHAPES=qwen2.5-1.5b PPO=1 PPO_GPUS=8 SPLIT_ACTOR=6 bash benchmarks/scaling.sh G OUT "1 2 4 8"
 #   on CPU, a smoke run of the script itself (tiny model, 1 and 2 gloo workers, 2 steps):
 #   SMOKE=1 bash benchmarks/scaling.sh G OUT
+# The long-tail workload (docs/async.md): WORKLOAD=longtail generates every response to a length
+# drawn from actor_rollout_ref.rollout.forced_response_lengths (lognormal, median LT_MEDIAN=350,
+# sigma LT_SIGMA=1.0, cut at RESP=4096; rollout/lengths.py), EOS ignored, on the same GSM8K prompts;
+# MODES="sync one_step_off async" adds the off-policy modes at each GPU count, with POOL rollout
+# GPUs of their own (default half of them; 0 = colocated; one GPU: colocated) and
+# PARTIAL=1 for async_training.partial_rollout; the table then compares them with sync at equal GPUs.
+#   WORKLOAD=longtail MODES="sync one_step_off async" bash benchmarks/scaling.sh G OUT "2 4"
+#   SMOKE=1 WORKLOAD=longtail MODES="sync one_step_off" bash benchmarks/scaling.sh G OUT 1   # CPU
 # Every run writes OUT_DIR/runs/<name> (removed first: the script reruns cleanly into the same
 # OUT_DIR), OUT_DIR/<name>.jsonl (its metrics) and OUT_DIR/<name>.log (its output).
 # Environment: SHAPES (qwen2.5-0.5b | qwen2.5-1.5b | tiny), PROMPTS (32), N (8), RESP (256), STEPS (6),
 # PACKED (1), TOKENS (update token budget per GPU; default the config's), MICRO (16, with PACKED=0),
 # ROLLOUT (auto: native on GPU), PPO (0), PPO_GPUS (2), SPLIT_ACTOR (PPO_GPUS / 2),
-# EXTRA (more overrides for every run), DEVICE (cuda).
+# EXTRA (more overrides for every run), DEVICE (cuda), WORKLOAD (gsm8k | longtail), MODES (sync),
+# POOL, PARTIAL (0), STALENESS (2: async_training.max_staleness of async), LT_MEDIAN, LT_SIGMA, LT_SEED (0).
 set -euo pipefail
 GSM8K=${1:?GSM8K train.jsonl}; OUT=${2:?output dir}
+WORKLOAD=${WORKLOAD:-gsm8k}; MODES=${MODES:-sync}
+case "$WORKLOAD" in
+  gsm8k) ;;
+  longtail) if [ "${SMOKE:-0}" = 1 ]; then : "${RESP:=24}" "${LT_MEDIAN:=6}"; else : "${RESP:=4096}"; fi ;;
+  *) echo "WORKLOAD=$WORKLOAD: one of gsm8k, longtail" >&2; exit 2 ;;
+esac
+for mode in $MODES; do
+  case "$mode" in sync | one_step_off | async) ;; *) echo "MODES: $mode is not one of sync, one_step_off, async" >&2; exit 2 ;; esac
+done
 if [ "${SMOKE:-0}" = 1 ]; then
   : "${SHAPES:=tiny}" "${DEVICE:=cpu}" "${STEPS:=2}" "${PROMPTS:=2}" "${N:=2}" "${RESP:=8}" "${ROLLOUT:=hf}" "${MAXPROMPT:=256}"
   COUNTS=${3:-1 2}
@@ -48,7 +66,7 @@ shape = os.environ["SHAPES"]
 if shape == "tiny":
     write_tiny_model_dir(sys.argv[1])
 elif shape in SHAPES:
-    write_tiny_model_dir(sys.argv[1], **SHAPES[shape], vocab_size=151936, max_position_embeddings=4096, rope_theta=1000000.0)
+    write_tiny_model_dir(sys.argv[1], **SHAPES[shape], vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0)
 else:
     raise SystemExit(f"SHAPES={shape!r}: one of tiny, {', '.join(SHAPES)}")
 PY
@@ -63,6 +81,12 @@ else
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$((2 * MICRO)))
 fi
 
+WORK=()  # the workload's overrides
+if [ "$WORKLOAD" = longtail ]; then
+  LT=actor_rollout_ref.rollout.forced_response_lengths
+  WORK=("$LT.distribution=lognormal" "$LT.median=${LT_MEDIAN:-350}" "$LT.sigma=${LT_SIGMA:-1.0}" "$LT.seed=${LT_SEED:-0}")
+fi
+
 run() {  # name n_gpus estimator [overrides...]
   local name=$1 n=$2 est=$3; shift 3
   local dir=$OUT/runs/$name
@@ -73,14 +97,28 @@ run() {  # name n_gpus estimator [overrides...]
     actor_rollout_ref.rollout.name="$ROLLOUT" data.train_files="$OUT/data/train.parquet" data.val_files=null \
     data.max_prompt_length="$MAXPROMPT" data.max_response_length="$RESP" data.train_batch_size=$((PROMPTS * n)) \
     actor_rollout_ref.actor.ppo_mini_batch_size=$((PROMPTS / 2 * n > 0 ? PROMPTS / 2 * n : n)) actor_rollout_ref.rollout.n="$N" \
-    "${BATCHING[@]}" algorithm.adv_estimator="$est" trainer.device="$DEVICE" trainer.n_gpus_per_node="$n" \
+    "${BATCHING[@]}" "${WORK[@]}" algorithm.adv_estimator="$est" trainer.device="$DEVICE" trainer.n_gpus_per_node="$n" \
     trainer.total_training_steps="$STEPS" trainer.save_freq=-1 trainer.test_freq=-1 trainer.val_before_train=false \
     trainer.logger=[console,jsonl] trainer.resume_mode=disable trainer.default_local_dir="$dir" $EXTRA "$@" >"$OUT/$name.log" 2>&1; then
     tail -n 30 "$OUT/$name.log" >&2; echo "[scaling] $name failed: $OUT/$name.log" >&2; exit 1
   fi
   cp "$dir/metrics.jsonl" "$OUT/$name.jsonl"
 }
-for n in $COUNTS; do run "grpo_${n}gpu" "$n" grpo; done
+for n in $COUNTS; do
+  for mode in $MODES; do
+    if [ "$mode" = sync ]; then run "grpo_${n}gpu" "$n" grpo; continue; fi
+    pool=${POOL:-$((n / 2))}  # rollout GPUs of their own; the actor takes the rest
+    if [ "$pool" != 0 ] && [ "$pool" != auto ] && (( pool >= n )); then pool=0; fi
+    ASYNC=(trainer.mode="$mode" async_training.max_staleness="${STALENESS:-2}")
+    [ "${PARTIAL:-0}" = 1 ] && ASYNC+=(async_training.partial_rollout=true)
+    if [ "$pool" = auto ]; then
+      ASYNC+=(resource_pool.rollout=auto)
+    elif [ "$pool" != 0 ]; then
+      ASYNC+=(resource_pool.actor_rollout_ref=$((n - pool)) resource_pool.rollout="$pool")
+    fi
+    run "${mode}_${n}gpu_r${pool}" "$n" grpo "${ASYNC[@]}"
+  done
+done
 PPO_ARGS=()
 if [ "$PPO" = 1 ]; then
   run gae_colocated "$PPO_GPUS" gae
@@ -88,4 +126,4 @@ if [ "$PPO" = 1 ]; then
   PPO_ARGS=(--ppo "$PPO_GPUS" "$SPLIT_ACTOR")
 fi
 # shellcheck disable=SC2086
-python "$HERE/scaling_table.py" "$OUT" $COUNTS "${PPO_ARGS[@]}"
+python "$HERE/scaling_table.py" "$OUT" $COUNTS "${PPO_ARGS[@]}" --modes $MODES

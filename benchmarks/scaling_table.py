@@ -1,6 +1,6 @@
 """The weak-scaling table of `benchmarks/scaling.sh`, from the runs' metrics.jsonl files.
 
-    python benchmarks/scaling_table.py OUT_DIR 1 2 4 [--ppo PPO_GPUS SPLIT_ACTOR]
+    python benchmarks/scaling_table.py OUT_DIR 1 2 4 [--ppo PPO_GPUS SPLIT_ACTOR] [--modes sync one_step_off async]
 
 OUT_DIR holds `grpo_<n>gpu.jsonl` for each GPU count (and `gae_colocated.jsonl`,
 `gae_split.jsonl` with --ppo). Every number is the median over steps 2 and later (step 1 warms
@@ -8,11 +8,17 @@ up); tokens/s per GPU = the step's tokens / step time / GPUs; efficiency = token
 the smallest count's; MFU per GPU = `perf/mfu/actor` (the update's, per rank; `-` where the
 device reports no peak FLOPs, e.g. on CPU). A stage a configuration skips (no old log-prob pass
 with `reuse_on_policy_log_prob`, no critic in GRPO) shows `-`.
+
+With --modes naming an off-policy mode, a second table compares trainer.mode at equal GPUs: the
+runs `<mode>_<n>gpu_r<POOL>.jsonl` (POOL rollout GPUs of their own, 0 = colocated) against sync
+(`grpo_<n>gpu.jsonl`): tokens/s per GPU relative to sync's, the staleness, and the trainer's and
+the rollout engine's idle shares (benchmarks/async.py's definitions, over steps 2 and later).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -74,13 +80,53 @@ def table(out: Path, counts: list[int], ppo: tuple[int, int] | None = None) -> s
     return "\n".join(lines)
 
 
+def _async_benchmark():
+    """benchmarks/async.py as a module (its step_summary: staleness and idle shares)."""
+    spec = importlib.util.spec_from_file_location("async_benchmark", Path(__file__).with_name("async.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mode_table(out: Path, counts: list[int], modes: list[str]) -> str | None:
+    """sync vs one_step_off vs async at each GPU count; None when no off-policy run is there."""
+    if all(mode == "sync" for mode in modes):
+        return None
+    step_summary = _async_benchmark().step_summary
+    head = ["mode", "GPUs", "rollout pool", "step s", "tokens/s per GPU", "relative to sync", "staleness mean / max"]
+    head += ["trainer idle", "rollout idle"]
+    lines, found = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"], False
+    for n in counts:
+        sync_path = out / f"grpo_{n}gpu.jsonl"
+        base = summary(sync_path, n)["tokens_per_gpu"] if sync_path.exists() else None
+        for mode in modes:
+            paths = [sync_path] if mode == "sync" else sorted(out.glob(f"{mode}_{n}gpu_r*.jsonl"))
+            for path in (p for p in paths if p.exists()):
+                found |= mode != "sync"
+                s = summary(path, n)
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                a = step_summary(rows, skip=1)  # steps 2 and later, as `summary`
+                pool = "-" if mode == "sync" else path.stem.rsplit("_r", 1)[1]
+                pool = "colocated" if pool == "0" else pool
+                rel = "-" if base is None else f"{s['tokens_per_gpu'] / base:.2f}"
+                cells = [mode, str(n), pool, f"{s['step']:.2f}", f"{s['tokens_per_gpu']:,.0f}", rel]
+                cells += [f"{a['staleness_mean']:.2f} / {a['staleness_max']:.0f}"]
+                cells += [f"{100 * a['idle_share_trainer']:.1f}%", f"{100 * a['idle_share_rollout']:.1f}%"]
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if found else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("counts", type=int, nargs="+")
     parser.add_argument("--ppo", type=int, nargs=2, metavar=("PPO_GPUS", "SPLIT_ACTOR"))
+    parser.add_argument("--modes", nargs="*", default=["sync"], help="trainer.mode runs to compare (scaling.sh MODES)")
     args = parser.parse_args(argv)
     print(table(args.out, args.counts, tuple(args.ppo) if args.ppo else None))
+    modes = mode_table(args.out, args.counts, args.modes)
+    if modes:
+        print("\n" + modes)
 
 
 if __name__ == "__main__":

@@ -309,6 +309,28 @@ class MultiTurnConfig:
 
 
 @dataclass
+class ForcedLengthsConfig:
+    """Benchmarks: every response generated to a length drawn from a heavy-tailed distribution, EOS
+    ignored (rollout/lengths.py; docs/async.md, the long-tail workload)."""
+
+    distribution: str | None = option(
+        None,
+        "Off (null), lognormal (median, sigma; the default schedule is a reasoning model's: p50 350, p99 ~3,584 "
+        "tokens) or histogram (a JSON file of a real run's lengths). Each sample's length is a function of "
+        "(seed, its prompt's uid, its index): the same workload in every trainer.mode and on any GPU count. "
+        "Native and hf engines, single-turn.",
+    )
+    median: float = option(350.0, "lognormal: the median response length in tokens.")
+    sigma: float = option(1.0, "lognormal: standard deviation of log(length): the tail's width.")
+    min: int = option(1, "Shortest response in tokens.")
+    max: int | None = option(None, "Longest response (longer draws are cut here); null = data.max_response_length.")
+    seed: int = option(0, "Seed of the draws.")
+    histogram: str | None = option(
+        None, 'distribution=histogram: a JSON file {"edges": [e0, ..., ek], "counts": [c1, ..., ck]} of lengths.'
+    )
+
+
+@dataclass
 class RolloutConfig:
     """Generation of responses during training."""
 
@@ -382,6 +404,9 @@ class RolloutConfig:
     )
     val_kwargs: ValKwargsConfig = option(ValKwargsConfig, "Sampling for validation.")
     multi_turn: MultiTurnConfig = option(MultiTurnConfig, "Multi-turn agent rollouts with tools and interactions.")
+    forced_response_lengths: ForcedLengthsConfig = option(
+        ForcedLengthsConfig, "Benchmarks: responses of drawn lengths, EOS ignored (the long-tail workload)."
+    )
 
 
 @dataclass

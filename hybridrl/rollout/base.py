@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 
 from hybridrl.data.batch import Batch
+from hybridrl.rollout.lengths import ForcedLengths
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class SamplingParams:
     top_k: int = -1  # -1 = off
     do_sample: bool = True
     max_new_tokens: int = 512
+    # benchmarks: each response generated to a length drawn per row, EOS ignored (rollout/lengths.py,
+    # rollout.forced_response_lengths); None = EOS or max_new_tokens ends it
+    forced_lengths: ForcedLengths | None = None
 
     @property
     def greedy(self) -> bool:

@@ -14,6 +14,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, eos_token_ids, vocab_limit
+from hybridrl.rollout.lengths import row_limits
 
 
 class HFRolloutEngine:
@@ -34,12 +35,21 @@ class HFRolloutEngine:
     def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None) -> Batch:
         """See `RolloutEngine.generate`; `hooks.on_finish` is never called (the batch ends together)."""
         (hooks or NO_HOOKS).require("rollout.name=hf")
+        forced = row_limits(sampling, prompts)  # benchmarks: each row's exact length, EOS ignored
         batch = prompts.repeat_interleave(sampling.n) if sampling.n > 1 else prompts
-        outs = [self._generate_chunk(chunk, sampling) for chunk in batch.split(self.max_num_seqs)]
+        chunks = batch.split(self.max_num_seqs)
+        starts = [i * self.max_num_seqs for i in range(len(chunks))]
+        outs = [
+            self._generate_chunk(c, sampling, None if forced is None else forced[s : s + len(c)]) for c, s in zip(chunks, starts)
+        ]
         width = max(o[0].shape[1] for o in outs)
         responses = torch.cat([_pad_right(o[0], width, self.pad_token_id) for o in outs])  # (B, R)
         log_probs = torch.cat([_pad_right(o[1], width, 0.0) for o in outs])  # (B, R)
-        mask = _mask_through_eos(responses, self.eos_token_ids)  # (B, R)
+        if forced is None:
+            mask = _mask_through_eos(responses, self.eos_token_ids)  # (B, R)
+        else:  # each row's first forced[row] tokens, whatever they are
+            mask = (torch.arange(width)[None, :] < torch.from_numpy(forced)[:, None]).float()  # (B, R)
+            responses = responses.masked_fill(mask == 0, self.pad_token_id)
         batch = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
         batch[K.RESPONSES] = responses
         batch[K.RESPONSE_MASK] = mask
@@ -49,10 +59,12 @@ class HFRolloutEngine:
         )
         return batch
 
-    def _generate_chunk(self, chunk: Batch, sampling: SamplingParams):
+    def _generate_chunk(self, chunk: Batch, sampling: SamplingParams, forced=None):
+        """`forced`: each row's exact length (np.ndarray), or None (EOS or max_new_tokens ends it)."""
         device = next(self.model.parameters()).device
         ids, attn = chunk[K.PROMPTS].to(device), chunk[K.PROMPT_MASK].to(device)
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy)
+        longest = sampling.max_new_tokens if forced is None else int(forced.max())
+        kwargs = dict(max_new_tokens=longest, do_sample=not sampling.greedy)
         if not sampling.greedy:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
         temp = 1.0 if sampling.greedy else sampling.temperature
@@ -64,7 +76,7 @@ class HFRolloutEngine:
                 sequences = self.model.generate(
                     input_ids=ids,
                     attention_mask=attn,
-                    eos_token_id=self.eos_token_ids,
+                    eos_token_id=self.eos_token_ids if forced is None else [],  # []: none ends a response
                     pad_token_id=self.pad_token_id,
                     logits_processor=LogitsProcessorList([recorder, _NeverPastVocab(vocab_limit(self.tokenizer))]),
                     **kwargs,

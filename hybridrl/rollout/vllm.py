@@ -65,6 +65,8 @@ class VLLMRolloutEngine:
     def generate(self, prompts: Batch, sampling: SamplingParams, hooks: Hooks | None = None) -> Batch:
         """See `RolloutEngine.generate`; `hooks.on_finish` is never called (the batch ends together)."""
         (hooks or NO_HOOKS).require("rollout.name=vllm")
+        if sampling.forced_lengths is not None:
+            raise ValueError("rollout.forced_response_lengths needs rollout.name=native or hf, not vllm")
         vllm = _import_vllm()
         params = vllm.SamplingParams(
             n=sampling.n,

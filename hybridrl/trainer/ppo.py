@@ -16,6 +16,7 @@ from hybridrl.config import Config, ConfigError
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout import SamplingParams
+from hybridrl.rollout.lengths import from_config as forced_lengths
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.async_rollout import OffPolicyRollouts, staleness_correction
 from hybridrl.trainer.dynamic_sampling import RolloutSampler
@@ -54,7 +55,8 @@ class PPOTrainer(Trainer):
         if self.run.trainer_state.get("kl_ctrl"):
             self.kl_ctrl.load_state_dict(self.run.trainer_state["kl_ctrl"])
         r = cfg.actor_rollout_ref.rollout
-        self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length)
+        forced = forced_lengths(r.forced_response_lengths, cfg.data.max_response_length)  # benchmarks' workload, or None
+        self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length, forced)
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
         # reward_model.launch_reward_fn_async: scores computed while the log-prob passes run (sync

@@ -76,3 +76,24 @@ def test_a_run_of_one_step_says_so(tmp_path):
     _write(tmp_path / "grpo_1gpu.jsonl", [_step(1.0, 0.5, 0.2, 100)])
     with pytest.raises(SystemExit, match="no step 2 or later"):
         _load().table(tmp_path, [1])
+
+
+def test_mode_table_compares_off_policy_runs_with_sync_at_equal_gpus(tmp_path):
+    score = {"critic/score/mean": 0.5}
+    # sync on 2 GPUs: 8000 tokens in 4 s -> 1,000 tokens/s per GPU; the trainer waits for gen (2 of 4 s),
+    # the colocated engine for the rest (2 of 4 s)
+    _write(tmp_path / "grpo_2gpu.jsonl", [_step(9.0, 5, 1, 1, **score)] + [_step(4.0, 2.0, 1.5, 8000, **score)] * 2)
+    # one_step_off, rollout pool of 1: 8000 tokens in 2.5 s -> 1,600 per GPU = 1.60 of sync; the trainer waited
+    # 0.5 s of each 2.5 s step (20%), the pool 1.0 s idle for each 1.5 s generate (40%); staleness 1
+    off = {"async/idle_s/trainer": 0.5, "async/idle_s/rollout": 1.0, "rollout_pool/generate_s": 1.5}
+    off.update({"async/staleness_mean": 1.0, "async/staleness_max": 1.0, **score})
+    _write(tmp_path / "one_step_off_2gpu_r1.jsonl", [_step(9.0, 5, 1, 1, **off)] + [_step(2.5, 0.5, 1.5, 8000, **off)] * 2)
+    lines = _load().mode_table(tmp_path, [2], ["sync", "one_step_off", "async"]).splitlines()
+    assert lines[0] == (
+        "| mode | GPUs | rollout pool | step s | tokens/s per GPU | relative to sync | staleness mean / max "
+        "| trainer idle | rollout idle |"
+    )
+    assert lines[2] == "| sync | 2 | - | 4.00 | 1,000 | 1.00 | 0.00 / 0 | 50.0% | 50.0% |"
+    assert lines[3] == "| one_step_off | 2 | 1 | 2.50 | 1,600 | 1.60 | 1.00 / 1 | 20.0% | 40.0% |"
+    assert len(lines) == 4  # no async run there: no row
+    assert _load().mode_table(tmp_path, [2], ["sync"]) is None  # sync alone: the first table says it all

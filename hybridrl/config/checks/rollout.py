@@ -55,6 +55,22 @@ def sampling_problems(cfg: Config) -> list[Problem]:
     return out
 
 
+def forced_length_problems(cfg: Config) -> list[Problem]:
+    """rollout.forced_response_lengths: the distribution (rollout/lengths.py's own checks) and the engines that run it."""
+    from hybridrl.rollout.lengths import from_config  # numpy only
+
+    r, key = cfg.actor_rollout_ref.rollout, f"{_R}.forced_response_lengths"
+    try:
+        if from_config(r.forced_response_lengths, cfg.data.max_response_length) is None:
+            return []
+    except ValueError as e:
+        return [Problem(str(e), (f"{key}.distribution",))]
+    if r.name == "vllm" or r.multi_turn.enable:
+        what = f"{_R}.name=vllm" if r.name == "vllm" else f"{_R}.multi_turn.enable=true"
+        return [Problem(f"{key} runs on the native and hf engines, single-turn; not with {what}", (f"{key}.distribution",))]
+    return []
+
+
 def multi_turn_problems(cfg: Config) -> list[Problem]:
     """rollout.multi_turn.*: sizes, the files it names, and what the agent loop runs on."""
     r, key = cfg.actor_rollout_ref.rollout, f"{_R}.multi_turn"

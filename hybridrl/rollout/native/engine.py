@@ -34,6 +34,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.rollout.base import NO_HOOKS, Hooks, SamplingParams, vocab_limit
 from hybridrl.rollout.base import eos_token_ids as default_eos_ids
+from hybridrl.rollout.lengths import row_limits
 from hybridrl.rollout.native.cache import KVCache
 from hybridrl.rollout.native.record import RunRecord
 from hybridrl.rollout.native.rows import RunningRows
@@ -265,8 +266,11 @@ class Generation:
         for i in range(len(prompts)):
             rows = list(range(i * n, (i + 1) * n))
             self.sched.add(Group(ids[i][mask[i]].tolist(), rows, [int(seeds[r]) for r in rows]))
-        eos = engine.eos_token_ids if not engine.ignore_eos else []
-        self.record = RunRecord(total, max_new, engine.pad_token_id, eos, engine.tokenizer, hooks)
+        forced = row_limits(sampling, prompts)  # benchmarks: each row's exact length, EOS ignored
+        if forced is not None and hooks.agent is not None:
+            raise ValueError("rollout.forced_response_lengths is for single-turn rollouts, not multi-turn")
+        eos = engine.eos_token_ids if not engine.ignore_eos and forced is None else []
+        self.record = RunRecord(total, max_new, engine.pad_token_id, eos, engine.tokenizer, hooks, forced)
         self.rows = RunningRows(self.runner, self.sched, engine.max_num_seqs)
         self.runner.start_run()
         self.prefilling: deque = deque()  # [group, sequences, block copies, prompt tokens cached] of long prompts

@@ -16,13 +16,15 @@ from hybridrl.data.batch import Batch
 
 
 class RunRecord:
-    def __init__(self, total: int, max_new: int, pad_token_id: int, eos_ids: list[int], tokenizer, hooks):
-        """`total` output rows of at most `max_new` tokens; `hooks`: the call's `Hooks` (on_finish,
-        weight_swap: token versions, agent: tokens written by the environment)."""
+    def __init__(self, total: int, max_new: int, pad_token_id: int, eos_ids: list[int], tokenizer, hooks, limits=None):
+        """`total` output rows of at most `max_new` tokens (`limits`: of each row's own number, (total,));
+        `hooks`: the call's `Hooks` (on_finish, weight_swap: token versions, agent: tokens written by
+        the environment)."""
         self.tokenizer, self.on_finish = tokenizer, hooks.on_finish if hooks.agent is None else None
         self.tok_hist = np.full((total, max_new), pad_token_id, dtype=np.int64)  # (rows, max_new)
         self.lp_hist = np.zeros((total, max_new), dtype=np.float32)  # (rows, max_new)
-        self.limit = np.full(total, max_new, dtype=np.int64)  # per output row: response length that ends its turn
+        # per output row: response length that ends its turn
+        self.limit = np.full(total, max_new, dtype=np.int64) if limits is None else np.asarray(limits, dtype=np.int64)
         self.lengths = np.zeros(total, dtype=np.int64)  # tokens recorded per output row
         self.done = np.zeros(total, dtype=bool)  # per output row
         # RESPONSE_TEXT of the rows that ended, detokenized in the decode loop while the device runs

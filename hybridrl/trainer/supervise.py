@@ -20,6 +20,10 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
     """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths.
     The run directory is locked throughout (hybridrl/trainer/rundir.py)."""
     with rundir.locked(run_dir(cfg)):
+        if cfg.resource_pool.rollout == "auto":  # calibrate, then re-form the groups into the chosen split
+            from hybridrl.trainer.calibration import fit_auto_split
+
+            return fit_auto_split(cfg, make_trainer, _fit_with_restarts)
         return _fit_with_restarts(cfg, make_trainer)
 
 

@@ -92,9 +92,19 @@ class Calibration:
         """`trainer` with its run's tracker and checkpoints seen through this calibration."""
         run = trainer.run
         run.tracker = _CalibratingTracker(run.tracker, run, self)
-        save = run.save_checkpoint
+        save, finish = run.save_checkpoint, run.finish
         run.save_checkpoint = lambda state: save(self._state(state))
+        run.finish = lambda: self._finish(run, finish)
         return trainer
+
+    def _finish(self, run, finish) -> None:
+        """Before a split the run goes on in new groups: stop these without an end-of-run summary."""
+        if self.decision is None or not self.decision.rollout or run.closed:
+            finish()
+            return
+        run.tracker.close()
+        run.closed = True
+        run.shutdown()
 
     def _state(self, state: dict) -> dict:
         return state if self.decision is None else {**state, KEY: self.decision.rollout or 0}

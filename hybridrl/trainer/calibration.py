@@ -11,6 +11,8 @@
        colocated, the same run just goes on, in sync mode (colocated, an off-policy mode would only
        add staleness: trainer/async_rollout.py).
 
+After CHECK_STEPS steps on a fresh split, `resource_pool/rollout_auto_speedup` (colocated sync's
+measured step over the split's) and a log line say whether the split pays as predicted.
 Every later checkpoint's trainer state holds `resource_pool/rollout_auto`, so a resumed run takes
 the same split without calibrating again; the run's config.yaml shows the resolved pools.
 """
@@ -18,6 +20,7 @@ the same split without calibrating again; the run's config.yaml shows the resolv
 from __future__ import annotations
 
 import copy
+import statistics
 
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer.auto_split import SplitDecision, choose_split, measured_times
@@ -25,12 +28,13 @@ from hybridrl.trainer.rundir import checkpoints_dir, find_resume
 from hybridrl.trainer.supervise import resume_config
 
 KEY = "resource_pool/rollout_auto"  # the metric and the trainer-state entry: rollout devices, 0 = colocated
+CHECK_STEPS = 3  # steps on a fresh split timed against the calibration's colocated sync step
 
 
 def fit_auto_split(cfg, make_trainer, fit) -> dict:
     """`fit(cfg, make_trainer)` (trainer/supervise.py's restarting loop) for a config with
     resource_pool.rollout=auto: calibrate (unless the checkpoint resumed says the split), then the split."""
-    rollout = recorded_split(cfg)
+    rollout, calibration = recorded_split(cfg), None
     if rollout is None:
         calibration = Calibration(cfg)
         metrics = fit(calibration_config(cfg), lambda c: calibration.attach(make_trainer(c)))
@@ -40,7 +44,8 @@ def fit_auto_split(cfg, make_trainer, fit) -> dict:
         cfg = resume_config(cfg, ckpt.latest_checkpoint(checkpoints_dir(cfg)))
         n = cfg.trainer.n_gpus_per_node
         print(f"[hybridrl] resource_pool.rollout=auto: re-forming the worker groups, {n - rollout} + {rollout}", flush=True)
-    return fit(split_config(cfg, rollout), lambda c: _recording(make_trainer(c), rollout))
+    decision = calibration.decision if calibration is not None else None
+    return fit(split_config(cfg, rollout), lambda c: _on_split(make_trainer(c), rollout, decision))
 
 
 def recorded_split(cfg) -> int | None:
@@ -150,9 +155,38 @@ class _CalibratingTracker:
         return getattr(self.inner, name)
 
 
-def _recording(trainer, rollout: int):
-    """`trainer` whose checkpoints record the split it runs, for a later resume."""
+def _on_split(trainer, rollout: int, decision: SplitDecision | None):
+    """`trainer` whose checkpoints record the split it runs, for a later resume, and which (right
+    after calibrating) compares the split's measured steps with the colocated sync step."""
     run = trainer.run
     save = run.save_checkpoint
     run.save_checkpoint = lambda state: save({**state, KEY: rollout})
+    if decision is not None:
+        run.tracker = _SplitCheck(run.tracker, decision)
     return trainer
+
+
+class _SplitCheck:
+    """The run's tracker; after CHECK_STEPS steps on the split (and the first, whose queue starts
+    empty), logs `resource_pool/rollout_auto_speedup`: colocated sync's step over the split's median."""
+
+    def __init__(self, inner, decision: SplitDecision):
+        self.inner, self.decision, self.steps = inner, decision, []
+
+    def log(self, metrics: dict, step: int) -> None:
+        if step > 0 and len(self.steps) <= CHECK_STEPS and "timing_s/step" in metrics:
+            self.steps.append(metrics["timing_s/step"])
+            if len(self.steps) == CHECK_STEPS + 1:
+                d, measured = self.decision, statistics.median(self.steps[1:])
+                metrics["resource_pool/rollout_auto_speedup"] = d.colocated_s / measured
+                line = (
+                    f"[hybridrl] resource_pool.rollout=auto: the split runs at {measured:.2f} s per step (predicted "
+                    f"{d.step_s:.2f} s), {d.colocated_s / measured:.2f}x colocated sync's {d.colocated_s:.2f} s"
+                )
+                if measured > d.colocated_s:
+                    line += "; slower than colocated: resume with resource_pool.rollout=null trainer.mode=sync"
+                print(line, flush=True)
+        self.inner.log(metrics, step)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

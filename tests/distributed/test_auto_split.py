@@ -59,38 +59,43 @@ def _fit(cfg):
 def test_auto_split_calibrates_reforms_and_resumes(ray_session, tiny_model_dir, arith_data, tmp_path, capsys):
     """2 CPU workers. Step 1 trains colocated in sync mode (both ranks are the actor's) and decides;
     rollout_auto_min_gain=-1 takes the best split however the CPU times come out, here the only one,
-    1 + 1. Steps 2-3 then run one_step_off on the re-formed groups: the pool's batches, one update
+    1 + 1. Steps 2-5 then run one_step_off on the re-formed groups: the pool's batches, one update
     stale after the first (which the resumed pool generates with the checkpoint's weights). Resumed
     with more steps, the run takes the recorded split without calibrating again."""
-    _fit(_cfg(tiny_model_dir, arith_data, tmp_path, min_gain=-1.0))
+    _fit(_cfg(tiny_model_dir, arith_data, tmp_path, steps=5, min_gain=-1.0))
     out = capsys.readouterr().out
     rows = _rows(tmp_path)
-    assert sorted(k for k in rows if k > 0) == [1, 2, 3]
+    assert sorted(k for k in rows if k > 0) == [1, 2, 3, 4, 5]
     # step 1: calibration, a real training step on the colocated actor, with the decision
     assert rows[1][KEY] == 1.0 and rows[1]["actor/grad_norm"] > 0
     assert rows[1]["timing_s/gen"] > 0 and "rollout_pool/weights_version" not in rows[1]
     assert "async/staleness_max" not in rows[1]  # sync mode
     assert "resource_pool.rollout=auto after 1 step(s): 1 trainer + 1 rollout devices" in out
     assert "resource_pool.rollout=1 resource_pool.actor_rollout_ref=1 trainer.mode=one_step_off" in out
-    # steps 2-3: the split, resumed from step 1's checkpoint
+    # steps 2-5: the split, resumed from step 1's checkpoint
     assert "resumed from" in out and "step_1" in out
-    assert [rows[s]["async/staleness_max"] for s in (2, 3)] == [0.0, 1.0]
-    assert [rows[s]["rollout_pool/weights_version"] for s in (2, 3)] == [1.0, 1.0]
+    assert [rows[s]["async/staleness_max"] for s in (2, 3, 4, 5)] == [0.0, 1.0, 1.0, 1.0]
+    assert [rows[s]["rollout_pool/weights_version"] for s in (2, 3, 4, 5)] == [1.0, 1.0, 2.0, 3.0]
     assert abs(rows[2]["rollout_corr/kl"]) < 1e-5  # the pool generated with the checkpoint's weights
-    assert all(rows[s]["actor/grad_norm"] > 0 and KEY not in rows[s] for s in (2, 3))
-    assert [rows[s]["training/global_step"] for s in (1, 2, 3)] == [1, 2, 3]
+    assert all(rows[s]["actor/grad_norm"] > 0 and KEY not in rows[s] for s in (2, 3, 4, 5))
+    assert [rows[s]["training/global_step"] for s in (1, 2, 3, 4, 5)] == [1, 2, 3, 4, 5]
+    # after 3 steps past the first on the split: colocated sync's step over the split's median
+    speedup = rows[1]["timing_s/step"] / sorted(rows[s]["timing_s/step"] for s in (3, 4, 5))[1]
+    assert rows[5]["resource_pool/rollout_auto_speedup"] == pytest.approx(speedup)
+    assert all("resource_pool/rollout_auto_speedup" not in rows[s] for s in (1, 2, 3, 4))
+    assert f"{speedup:.2f}x colocated sync's {rows[1]['timing_s/step']:.2f} s" in out
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["resource_pool"]
     assert (saved["rollout"], saved["actor_rollout_ref"]) == (1, 1)
     root = tmp_path / "run" / "checkpoints"
-    assert [ckpt.load_trainer_state(root / f"step_{s}").get(KEY) for s in (1, 3)] == [1, 1]
+    assert [ckpt.load_trainer_state(root / f"step_{s}").get(KEY) for s in (1, 5)] == [1, 1]
 
     # resumed with a longer budget: the recorded split, no calibration
-    _fit(_cfg(tiny_model_dir, arith_data, tmp_path, steps=4))
+    _fit(_cfg(tiny_model_dir, arith_data, tmp_path, steps=6))
     out = capsys.readouterr().out
     rows = _rows(tmp_path)
-    assert sorted(k for k in rows if k > 0) == [1, 2, 3, 4]
-    assert "rollout=auto after" not in out and KEY not in rows[4]
-    assert rows[4]["async/staleness_max"] == 0.0 and "rollout_pool/weights_version" in rows[4]
+    assert sorted(k for k in rows if k > 0) == [1, 2, 3, 4, 5, 6]
+    assert "rollout=auto after" not in out and KEY not in rows[6]
+    assert rows[6]["async/staleness_max"] == 0.0 and "rollout_pool/weights_version" in rows[6]
 
 
 def test_auto_split_stays_colocated_without_reforming(ray_session, tiny_model_dir, arith_data, tmp_path, capsys):

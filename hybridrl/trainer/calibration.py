@@ -13,8 +13,9 @@
 
 After CHECK_STEPS steps on a fresh split, `resource_pool/rollout_auto_speedup` (colocated sync's
 measured step over the split's) and a log line say whether the split pays as predicted.
-Every later checkpoint's trainer state holds `resource_pool/rollout_auto`, so a resumed run takes
-the same split without calibrating again; the run's config.yaml shows the resolved pools.
+Every later checkpoint's trainer state holds the split (`rollout_auto`: r and the devices per
+node it was chosen for), so a resumed run on as many devices takes it without calibrating again;
+the run's config.yaml shows the resolved pools.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from hybridrl.trainer.auto_split import SplitDecision, choose_split, measured_ti
 from hybridrl.trainer.rundir import checkpoints_dir, find_resume
 from hybridrl.trainer.supervise import resume_config
 
-KEY = "resource_pool/rollout_auto"  # the metric and the trainer-state entry: rollout devices, 0 = colocated
+KEY = "resource_pool/rollout_auto"  # the metric: rollout devices per node, 0 = colocated
+STATE = "rollout_auto"  # the trainer-state entry: {"rollout": r, "devices_per_node": n}
 CHECK_STEPS = 3  # steps on a fresh split timed against the calibration's colocated sync step
 
 
@@ -53,7 +55,17 @@ def recorded_split(cfg) -> int | None:
     path = find_resume(cfg)
     if path is None:
         return None
-    return ckpt.load_trainer_state(path).get(KEY)
+    saved, n = ckpt.load_trainer_state(path).get(STATE), cfg.trainer.n_gpus_per_node
+    if saved is None:
+        return None
+    if saved["devices_per_node"] != n:
+        print(
+            f"[hybridrl] resource_pool.rollout=auto: {path} was trained split for {saved['devices_per_node']} devices "
+            f"per node, this run has {n}: calibrating again",
+            flush=True,
+        )
+        return None
+    return saved["rollout"]
 
 
 def calibration_config(cfg):
@@ -112,7 +124,7 @@ class Calibration:
         run.shutdown()
 
     def _state(self, state: dict) -> dict:
-        return state if self.decision is None else {**state, KEY: self.decision.rollout or 0}
+        return state if self.decision is None else {**state, **_record(self.cfg, self.decision.rollout or 0)}
 
     def observe(self, metrics: dict, run) -> None:
         """After a calibration step's metrics: decide after the last; stop the run here for a split."""
@@ -160,10 +172,14 @@ def _on_split(trainer, rollout: int, decision: SplitDecision | None):
     after calibrating) compares the split's measured steps with the colocated sync step."""
     run = trainer.run
     save = run.save_checkpoint
-    run.save_checkpoint = lambda state: save({**state, KEY: rollout})
+    run.save_checkpoint = lambda state: save({**state, **_record(trainer.cfg, rollout)})
     if decision is not None:
         run.tracker = _SplitCheck(run.tracker, decision)
     return trainer
+
+
+def _record(cfg, rollout: int) -> dict:
+    return {STATE: {"rollout": rollout, "devices_per_node": cfg.trainer.n_gpus_per_node}}
 
 
 class _SplitCheck:

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from hybridrl.config import ConfigError, config_from_dict, validate
+from hybridrl.trainer import calibration
 from hybridrl.trainer import checkpoint as ckpt
-from hybridrl.trainer.calibration import KEY
+from hybridrl.trainer.calibration import KEY, STATE, recorded_split
 from hybridrl.trainer.ppo import PPOTrainer
 from hybridrl.trainer.supervise import fit_with_restarts
 
@@ -87,7 +88,8 @@ def test_auto_split_calibrates_reforms_and_resumes(ray_session, tiny_model_dir, 
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["resource_pool"]
     assert (saved["rollout"], saved["actor_rollout_ref"]) == (1, 1)
     root = tmp_path / "run" / "checkpoints"
-    assert [ckpt.load_trainer_state(root / f"step_{s}").get(KEY) for s in (1, 5)] == [1, 1]
+    saved = [ckpt.load_trainer_state(root / f"step_{s}")[STATE] for s in (1, 5)]
+    assert saved == [{"rollout": 1, "devices_per_node": 2}] * 2
 
     # resumed with a longer budget: the recorded split, no calibration
     _fit(_cfg(tiny_model_dir, arith_data, tmp_path, steps=6))
@@ -110,7 +112,7 @@ def test_auto_split_stays_colocated_without_reforming(ray_session, tiny_model_di
     assert "resumed from" not in out
     assert all("rollout_pool/weights_version" not in rows[s] and "async/staleness_max" not in rows[s] for s in (1, 2, 3))
     state = ckpt.load_trainer_state(tmp_path / "run" / "checkpoints" / "step_3")
-    assert state[KEY] == 0
+    assert state[STATE] == {"rollout": 0, "devices_per_node": 2}
 
 
 @pytest.mark.parametrize(
@@ -138,3 +140,19 @@ def test_auto_split_config_errors(tiny_model_dir, arith_data, tmp_path, change, 
 def test_auto_needs_the_launch_loop(tiny_model_dir, arith_data, tmp_path):
     with pytest.raises(ConfigError, match="resource_pool.rollout=auto is chosen by fit_with_restarts"):
         PPOTrainer(_cfg(tiny_model_dir, arith_data, tmp_path))
+
+
+def test_recorded_split_is_for_the_same_devices(tiny_model_dir, arith_data, tmp_path, monkeypatch, capsys):
+    """A resumed run takes the checkpoint's split only on as many devices per node as it was chosen for."""
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    state = {"global_step": 3, "data": {"epoch": 0, "position": 12}}
+    monkeypatch.setattr(calibration, "find_resume", lambda cfg: path)
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path)
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    assert recorded_split(cfg) is None  # written before the decision (or by a fixed split)
+    (path / "trainer_state.json").write_text(json.dumps({**state, STATE: {"rollout": 1, "devices_per_node": 2}}))
+    assert recorded_split(cfg) == 1
+    cfg.trainer.n_gpus_per_node = 4
+    assert recorded_split(cfg) is None
+    assert "was trained split for 2 devices per node, this run has 4: calibrating again" in capsys.readouterr().out

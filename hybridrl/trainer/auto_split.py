@@ -91,7 +91,9 @@ def choose_split(n: int, times: StepTimes, min_gain: float = 0.1, candidates: li
     rs = [r for r in (range(1, n) if candidates is None else candidates) if 0 < r < n]
     predictions = {r: max(split_step(times, n, r)) for r in rs}
     if not predictions:
-        return SplitDecision(None, colocated, colocated, {}, f"no split of {n} devices fits the batch sizes; staying colocated")
+        return SplitDecision(
+            None, colocated, colocated, {}, f"no split of {n} devices passes the config checks; staying colocated"
+        )
     best = min(predictions, key=lambda r: (predictions[r], r))
     step = predictions[best]
     pool, trainer = split_step(times, n, best)

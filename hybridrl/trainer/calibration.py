@@ -90,10 +90,18 @@ def split_config(cfg, rollout: int):
 
 
 def candidates(cfg) -> list[int]:
-    """The rollout devices r whose split config has no problem (batch sizes that divide over n - r)."""
+    """The rollout devices r whose split config has no problem (batch sizes that divide over n - r);
+    each r left out is said with its first problem."""
     from hybridrl.config.validate import find_problems
 
-    return [r for r in range(1, cfg.trainer.n_gpus_per_node) if not find_problems(split_config(cfg, r))]
+    n, out = cfg.trainer.n_gpus_per_node, []
+    for r in range(1, n):
+        problems = find_problems(split_config(cfg, r))
+        if problems:
+            print(f"[hybridrl] resource_pool.rollout=auto: {n - r} + {r} is not a candidate: {problems[0].message}", flush=True)
+        else:
+            out.append(r)
+    return out
 
 
 class Calibration:

@@ -156,3 +156,11 @@ def test_recorded_split_is_for_the_same_devices(tiny_model_dir, arith_data, tmp_
     cfg.trainer.n_gpus_per_node = 4
     assert recorded_split(cfg) is None
     assert "was trained split for 2 devices per node, this run has 4: calibrating again" in capsys.readouterr().out
+
+
+def test_candidates_are_the_splits_the_batch_fits(tiny_model_dir, arith_data, tmp_path, capsys):
+    """4 devices, 4 prompts x 2 samples: 3 actor ranks cannot split a mini-batch of 8 sequences."""
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, n_gpus_per_node=4)
+    assert validate(cfg) == []
+    assert calibration.candidates(cfg) == [2, 3]
+    assert "resource_pool.rollout=auto: 3 + 1 is not a candidate: " in capsys.readouterr().out

@@ -12,8 +12,10 @@ the mean and max staleness and the last steps' mean score. A table on stdout and
     python benchmarks/async.py --smoke                             # CPU, seconds
 
 `--pool N` adds the off-policy modes with a rollout pool of their own (resource_pool.rollout=N, the
-actor on the other gpus - N): there the pool generates while the actor trains, and its idle share is
-its own (async/idle_s/rollout against rollout_pool/generate_s); and one_step_off/pool/partial, with
+actor on the other gpus - N; `--pool auto`: resource_pool.rollout=auto, the split chosen after its
+calibration steps, which `--skip` should pass, and reported as rollout_auto in async.json): there the
+pool generates while the actor trains, and its idle share is its own (async/idle_s/rollout against
+rollout_pool/generate_s); and one_step_off/pool/partial, with
 async_training.partial_rollout (the share of tokens sampled by newer weights is in its metrics).
 """
 
@@ -48,7 +50,9 @@ def overrides(args, variant: str, run: Path) -> list[str]:
         "trainer.val_before_train=false",
         "trainer.overwrite=true",
     ]
-    if pool:
+    if pool and args.pool == "auto":  # chosen after calibration steps (docs/async.md); --skip should pass them
+        common += ["resource_pool.rollout=auto"]
+    elif pool:
         common += [f"resource_pool.actor_rollout_ref={args.gpus - args.pool}", f"resource_pool.rollout={args.pool}"]
     if partial:
         common += ["async_training.partial_rollout=true"]
@@ -82,6 +86,7 @@ def step_summary(rows: list[dict], skip: int) -> dict:
         "staleness_max": max(r.get("async/staleness_max", 0.0) for r in rows),
         "score_last": sum(scores[-k:]) / k,
         "partial_token_share": statistics.fmean(r.get("rollout_pool/partial_token_share", 0.0) for r in timed),
+        "rollout_auto": next((r["resource_pool/rollout_auto"] for r in rows if "resource_pool/rollout_auto" in r), None),
     }
 
 
@@ -94,7 +99,12 @@ def main() -> None:
     p.add_argument("--max-staleness", type=int, default=2, help="async_training.max_staleness of the async run")
     p.add_argument("--set", nargs="*", default=[], help="further key=value overrides for every run")
     p.add_argument("--smoke", action="store_true", help="CPU, the quickstart, a few steps")
-    p.add_argument("--pool", type=int, default=0, help="also one_step_off and async with resource_pool.rollout=N")
+    p.add_argument(
+        "--pool",
+        type=lambda v: v if v == "auto" else int(v),
+        default=0,
+        help="also one_step_off and async with resource_pool.rollout=N (or auto: the rollout devices chosen after calibration)",
+    )
     p.add_argument("--modes", nargs="*", default=None, help="only these variants (e.g. sync one_step_off/pool)")
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/async"))
     args = p.parse_args()

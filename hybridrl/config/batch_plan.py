@@ -103,7 +103,7 @@ class BatchPlan:
     ref_log_prob_micro_batch: int
     ref_log_prob_passes: int
     reward_model_layout: ParallelLayout | None = None  # its own pool (Config.reward_model_pool); None = the actor's
-    rollout_layout: ParallelLayout | None = None  # resource_pool.rollout's replicas, one per rank; None = the actor's
+    rollout_layout: ParallelLayout | None = None  # resource_pool.rollout's replicas, one per rank; None = the actor's (or auto)
 
 
 def plan_batches(cfg: Config) -> BatchPlan:
@@ -175,7 +175,9 @@ def plan_batches(cfg: Config) -> BatchPlan:
         ref_log_prob_micro_batch=ref_micro,
         ref_log_prob_passes=math.ceil(per_device / ref_micro),
         reward_model_layout=build_layout(math.prod(r.reward_model_pool), -1) if r.reward_model_pool else None,
-        rollout_layout=build_layout(r.resource_pool.rollout * r.trainer.nnodes, -1) if r.resource_pool.rollout else None,
+        rollout_layout=build_layout(r.resource_pool.rollout * r.trainer.nnodes, -1)
+        if isinstance(r.resource_pool.rollout, int)  # auto: chosen after calibration (trainer/calibration.py)
+        else None,
     )
 
 

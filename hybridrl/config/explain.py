@@ -108,6 +108,11 @@ def _placement(cfg: Config, p: BatchPlan) -> list[str]:
     """Where the roles run and how their ranks are laid out, when that is more than one device
     (docs/distributed.md); the rollout pool's line last."""
     lines = _roles_placement(cfg, p)
+    if cfg.resource_pool.rollout == "auto":
+        lines.append(
+            f"rollout pool (resource_pool.rollout=auto): chosen after {cfg.resource_pool.rollout_auto_steps} step(s) run "
+            "colocated in sync mode, from their generation and training times (docs/async.md)"
+        )
     if p.rollout_layout is not None:
         when = (
             "in turn with the actor's training (trainer.mode=sync; one_step_off / async overlap the two)"

@@ -34,7 +34,7 @@ from .names import (
     TRUNCATE_SIDES,
     TRUNCATIONS,
 )
-from .rules import AT_LEAST_0, AT_LEAST_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, UNIT, Rule
+from .rules import AT_LEAST_0, AT_LEAST_1, BELOW_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, ROLLOUT_DEVICES, UNIT, Rule
 
 
 def option(default: Any, doc: str, *, check: Rule | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -890,12 +890,26 @@ class ResourcePoolConfig:
         "placement); null = share the actor's (or reward_model.enable_resource_pool's n_gpus_per_node).",
         check=AT_LEAST_1,
     )
-    rollout: int | None = option(
+    rollout: int | str | None = option(
         None,
         "Devices per node for rollout replicas apart from the actor's (verl's standalone rollout, "
         "hybrid_engine=false): they generate while the actor trains (trainer.mode one_step_off / async) and get "
-        "the weights from the actor's rank 0 over NCCL/gloo after each update; null = the actor generates.",
+        "the weights from the actor's rank 0 over NCCL/gloo after each update; null = the actor generates; auto = "
+        "chosen from the first steps' measured times, run colocated in sync mode (docs/async.md).",
+        check=ROLLOUT_DEVICES,
+    )
+    rollout_auto_steps: int = option(
+        2,
+        "With resource_pool.rollout=auto: the training steps run colocated in sync mode to measure generation against "
+        "the rest of a step (the first one's warm-up is left out of the mean when there are two or more).",
         check=AT_LEAST_1,
+    )
+    rollout_auto_min_gain: float = option(
+        0.1,
+        "With resource_pool.rollout=auto: how much faster than colocated sync (a fraction of its step time) a split "
+        "must be predicted to be taken; a negative value takes the best split even when predicted slower (to measure "
+        "it against colocated).",
+        check=BELOW_1,
     )
 
 

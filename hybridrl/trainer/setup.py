@@ -151,6 +151,13 @@ def build_run(
     model: a path, an `nn.Module` with forward(input_ids, attention_mask) -> scores (an HF sequence
     classifier is one), or a (model, tokenizer) pair, with reward_model.enable=true (the API sets it).
     """
+    if cfg.resource_pool.rollout == "auto":  # resolved by the launch loop: trainer/calibration.py
+        raise ConfigError(
+            [
+                "resource_pool.rollout=auto is chosen by fit_with_restarts (hybridrl train, RLTrainer.fit); "
+                "to build a trainer directly, set resource_pool.rollout to a number of devices or null"
+            ]
+        )
     rm_spec = _reward_model_spec(cfg, reward_models)
     resolve(cfg)  # a Config built in code: its "null = inherit" keys filled in, as loading does
     plan = plan_batches(cfg)

@@ -20,11 +20,16 @@ def fit_with_restarts(cfg, make_trainer) -> dict:
     """`make_trainer(cfg).fit()`, at most `trainer.max_restarts` more times after worker deaths.
     The run directory is locked throughout (hybridrl/trainer/rundir.py)."""
     with rundir.locked(run_dir(cfg)):
+        if cfg.resource_pool.rollout == "auto":  # calibrate, then re-form the groups into the chosen split
+            from hybridrl.trainer.calibration import fit_auto_split
+
+            launched = time.perf_counter()  # trainer.max_wall_time_s spans the calibration and the split
+            return fit_auto_split(cfg, make_trainer, lambda c, make: _fit_with_restarts(c, make, launched))
         return _fit_with_restarts(cfg, make_trainer)
 
 
-def _fit_with_restarts(cfg, make_trainer) -> dict:
-    limit, launched = cfg.trainer.max_restarts, time.perf_counter()
+def _fit_with_restarts(cfg, make_trainer, launched: float | None = None) -> dict:
+    limit, launched = cfg.trainer.max_restarts, launched or time.perf_counter()
     for attempt in range(limit + 1):
         trainer = None
         try:

@@ -1,5 +1,6 @@
-"""Checks of trainer.mode (one_step_off / async, docs: hybridrl/trainer/async_rollout.py) and of partial
-rollouts, the weight swaps into a running generation that those modes allow."""
+"""Checks of trainer.mode (one_step_off / async, docs: hybridrl/trainer/async_rollout.py), of partial
+rollouts, the weight swaps into a running generation that those modes allow, and of the split those
+modes run on when resource_pool.rollout=auto (hybridrl/trainer/calibration.py)."""
 
 from ..problem import Problem, suggest
 from ..schema import Config
@@ -49,3 +50,36 @@ def partial_rollout_problems(cfg: Config) -> list[Problem]:
     elif r.name == "hf" or (r.name == "auto" and cfg.trainer.device == "cpu") or r.name == "vllm":
         why = f"needs the native engine (rollout.name={r.name}); set actor_rollout_ref.rollout.name=native"
     return [] if why is None else [suggest(key, True, why, False)]
+
+
+def auto_split_problems(cfg: Config) -> list[Problem]:
+    """resource_pool.rollout=auto: the split of a node's devices between the actor and the rollout pool,
+    chosen after calibration steps (trainer/calibration.py)."""
+    t, pool, key = cfg.trainer, cfg.resource_pool, "resource_pool.rollout"
+    if t.mode == "sync":
+        return [
+            Problem(
+                f"{key}=auto chooses devices for rollouts that run while the actor trains, which trainer.mode=sync never "
+                "does; use trainer.mode=one_step_off (or async)",
+                ("trainer.mode", key),
+                {"trainer.mode": "one_step_off"},
+            )
+        ]
+    if t.n_gpus_per_node < 2:
+        return [
+            suggest(
+                key, "auto", f"needs two or more devices per node to split, and trainer.n_gpus_per_node={t.n_gpus_per_node}", None
+            )
+        ]
+    for other in ("actor_rollout_ref", "critic", "reward_model"):
+        if getattr(pool, other) is not None:
+            return [
+                Problem(
+                    f"{key}=auto splits all of a node's devices between the actor (with a colocated critic and reward "
+                    f"model) and the rollout pool, so resource_pool.{other} must be null; use "
+                    f"resource_pool.{other}=null, or a fixed {key}",
+                    (f"resource_pool.{other}", key),
+                    {f"resource_pool.{other}": None},
+                )
+            ]
+    return []

@@ -8,7 +8,7 @@ from ..batch_plan import SP_KEYS, batch_sizes, role_sp, role_world
 from ..layout import layout_problem
 from ..problem import Problem, suggest
 from ..schema import Config
-from .modes import partial_rollout_problems
+from .modes import auto_split_problems, partial_rollout_problems
 
 _A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
@@ -64,9 +64,11 @@ def _rollout_pool_problems(cfg: Config) -> list[Problem]:
     """resource_pool.rollout: rollout replicas on devices of their own (workers/rollout.py)."""
     pool, gpus, out = cfg.resource_pool, cfg.trainer.n_gpus_per_node, []
     rollout, actor = pool.rollout, pool.actor_rollout_ref
-    if rollout is None:
+    if rollout is None or not (rollout == "auto" or isinstance(rollout, int)):  # a bad value: its range rule says so
         return out
-    if actor is None:
+    if rollout == "auto":
+        out += auto_split_problems(cfg)
+    elif actor is None:
         out.append(_actor_share_missing("resource_pool.rollout", rollout, gpus))
     else:
         used = actor + rollout + (pool.critic or 0 if cfg.critic_enabled else 0) + (pool.reward_model or 0)

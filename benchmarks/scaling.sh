@@ -9,6 +9,8 @@
 # (benchmarks/scaling_table.py) for BENCHMARKS.md.
 #   bash benchmarks/scaling.sh GSM8K_TRAIN_JSONL OUT_DIR [GPU_COUNTS, default "1 2 4"]
 #   the 8-GPU run: SHAPES=qwen2.5-1.5b PPO=1 PPO_GPUS=8 SPLIT_ACTOR=6 bash benchmarks/scaling.sh G OUT "1 2 4 8"
+#   the 7B run of issue 40 (1,024-token responses, TP=2 rollout replicas; drop EXTRA for TP=1):
+#   SHAPES=qwen2.5-7b RESP=1024 EXTRA=actor_rollout_ref.rollout.tensor_model_parallel_size=2 bash benchmarks/scaling.sh G OUT "2 4"
 #   on CPU, a smoke run of the script itself (tiny model, 1 and 2 gloo workers, 2 steps):
 #   SMOKE=1 bash benchmarks/scaling.sh G OUT
 # The long-tail workload (docs/async.md): WORKLOAD=longtail generates every response to a length
@@ -21,7 +23,7 @@
 #   SMOKE=1 WORKLOAD=longtail MODES="sync one_step_off" bash benchmarks/scaling.sh G OUT 1   # CPU
 # Every run writes OUT_DIR/runs/<name> (removed first: the script reruns cleanly into the same
 # OUT_DIR), OUT_DIR/<name>.jsonl (its metrics) and OUT_DIR/<name>.log (its output).
-# Environment: SHAPES (qwen2.5-0.5b | qwen2.5-1.5b | tiny), PROMPTS (32), N (8), RESP (256), STEPS (6),
+# Environment: SHAPES (qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-7b | tiny), PROMPTS (32), N (8), RESP (256), STEPS (6),
 # PACKED (1), TOKENS (update token budget per GPU; default the config's), MICRO (16, with PACKED=0),
 # ROLLOUT (auto: native on GPU), PPO (0), PPO_GPUS (2), SPLIT_ACTOR (PPO_GPUS / 2),
 # EXTRA (more overrides for every run), DEVICE (cuda), WORKLOAD (gsm8k | longtail), MODES (sync),
@@ -61,12 +63,14 @@ SHAPES = {  # Qwen2.5 architectures (their config.json values)
                          intermediate_size=4864),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960),
+    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
 }
 shape = os.environ["SHAPES"]
 if shape == "tiny":
     write_tiny_model_dir(sys.argv[1])
 elif shape in SHAPES:
-    write_tiny_model_dir(sys.argv[1], **SHAPES[shape], vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0)
+    write_tiny_model_dir(sys.argv[1], **{"vocab_size": 151936, **SHAPES[shape]}, max_position_embeddings=32768, rope_theta=1000000.0)
 else:
     raise SystemExit(f"SHAPES={shape!r}: one of tiny, {', '.join(SHAPES)}")
 PY

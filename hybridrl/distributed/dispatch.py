@@ -19,6 +19,7 @@ gradient norms are already global (the same on every rank).
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Callable
 
 import torch
@@ -40,13 +41,25 @@ MESHES = ("dp", "rollout")  # the layout dimensions a DP method can be split ove
 
 def register(mode: Dispatch, mesh: str = "dp") -> Callable:
     """Mark a worker method with its dispatch mode; for DP, `mesh` names the layout dimension
-    the batch is split over ("dp", or "rollout" for generation)."""
+    the batch is split over ("dp", or "rollout" for generation). While a profiler runs, each call
+    is recorded as the range `hybridrl/<method>`."""
     if mesh not in MESHES:
         raise ValueError(f"register: unknown mesh {mesh!r}; use one of {MESHES}")
 
     def mark(fn):
-        setattr(fn, DISPATCH_ATTR, (mode, mesh))
-        return fn
+        label = f"hybridrl/{fn.__name__}"
+
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            # Under trainer.profile_steps the call is a named range in the trace (CPU and GPU
+            # timelines), so benchmarks/trace_summary.py can split a step by worker method.
+            if not getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
+                return fn(*args, **kwargs)
+            with torch.profiler.record_function(label):
+                return fn(*args, **kwargs)
+
+        setattr(traced, DISPATCH_ATTR, (mode, mesh))
+        return traced
 
     return mark
 

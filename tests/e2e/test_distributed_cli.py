@@ -50,6 +50,16 @@ def test_two_workers_train_resume_on_one_and_export(arith_data, tmp_path):
         "actor_rank1.json",
         "actor_rank1.txt",
     ]
+    # each worker method is a named range of the trace (benchmarks/trace_summary.py splits the step by them)
+    summary = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/trace_summary.py"), str(out / "profile" / "step_2")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for rank in (0, 1):
+        for method in ("generate", "update_actor"):
+            assert f"| actor_rank{rank} | {method} | 1 |" in summary, summary
     ckpt = out / "checkpoints"
     assert sorted(p.name for p in (ckpt / "step_2").glob("rng_*.pt")) == ["rng_colocated_0.pt", "rng_colocated_1.pt"]
     # the same run continues on one device from the 2-rank checkpoint

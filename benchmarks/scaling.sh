@@ -28,6 +28,8 @@
 # ROLLOUT (auto: native on GPU), PPO (0), PPO_GPUS (2), SPLIT_ACTOR (PPO_GPUS / 2),
 # EXTRA (more overrides for every run), DEVICE (cuda), WORKLOAD (gsm8k | longtail), MODES (sync),
 # POOL, PARTIAL (0), STALENESS (2: async_training.max_staleness of async), LT_MEDIAN, LT_SIGMA, LT_SEED (0).
+# PROFILE_STEP: profile that step of every run and write OUT/<name>.trace.md (benchmarks/trace_summary.py:
+# compute, NCCL, exposed NCCL and idle time per worker method and rank).
 set -euo pipefail
 GSM8K=${1:?GSM8K train.jsonl}; OUT=${2:?output dir}
 WORKLOAD=${WORKLOAD:-gsm8k}; MODES=${MODES:-sync}
@@ -85,6 +87,7 @@ else
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$((2 * MICRO)))
 fi
 
+[ -n "${PROFILE_STEP:-}" ] && EXTRA="$EXTRA trainer.profile_steps=[$PROFILE_STEP]"
 WORK=()  # the workload's overrides
 if [ "$WORKLOAD" = longtail ]; then
   LT=actor_rollout_ref.rollout.forced_response_lengths
@@ -107,6 +110,9 @@ run() {  # name n_gpus estimator [overrides...]
     tail -n 30 "$OUT/$name.log" >&2; echo "[scaling] $name failed: $OUT/$name.log" >&2; exit 1
   fi
   cp "$dir/metrics.jsonl" "$OUT/$name.jsonl"
+  if [ -n "${PROFILE_STEP:-}" ]; then  # where the profiled step's time went, per worker method and rank
+    python "$HERE/trace_summary.py" "$dir/profile/step_$PROFILE_STEP" --json "$OUT/$name.trace.json" >"$OUT/$name.trace.md"
+  fi
 }
 for n in $COUNTS; do
   for mode in $MODES; do

@@ -16,6 +16,8 @@ exist). Within a window, per rank (times in ms):
 - idle: wall minus the union of all kernels (the device waited: host work, dispatch, stragglers).
 
 The table ends with each method's mean over ranks and its max (the slowest rank sets the step).
+A method that another calls (update_actor runs compute_log_prob over its later mini-batches with
+actor.reuse_on_policy_log_prob) is a row of its own and is inside its caller's row too.
 """
 
 from __future__ import annotations

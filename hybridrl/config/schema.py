@@ -177,6 +177,18 @@ class FSDPConfig:
         "them = shard within groups of that size and replicate across the groups (HSDP: less communication between "
         "nodes, more memory per device). The reference and a colocated critic use the actor's value.",
     )
+    reshard_after_forward: bool = option(
+        True,
+        "In an update, free each block's gathered weights after its forward (true) or keep them until its backward "
+        "(false: the backward does not gather them again; the model's bf16 weights stay on the device during each "
+        "micro-batch). Same results. Log-prob passes always free them.",
+    )
+    reduce_grads_once: bool = option(
+        False,
+        "Reduce-scatter the gradients once per optimizer step, after the last micro-batch, instead of after each "
+        "(no communication while they accumulate; each rank holds the full fp32 gradient, 4 bytes a parameter, "
+        "during the step). The same gradient up to the order of float additions.",
+    )
 
 
 @dataclass

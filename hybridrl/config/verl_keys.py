@@ -95,7 +95,6 @@ IGNORED: dict[str, str] = {
         for k in (
             "wrap_policy.*",
             "offload_policy",
-            "reshard_after_forward",
             "forward_prefetch",
             "use_orig_params",
             "entropy_from_logits_with_chunking",

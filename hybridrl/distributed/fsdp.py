@@ -162,6 +162,44 @@ def full_weights(model: nn.Module):
             u.set_reshard_after_forward(True, recurse=False)
 
 
+@contextlib.contextmanager
+def accumulation(model: nn.Module, micro_batches: int, *, reduce_grads_once: bool = False, reshard_after_forward: bool = True):
+    """Around one optimizer step's micro-batches (fsdp_config.reduce_grads_once /
+    reshard_after_forward). Yields `before(i)`, to call before micro-batch i's forward.
+
+    - `reduce_grads_once`: the gradients are reduce-scattered once, in the last micro-batch's
+      backward, instead of in every one; until then each rank accumulates the full unsharded
+      gradient (4 bytes a parameter). The same gradient up to the order of float additions.
+    - `reshard_after_forward=False`: a block's gathered weights stay from its forward to its
+      backward, so the backward does not gather them again; FSDP frees them after the backward.
+
+    No effect on an unsharded model."""
+    if not is_sharded(model) or (not reduce_grads_once and reshard_after_forward):
+        yield lambda i: None
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    root = fsdp_root(model)
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    if not reshard_after_forward:
+        for u in units:
+            u.set_reshard_after_forward(False, recurse=False)
+
+    def before(i: int) -> None:
+        if reduce_grads_once:
+            root.set_requires_gradient_sync(i == micro_batches - 1)
+
+    try:
+        yield before
+    finally:
+        if reduce_grads_once:
+            root.set_requires_gradient_sync(True)
+        if not reshard_after_forward:
+            for u in units:
+                u.reshard()
+                u.set_reshard_after_forward(True, recurse=False)
+
+
 def run_as_forward(model: nn.Module, fn, *args, **kwargs):
     """`fn(model, *args, **kwargs)` run as a forward of `model`. A pass that calls the model's
     submodules directly (the packed log-probs: decoder, then the LM head's weight) would find the

@@ -89,6 +89,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             compile_layers=a.use_torch_compile,
             param_offload=a.fsdp_config.param_offload,
             cuda_graph=a.use_cuda_graph,
+            fsdp_config=a.fsdp_config,
         )
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer

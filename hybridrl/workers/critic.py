@@ -48,6 +48,7 @@ class CriticWorker(ProfiledWorker):
             checkpointing=c.model.enable_gradient_checkpointing,
             param_offload=c.model.fsdp_config.param_offload,
             forward_methods=("response_values", "packed_response_values"),
+            fsdp_config=c.model.fsdp_config,
         )
         self.engine.build_optimizer(c.optim, total_optimizer_steps, c.grad_clip, c.model.fsdp_config.optimizer_offload)
 

@@ -23,7 +23,7 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import micro_batches, restore_order, sequence_lengths
 from hybridrl.distributed import checkpoint as dckpt
-from hybridrl.distributed.fsdp import clip_grad_norm, dp_max_min, dp_normalizer
+from hybridrl.distributed.fsdp import accumulation, clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
 from hybridrl.models import graphs as decoder_graphs
@@ -162,6 +162,7 @@ class TrainEngine:
         self.share_prompts = False  # packed passes compute a repeated prompt once (models/packing.py)
         self.shared = 0  # token positions not computed since the last reset, their prompt shared
         self.graphs = None  # the CUDA graphs of the packed passes (actor.use_cuda_graph), if on
+        self.accumulation: dict[str, bool] = {}  # fsdp.accumulation's options for each optimizer step
 
     # -- setup -----------------------------------------------------------------------------------
     def place(
@@ -178,11 +179,19 @@ class TrainEngine:
         train: bool = True,
         share_prompts: bool = False,
         cuda_graph: bool = False,
+        fsdp_config=None,
     ):
         """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
         in train mode, or frozen (eval mode, no gradients) with `train=False`. `share_prompts`:
         packed passes compute a prompt that several rows repeat once. `cuda_graph`: its packed passes
-        replay CUDA graphs (`models/graphs.py`) where they can."""
+        replay CUDA graphs (`models/graphs.py`) where they can. `fsdp_config`: the role's
+        FSDPConfig, whose reduce_grads_once / reshard_after_forward shape each update's
+        micro-batch loop (`fsdp.accumulation`)."""
+        if fsdp_config is not None:
+            self.accumulation = {
+                "reduce_grads_once": fsdp_config.reduce_grads_once,
+                "reshard_after_forward": fsdp_config.reshard_after_forward,
+            }
         self.model, self.packing = parallelize(
             model,
             self.device,
@@ -296,10 +305,12 @@ class TrainEngine:
         norms = objective.norms(mini)
         micros, _ = dp_micro_batches(mini, self._split(split))
         parts = []
-        for micro in micros:
-            loss, m = objective(self.run, pack_on_host(self, micro, self.device), norms)
-            loss.backward()
-            parts.append(m)
+        with accumulation(self.model, len(micros), **self.accumulation) as before:
+            for i, micro in enumerate(micros):
+                before(i)
+                loss, m = objective(self.run, pack_on_host(self, micro, self.device), norms)
+                loss.backward()
+                parts.append(m)
         return parts, norms
 
     def step(self, optimizer: str | None = None) -> tuple[float | torch.Tensor, bool | torch.Tensor]:

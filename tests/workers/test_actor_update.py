@@ -216,3 +216,27 @@ def test_shared_prompts_give_the_unshared_update_gradient(tiny_model_dir, budget
     assert sum(float(v.abs().sum()) for v in unshared.values()) > 0
     for name in unshared:
         assert float((shared[name] - unshared[name]).norm()) <= 1e-6 * float(unshared[name].norm()) + 1e-12, name
+
+
+def test_the_fsdp_accumulation_options_reach_every_optimizer_step(tiny_model_dir, monkeypatch):
+    """actor.fsdp_config.reduce_grads_once / reshard_after_forward are handed to `fsdp.accumulation`
+    around each mini-batch's micro-batches, with their count (tests/distributed/test_fsdp_accumulation.py
+    shows what they do on two ranks)."""
+    from hybridrl.workers import engine as engine_module
+
+    seen = []
+    real = engine_module.accumulation
+
+    def spy(model, micro_batches, **kw):
+        seen.append((micro_batches, kw))
+        return real(model, micro_batches, **kw)
+
+    monkeypatch.setattr(engine_module, "accumulation", spy)
+    worker = make_worker(
+        tiny_model_dir, ppo_micro_batch_size_per_gpu=1, fsdp_config={"reduce_grads_once": True, "reshard_after_forward": False}
+    )
+    worker.update_actor(random_batch())
+    assert seen == [(7, {"reduce_grads_once": True, "reshard_after_forward": False})]  # 7 rows, one a micro-batch
+    seen.clear()
+    make_worker(tiny_model_dir, ppo_micro_batch_size_per_gpu=7).update_actor(random_batch())
+    assert seen == [(1, {"reduce_grads_once": False, "reshard_after_forward": True})]

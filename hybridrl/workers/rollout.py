@@ -35,6 +35,8 @@ class RolloutWorker(ProfiledWorker):
         self.loaded = False  # weights were loaded since the last generate's metrics
         self.partial: PartialRollout | None = None
         self.last_end: float | None = None  # when the previous generate returned: the pool's idle time
+        self.verified = 0  # pushes whose checksums matched (rollout.weight_checksum_interval)
+        self.checksum_ms = [0.0, 0.0]  # checksum time since the last generate's metrics: this rank's, the sender's
 
     @register(Dispatch.ALL)
     def init_model(self, model_path: str, random_init: bool) -> None:
@@ -59,6 +61,11 @@ class RolloutWorker(ProfiledWorker):
         self.params = dict(self.model.named_parameters())
         if partial:
             self.partial = PartialRollout(self)
+        if r.weight_checksum_interval and self.rollout.model is None:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_checksum_interval={r.weight_checksum_interval} verifies the weights "
+                f"the engine holds, and rollout.name={r.name} does not show them; use native or hf, or set it to 0"
+            )
 
     @register(Dispatch.ALL)
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
@@ -73,6 +80,10 @@ class RolloutWorker(ProfiledWorker):
         while self.receiver.received < through:
             self._receive()
         metrics = {"rollout_pool/weights_version": float(self.receiver.version)}
+        if self.cfg.actor_rollout_ref.rollout.weight_checksum_interval:
+            metrics["rollout_pool/checksums_verified"] = float(self.verified)  # in the run so far
+            metrics["rollout_pool/checksum_ms"], metrics["rollout_pool/sender_checksum_ms"] = self.checksum_ms
+            self.checksum_ms = [0.0, 0.0]
         if self.loaded:
             metrics["timing_s/update_weights"] = time.perf_counter() - t0
             self.loaded = False
@@ -97,6 +108,11 @@ class RolloutWorker(ProfiledWorker):
             drain(pieces)  # also after an error: the sender's broadcasts must all be matched
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        if self.receiver.verify_pending:  # rollout.weight_checksum_interval: what the engine now holds
+            held = dict(self.rollout.model.named_parameters(remove_duplicate=False))
+            times = self.receiver.verify(held, f"rollout rank {global_rank()}'s {type(self.rollout).__name__}")
+            self.verified += 1
+            self.checksum_ms = [self.checksum_ms[0] + times["receiver_ms"], self.checksum_ms[1] + times["sender_ms"]]
 
     @register(Dispatch.DP, mesh="rollout")
     def generate(self, prompts: Batch, sampling: SamplingParams, through: int) -> Batch:

@@ -1,0 +1,106 @@
+"""Checksums of weights on their device: did the rollout pool load what the trainer sent?
+
+A tensor's checksum is computed from its bits, never its values, so it is the same on every
+device and rank (no float rounding, no reduction-order effects). The tensor is read as 16-bit
+words (`int16` view; 1-byte dtypes as bytes): k words per element, word column c of element i
+is w[i, c]. For each column,
+
+    S_c = sum_i (i + 1) * w[i, c]   mod P,   P = 2**31 - 1 (a prime)
+
+in exact int64 arithmetic (blocks of 2**15 elements keep every partial sum below 2**63). Because P
+is prime and larger than both any position difference (tensors under 2**31 elements) and any word
+difference (under 2**16):
+- one changed element changes some S_c by (i + 1) * d, never 0 mod P;
+- two swapped elements of different bits change S_c by (i - j) * (w[j, c] - w[i, c]), never 0;
+- tensors that trade names, or a transposed tensor, show under their names (one checksum per name).
+Cost on a GPU: a few elementwise passes and reductions over int64 copies of one chunk at a time
+(`chunk_elems`), no host copy; the host reads the k numbers of every tensor in one transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+P = 2**31 - 1
+BLOCK = 2**15  # elements per row: a row's sums stay below 2**63 (2**15 * 2**15 * 2**16 < 2**47)
+CHUNK = 2**24  # elements per pass: bounds the int64 temporaries (128 MB a word column)
+
+
+class WeightChecksumError(RuntimeError):
+    """The rollout engine holds weights other than those the trainer sent."""
+
+
+def words(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bits as (numel, k) signed integers: 16-bit words (bytes for 1-byte dtypes)."""
+    flat = t.detach().contiguous().reshape(-1)
+    size = flat.element_size()
+    word = torch.int8 if size == 1 else torch.int16
+    return flat.view(word).view(flat.numel(), max(1, size // 2))
+
+
+def checksum(t: torch.Tensor, *, block: int = BLOCK, chunk_elems: int = CHUNK) -> torch.Tensor:
+    """(k,) int64 on `t`'s device: S_c of every word column (module docstring), in [0, P).
+
+    Element i sits in row r = i // block at column j = i % block, so (i + 1) = r * block + (j + 1):
+    per row, A_r = sum_j (j + 1) * w and B_r = sum_j w are exact; S_c = sum_r (A_r + (r * block mod
+    P) * (B_r mod P)) mod P, each product below 2**62."""
+    if t.numel() >= P:
+        raise ValueError(f"checksum: a tensor of {t.numel()} elements (at most {P - 1})")
+    w = words(t)  # (N, k)
+    n, k = w.shape
+    device = w.device
+    total = torch.zeros(k, dtype=torch.int64, device=device)
+    cols = torch.arange(1, block + 1, dtype=torch.int64, device=device).view(1, block, 1)  # j + 1
+    rows_per_chunk = max(1, chunk_elems // block)
+    for start in range(0, n, rows_per_chunk * block):
+        end = min(n, start + rows_per_chunk * block)
+        full = (end - start) // block  # whole rows in this chunk
+        parts = []
+        if full:
+            x = w[start : start + full * block].view(full, block, k).to(torch.int64)  # (R, block, k)
+            parts.append((x, start // block + torch.arange(full, device=device)))
+        if start + full * block < end:  # the tensor's last, shorter row
+            x = w[start + full * block : end].unsqueeze(0).to(torch.int64)  # (1, tail, k)
+            parts.append((x, torch.tensor([start // block + full], device=device)))
+        for x, rows in parts:
+            a = (x * cols[:, : x.shape[1]]).sum(1)  # (R, k): below 2**47 in magnitude
+            b = x.sum(1).remainder(P)  # (R, k)
+            shift = (rows * block).remainder(P).unsqueeze(1)  # (R, 1)
+            total += (a + shift * b).remainder(P).sum(0)
+        total = total.remainder(P)
+    return total
+
+
+def checksums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:
+    """{name: its checksum as ints}, read to the host in one transfer per device."""
+    return on_host({name: checksum(t) for name, t in named})
+
+
+def on_host(sums: Mapping[str, torch.Tensor]) -> dict[str, list[int]]:
+    """Checksums computed on devices (`checksum`'s tensors) as ints, one transfer per device."""
+    names, sums = list(sums), list(sums.values())
+    by_device: dict[torch.device, list[int]] = {}
+    for i, s in enumerate(sums):
+        by_device.setdefault(s.device, []).append(i)
+    out: list[list[int]] = [[] for _ in sums]
+    for idx in by_device.values():
+        flat = torch.cat([sums[i] for i in idx]).tolist()
+        at = 0
+        for i in idx:
+            k = sums[i].numel()
+            out[i], at = flat[at : at + k], at + k
+    return dict(zip(names, out))
+
+
+def reference_checksum(t: torch.Tensor) -> list[int]:
+    """The same number with Python integers, element by element (tests)."""
+    w = words(t.cpu()).tolist()
+    k = max(1, t.element_size() // 2)
+    return [sum((i + 1) * row[c] for i, row in enumerate(w)) % P for c in range(k)]
+
+
+def differing(sent: Mapping[str, list[int]], loaded: Mapping[str, list[int] | None]) -> list[str]:
+    """Names whose loaded checksum is missing (None) or differs from the sent one, in sent order."""
+    return [name for name, s in sent.items() if loaded.get(name) != s]

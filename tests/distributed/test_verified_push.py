@@ -1,0 +1,109 @@
+"""Verified weight pushes (rollout.weight_checksum_interval) over the gloo weight channel: the
+receivers check what they loaded on pushes N, 2N, ... only, and a change on the receiving side
+stops the run with the tensor's name."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from hybridrl.distributed.weight_channel import WeightChannel, WeightReceiver, WeightSender, drain
+from hybridrl.distributed.weight_checksum import WeightChecksumError
+
+PUSHES = 5  # versions 1..5, with a header-only send after the first
+
+
+def _tensors(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"embed": (50, 8), "layers.0.w": (8, 8), "layers.0.b": (8,), "big": (700,)}
+    return [(name, torch.randn(shape, generator=g, dtype=torch.float64)) for name, shape in shapes.items()]
+
+
+def _sender(port_queue, members: int, interval: int, results) -> None:
+    store, port = WeightChannel.host("127.0.0.1")
+    for _ in range(members - 1):
+        port_queue.put(port)
+    channel = WeightChannel("127.0.0.1", port, 0, members, torch.device("cpu"))
+    sender = WeightSender(channel, store, torch.bfloat16, bucket_mb=0.001, checksum_interval=interval)
+    sender.send(_tensors(1))
+    sender.send(None)  # no change: not a push, not counted
+    for seed in range(2, PUSHES + 1):
+        sender.send(_tensors(seed))
+    sender.wait()
+    results.put(("sender", None))
+    while store.add("done", 0) < members - 1:  # the store lives here: up until the receivers are through
+        time.sleep(0.05)
+
+
+def _receiver(member: int, members: int, port_queue, corrupt_at: int, results) -> None:
+    receiver = WeightReceiver(WeightChannel("127.0.0.1", port_queue.get(), member, members, torch.device("cpu")))
+    engine = {name: torch.zeros(t.shape, dtype=torch.bfloat16) for name, t in _tensors(0)}  # the "loaded" weights
+    log = []
+    for _ in range(PUSHES + 1):
+        pieces = receiver.receive()
+        for name, t in pieces or ():
+            engine[name].copy_(t)
+        drain(pieces)
+        if receiver.version == corrupt_at and pieces is not None:
+            engine["layers.0.w"].view(torch.int16)[3, 5] ^= 1  # one bit of one element, after the load
+        entry = [receiver.version, pieces is not None, receiver.verify_pending, None]
+        if receiver.verify_pending:
+            try:
+                receiver.verify(engine, f"member {member}")
+                entry[3] = "ok"
+            except WeightChecksumError as e:
+                entry[3] = str(e)
+        log.append(entry)
+    receiver.channel.store.add("done", 1)
+    results.put((member, log))
+
+
+def _run(interval: int, corrupt_at: int = -1, members: int = 3) -> dict:
+    ctx = mp.get_context("spawn")
+    port_queue, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_sender, args=(port_queue, members, interval, results))]
+    procs += [ctx.Process(target=_receiver, args=(m, members, port_queue, corrupt_at, results)) for m in range(1, members)]
+    for p in procs:
+        p.start()
+    out = dict(results.get(timeout=120) for _ in range(members))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return out
+
+
+def test_pushes_are_verified_every_interval_only():
+    out = _run(interval=2)
+    for member in (1, 2):
+        log = out[member]
+        assert [v for v, *_ in log] == [1, 1, 2, 3, 4, 5]
+        assert [changed for _, changed, *_ in log] == [True, False, True, True, True, True]
+        # the checks ran on pushes 2 and 4 (the header-only send is not a push) and passed
+        assert [(v, result) for v, _, _, result in log if result is not None] == [(2, "ok"), (4, "ok")]
+
+
+def test_interval_zero_never_verifies():
+    out = _run(interval=0, members=2)
+    assert all(result is None and not pending for _, _, pending, result in out[1])
+
+
+def test_a_changed_element_on_the_receiving_side_is_named():
+    out = _run(interval=1, corrupt_at=4, members=2)
+    results = {v: r for v, changed, _, r in out[1] if changed}
+    assert [results[v] for v in (1, 2, 3, 5)] == ["ok"] * 4  # the pushes before and after still check out
+    message = results[4]
+    assert message.startswith("weight push 4 failed its checksum: in member 1, 1 of 4 tensors differ")
+    assert "first layers.0.w" in message
+    assert "weight_checksum_interval=0 turns the check off" in message
+
+
+def test_verify_names_a_tensor_the_engine_lacks_and_a_dtype_change():
+    from hybridrl.distributed.weight_channel import _mismatch_message
+
+    sent = {"a": [1], "b": [2]}
+    loaded = {"a": torch.zeros(2, dtype=torch.float32)}
+    msg = _mismatch_message(7, ["a", "b"], sent, loaded, "rank 0's engine", torch.bfloat16)
+    assert "1 of 2 tensors differ from what the trainer sent, first a (a is held as torch.float32, sent as torch.bfloat16)" in msg
+    assert "1 sent tensors are not in it, first b" in msg

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -107,3 +108,82 @@ def test_verify_names_a_tensor_the_engine_lacks_and_a_dtype_change():
     msg = _mismatch_message(7, ["a", "b"], sent, loaded, "rank 0's engine", torch.bfloat16)
     assert "1 of 2 tensors differ from what the trainer sent, first a (a is held as torch.float32, sent as torch.bfloat16)" in msg
     assert "1 sent tensors are not in it, first b" in msg
+
+
+# -- the rollout pool's worker: what its engine loaded, checked -----------------------------------
+def _policy_sender(model_dir: str, port_queue, results) -> None:
+    """The trainer's rank 0: the tiny policy twice (the second moved), each push verified."""
+    from hybridrl.models.loading import load_causal_lm
+
+    store, port = WeightChannel.host("127.0.0.1")
+    port_queue.put(port)
+    sender = WeightSender(WeightChannel("127.0.0.1", port, 0, 2, torch.device("cpu")), store, torch.float32, 1.0, 1)
+    torch.manual_seed(1)
+    model = load_causal_lm(model_dir, random_init=True)
+    sender.send(model.named_parameters())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    sender.send(model.named_parameters())
+    sender.wait()
+    results.put(dict((n, p.detach().clone()) for n, p in model.named_parameters()))
+    while store.add("done", 0) < 1:
+        time.sleep(0.05)
+
+
+def test_rollout_worker_checks_what_its_engine_loaded(tiny_model_dir, arith_data, tmp_path):
+    """workers/rollout.py on the native engine: push 1 loads and checks out (the metrics say so);
+    push 2 is loaded with one bit changed inside the engine, and the generate stops naming it."""
+    from hybridrl.config import config_from_dict
+    from hybridrl.data import keys as K
+    from hybridrl.data.batch import Batch
+    from hybridrl.rollout import SamplingParams
+    from hybridrl.workers.rollout import RolloutWorker
+
+    cfg = config_from_dict(
+        {
+            "data": {"train_files": arith_data["train"], "max_prompt_length": 8, "max_response_length": 4},
+            "actor_rollout_ref": {
+                "model": {"path": tiny_model_dir, "random_init": True},
+                "rollout": {"name": "native", "enforce_eager": True, "weight_checksum_interval": 1},
+            },
+            "trainer": {"device": "cpu", "default_local_dir": str(tmp_path / "run")},
+        }
+    )
+    ctx = mp.get_context("spawn")
+    port_queue, results = ctx.Queue(), ctx.Queue()
+    sender = ctx.Process(target=_policy_sender, args=(tiny_model_dir, port_queue, results))
+    sender.start()
+    worker = RolloutWorker(cfg, None, torch.device("cpu"))
+    worker.init_model(tiny_model_dir, True)
+    worker.join_weight_channel("127.0.0.1", port_queue.get(timeout=120), 2)
+    prompts = Batch({K.PROMPTS: torch.tensor([[5, 6, 7]]), K.PROMPT_MASK: torch.tensor([[1, 1, 1]])})
+    sampling = SamplingParams(max_new_tokens=2)
+    try:
+        out = worker.generate(prompts, sampling, 1)
+        metrics = out.meta[K.ROLLOUT_METRICS]
+        assert metrics["rollout_pool/checksums_verified"] == 1.0 and metrics["rollout_pool/checksum_ms"] > 0
+
+        name = "model.layers.0.mlp.up_proj.weight"
+        load = worker.rollout.load_weights
+
+        def load_then_flip_a_bit(pieces, **kw):
+            load(pieces, **kw)
+            dict(worker.rollout.model.named_parameters())[name].view(torch.int32)[2, 3] ^= 1
+
+        worker.rollout.load_weights = load_then_flip_a_bit
+        with pytest.raises(
+            WeightChecksumError,
+            match=(
+                r"weight push 2 failed its checksum: in rollout rank 0's NativeRolloutEngine, "
+                rf"1 of \d+ tensors differ from what the trainer sent, first {name}\."
+            ),
+        ):
+            worker.generate(prompts, sampling, 2)
+        sent = results.get(timeout=60)
+        held = dict(worker.rollout.model.named_parameters())
+        assert sum(not torch.equal(held[n], t) for n, t in sent.items()) == 1  # the flipped one, nothing else
+    finally:
+        worker.receiver.channel.store.add("done", 1)
+        sender.join(timeout=60)
+    assert sender.exitcode == 0

@@ -91,26 +91,12 @@ class RolloutWorker(ProfiledWorker):
 
     def _receive(self) -> None:
         """One send: the policy's weights into the engine when they changed, else nothing."""
-        pieces = self.receiver.receive()
-        if pieces is None:
+        params = self.params if self.rollout.model is self.model else None  # the hf engine runs on the module itself
+        times = load_push(self.receiver, self.rollout, self.device, params)
+        if times is None:
             return
         self.loaded = True
-        try:
-            if self.rollout.model is self.model:  # the hf engine runs on the module itself
-                with torch.no_grad():
-                    for name, tensor in pieces:
-                        if name not in self.params:
-                            raise KeyError(f"the trainer sent {name!r}, which the rollout pool's model does not have")
-                        self.params[name].copy_(tensor)
-            else:
-                self.rollout.load_weights(pieces)
-        finally:
-            drain(pieces)  # also after an error: the sender's broadcasts must all be matched
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self.receiver.verify_pending:  # rollout.weight_checksum_interval: what the engine now holds
-            held = dict(self.rollout.model.named_parameters(remove_duplicate=False))
-            times = self.receiver.verify(held, f"rollout rank {global_rank()}'s {type(self.rollout).__name__}")
+        if times:  # a verified push
             self.verified += 1
             self.checksum_ms = [self.checksum_ms[0] + times["receiver_ms"], self.checksum_ms[1] + times["sender_ms"]]
 
@@ -134,6 +120,34 @@ class RolloutWorker(ProfiledWorker):
         metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out
+
+
+def load_push(receiver: WeightReceiver, rollout, device: torch.device, params: dict | None = None) -> dict[str, float] | None:
+    """One send of the weight channel into `rollout`: None when the policy had not changed. Else
+    the tensors are loaded (`rollout.load_weights`, or copied into `params`, the module's own
+    parameters by name, for an engine that runs on the module) and, on a verified push
+    (rollout.weight_checksum_interval), what the engine then holds is checked against the
+    sender's checksums: returns their times ({} when not verified)."""
+    pieces = receiver.receive()
+    if pieces is None:
+        return None
+    try:
+        if params is not None:
+            with torch.no_grad():
+                for name, tensor in pieces:
+                    if name not in params:
+                        raise KeyError(f"the trainer sent {name!r}, which the rollout pool's model does not have")
+                    params[name].copy_(tensor)
+        else:
+            rollout.load_weights(pieces)
+    finally:
+        drain(pieces)  # also after an error: the sender's broadcasts must all be matched
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if not receiver.verify_pending:
+        return {}
+    held = dict(rollout.model.named_parameters(remove_duplicate=False))
+    return receiver.verify(held, f"rollout rank {global_rank()}'s {type(rollout).__name__}")
 
 
 class PartialRollout:

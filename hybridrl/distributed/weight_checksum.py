@@ -7,14 +7,15 @@ is w[i, c]. For each column,
 
     S_c = sum_i (i + 1) * w[i, c]   mod P,   P = 2**31 - 1 (a prime)
 
-in exact int64 arithmetic (blocks of 2**15 elements keep every partial sum below 2**63). Because P
-is prime and larger than both any position difference (tensors under 2**31 elements) and any word
-difference (under 2**16):
+in exact arithmetic (blocks of 2**15 elements keep each block's sums exact in a float64 matmul,
+the rest is int64 below 2**63). Because P is prime and larger than both any position difference
+(tensors under 2**31 elements) and any word difference (under 2**16):
 - one changed element changes some S_c by (i + 1) * d, never 0 mod P;
 - two swapped elements of different bits change S_c by (i - j) * (w[j, c] - w[i, c]), never 0;
 - tensors that trade names, or a transposed tensor, show under their names (one checksum per name).
-Cost on a GPU: a few elementwise passes and reductions over int64 copies of one chunk at a time
-(`chunk_elems`), no host copy; the host reads the k numbers of every tensor in one transfer.
+Cost on a GPU: per chunk of `chunk_elems` elements, a float64 copy of its words and one matmul
+with a (block * k, 2 * k) matrix, then a few small int64 ops per block; no host copy of the
+weights, and the host reads the k numbers of every tensor in one transfer.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from collections.abc import Iterable, Mapping
 import torch
 
 P = 2**31 - 1
-BLOCK = 2**15  # elements per row: a row's sums stay below 2**63 (2**15 * 2**15 * 2**16 < 2**47)
-CHUNK = 2**24  # elements per pass: bounds the int64 temporaries (128 MB a word column)
+BLOCK = 2**15  # elements per row: a row's weighted sum stays below 2**45 (exact in float64)
+CHUNK = 2**24  # elements per pass: bounds the float64 temporary (128 MB a word column)
 
 
 class WeightChecksumError(RuntimeError):
@@ -44,33 +45,34 @@ def checksum(t: torch.Tensor, *, block: int = BLOCK, chunk_elems: int = CHUNK) -
     """(k,) int64 on `t`'s device: S_c of every word column (module docstring), in [0, P).
 
     Element i sits in row r = i // block at column j = i % block, so (i + 1) = r * block + (j + 1):
-    per row, A_r = sum_j (j + 1) * w and B_r = sum_j w are exact; S_c = sum_r (A_r + (r * block mod
-    P) * (B_r mod P)) mod P, each product below 2**62."""
+    per row, A_r = sum_j (j + 1) * w and B_r = sum_j w, both in one float64 matmul that is exact
+    (integers below 2**45, whatever the summation order); S_c = sum_r (A_r + r * block * (B_r mod
+    P)) mod P in int64, each product below 2**62."""
     if t.numel() >= P:
         raise ValueError(f"checksum: a tensor of {t.numel()} elements (at most {P - 1})")
     w = words(t)  # (N, k)
     n, k = w.shape
     device = w.device
     total = torch.zeros(k, dtype=torch.int64, device=device)
-    cols = torch.arange(1, block + 1, dtype=torch.int64, device=device).view(1, block, 1)  # j + 1
+    j = torch.arange(1, block + 1, dtype=torch.float64, device=device)
+    # (block * k, 2 * k): row j * k + c holds (j + 1, 1) in columns c and k + c, so that a row of
+    # words (j, c) laid out as in memory gives [A_c..., B_c...] without a transpose
+    weights = torch.kron(torch.stack([j, torch.ones_like(j)], dim=1), torch.eye(k, dtype=torch.float64, device=device))
     rows_per_chunk = max(1, chunk_elems // block)
     for start in range(0, n, rows_per_chunk * block):
         end = min(n, start + rows_per_chunk * block)
         full = (end - start) // block  # whole rows in this chunk
         parts = []
         if full:
-            x = w[start : start + full * block].view(full, block, k).to(torch.int64)  # (R, block, k)
-            parts.append((x, start // block + torch.arange(full, device=device)))
+            parts.append((w[start : start + full * block].view(full, block, k), start // block))
         if start + full * block < end:  # the tensor's last, shorter row
-            x = w[start + full * block : end].unsqueeze(0).to(torch.int64)  # (1, tail, k)
-            parts.append((x, torch.tensor([start // block + full], device=device)))
-        for x, rows in parts:
-            a = (x * cols[:, : x.shape[1]]).sum(1)  # (R, k): below 2**47 in magnitude
-            b = x.sum(1).remainder(P)  # (R, k)
-            shift = (rows * block).remainder(P).unsqueeze(1)  # (R, 1)
-            total += (a + shift * b).remainder(P).sum(0)
-        total = total.remainder(P)
-    return total
+            parts.append((w[start + full * block : end].unsqueeze(0), start // block + full))
+        for x, first_row in parts:  # x: (R, width, k)
+            rows, width = x.shape[0], x.shape[1]
+            ab = (x.reshape(rows, width * k).to(torch.float64) @ weights[: width * k]).to(torch.int64).view(rows, 2, k)
+            shift = (first_row + torch.arange(rows, device=device)).mul_(block).unsqueeze(1)  # (R, 1), below P
+            total += (ab[:, 0] + shift * ab[:, 1].remainder(P)).remainder(P).sum(0)
+    return total.remainder(P)
 
 
 def checksums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:

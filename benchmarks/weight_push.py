@@ -174,6 +174,8 @@ def _trainer(rank: int, args, port_queue, results) -> None:
                 )
         if rank == 0:
             results.put(("trainer", name, rows))
+            while sync.sender.store.add("bench/done", 0) < args.rollout_ranks:  # the store lives here
+                time.sleep(0.05)
         del sync, state
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -201,6 +203,7 @@ def _rollout(r: int, args, port_queue, results) -> None:
             times = load_push(receiver, engine, device)
             rows.append({"loaded_t": _now(), **(times or {})})
         results.put(("rollout", name, r, rows))
+        receiver.channel.store.add("bench/done", 1)  # the last checksums are read: rank 0 may close the channel
         del engine, receiver
         if device.type == "cuda":
             torch.cuda.empty_cache()

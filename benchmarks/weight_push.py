@@ -210,7 +210,11 @@ def _rollout(r: int, args, port_queue, results) -> None:
 
 
 def _device(args, index: int) -> torch.device:
-    return torch.device("cuda", index) if args.device == "cuda" else torch.device("cpu")
+    """This process's device: GPU `index` (made the current one, for NCCL), or the CPU."""
+    if args.device != "cuda":
+        return torch.device("cpu")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _median_ms(values) -> float:

@@ -175,6 +175,11 @@ class WeightSender:
                 self._publish(int(header[0]), sent, timer.ms())
         except BaseException as e:  # raised by the next send
             self._error = e
+            if verify is not None:  # the receivers wait for these checksums: tell them there are none
+                try:
+                    self.store.set(_checksum_key(int(header[0])), json.dumps({"error": repr(e)}))
+                except Exception:
+                    pass
 
     def _publish(self, version: int, sent: dict[str, list[int]], ms: float) -> None:
         """The checksums of push `version` for the receivers; those of earlier pushes that every
@@ -256,6 +261,8 @@ class WeightReceiver:
         key = _checksum_key(self.version)
         sent = json.loads(self.channel.store.get(key))  # waits for the sender's
         self.channel.store.add(f"{key}/read", 1)
+        if "error" in sent:
+            raise RuntimeError(f"weight push {self.version}: the trainer failed to send it: {sent['error']}")
         bad = differing(sent["sums"], got)
         if bad:
             raise WeightChecksumError(_mismatch_message(self.version, bad, sent["sums"], loaded, where, self.dtype))

@@ -187,3 +187,45 @@ def test_rollout_worker_checks_what_its_engine_loaded(tiny_model_dir, arith_data
         worker.receiver.channel.store.add("done", 1)
         sender.join(timeout=60)
     assert sender.exitcode == 0
+
+
+def _failing_sender(port_queue) -> None:
+    """A sender whose checksums fail after its broadcasts (reading them to the host)."""
+    import hybridrl.distributed.weight_channel as channel_module
+
+    def broken(sums):
+        raise MemoryError("no memory for the checksums")
+
+    channel_module.on_host = broken
+    store, port = WeightChannel.host("127.0.0.1")
+    port_queue.put(port)
+    sender = WeightSender(WeightChannel("127.0.0.1", port, 0, 2, torch.device("cpu")), store, torch.float32, 1.0, 1)
+    sender.send(_tensors(1))
+    try:
+        sender.wait()
+    except RuntimeError:
+        pass
+    while store.add("done", 0) < 1:
+        time.sleep(0.05)
+
+
+def test_a_sender_that_cannot_checksum_fails_the_receiver_at_once():
+    """The receiver waits in the store for the sender's checksums: a failure there is published
+    instead of leaving it to the store's 30-minute timeout."""
+    ctx = mp.get_context("spawn")
+    port_queue = ctx.Queue()
+    proc = ctx.Process(target=_failing_sender, args=(port_queue,))
+    proc.start()
+    receiver = WeightReceiver(WeightChannel("127.0.0.1", port_queue.get(timeout=120), 1, 2, torch.device("cpu")))
+    try:
+        pieces = receiver.receive()
+        engine = {name: t.clone() for name, t in pieces}
+        assert receiver.verify_pending
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match="weight push 1: the trainer failed to send it: MemoryError"):
+            receiver.verify(engine)
+        assert time.perf_counter() - t0 < 60
+    finally:
+        receiver.channel.store.add("done", 1)
+        proc.join(timeout=60)
+    assert proc.exitcode == 0

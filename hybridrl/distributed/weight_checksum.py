@@ -20,6 +20,7 @@ weights, and the host reads the k numbers of every tensor in one transfer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -54,10 +55,7 @@ def checksum(t: torch.Tensor, *, block: int = BLOCK, chunk_elems: int = CHUNK) -
     n, k = w.shape
     device = w.device
     total = torch.zeros(k, dtype=torch.int64, device=device)
-    j = torch.arange(1, block + 1, dtype=torch.float64, device=device)
-    # (block * k, 2 * k): row j * k + c holds (j + 1, 1) in columns c and k + c, so that a row of
-    # words (j, c) laid out as in memory gives [A_c..., B_c...] without a transpose
-    weights = torch.kron(torch.stack([j, torch.ones_like(j)], dim=1), torch.eye(k, dtype=torch.float64, device=device))
+    weights = _weights(block, k, device)
     rows_per_chunk = max(1, chunk_elems // block)
     for start in range(0, n, rows_per_chunk * block):
         end = min(n, start + rows_per_chunk * block)
@@ -73,6 +71,17 @@ def checksum(t: torch.Tensor, *, block: int = BLOCK, chunk_elems: int = CHUNK) -
             shift = (first_row + torch.arange(rows, device=device)).mul_(block).unsqueeze(1)  # (R, 1), below P
             total += (ab[:, 0] + shift * ab[:, 1].remainder(P)).remainder(P).sum(0)
     return total.remainder(P)
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(block: int, k: int, device: torch.device) -> torch.Tensor:
+    """(block * k, 2 * k) float64: row j * k + c holds (j + 1, 1) in columns c and k + c, so that a
+    row of words (j, c) laid out as in memory times it gives [A_c..., B_c...] without a transpose."""
+    j = torch.arange(1, block + 1, dtype=torch.float64, device=device)
+    w = torch.kron(torch.stack([j, torch.ones_like(j)], dim=1), torch.eye(k, dtype=torch.float64, device=device))
+    if device.type == "cuda":  # cached: written before any stream reads it
+        torch.cuda.current_stream(device).synchronize()
+    return w
 
 
 def checksums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[int]]:

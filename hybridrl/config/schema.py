@@ -378,6 +378,13 @@ class RolloutConfig:
         "(verl's checkpoint_engine.update_weights_bucket_megabytes); the trainer's rank 0 stages them on the host.",
         check=POSITIVE,
     )
+    weight_checksum_interval: int = option(
+        20,
+        "resource_pool.rollout: every this many weight pushes, each rollout rank checksums the weights its engine "
+        "loaded against the trainer's (as sent, on the device) and stops the run naming the tensors that differ; "
+        "0 = never. Metrics rollout_pool/checksums_verified, rollout_pool/checksum_ms (docs/distributed.md).",
+        check=Rule(lambda v: isinstance(v, int) and v >= 0, "must be an integer >= 0"),
+    )
     max_num_batched_tokens: int = option(8192, "native: prompt tokens (padded) prefilled in one forward pass.", check=AT_LEAST_1)
     decode_steps_per_sync: int | None = option(
         None,

@@ -9,8 +9,8 @@ Every rollout `generate` is paired with one `WeightSender.send` (the controller 
 trainer/rollout_pool.py, and tells each generate how many sends to have received before it
 starts). Sends are counted in the store (`sent`), so that a receiver can also see, between two
 decode steps, that weights wait (`available`: partial rollouts). A send is a header broadcast,
-[version, changed], then, when the policy changed since the last send, its tensors in buckets
-of `bucket_mb`:
+[version, changed, verify], then, when the policy changed since the last send, its tensors in
+buckets of `bucket_mb`:
 
 - the trainer's ranks gather the full tensors (FSDP: a collective, in step) and rank 0 copies
   them, cast to the wire dtype, into host buckets (pinned on GPUs). The broadcasts then run in
@@ -20,12 +20,18 @@ of `bucket_mb`:
   bucket's tensors as it arrives, in a buffer of its own, so an engine may keep views.
 
 A failure in the background thread (a receiver died, a timeout) is raised by the next send.
+
+Verified pushes (`checksum_interval` N > 0): on pushes N, 2N, ... (counted by version) the sender
+checksums each tensor as sent (in the wire dtype, on the device, distributed/weight_checksum.py)
+and puts the sums in the store; each receiver checksums what its engine holds after loading
+(`WeightReceiver.verify`) and raises `WeightChecksumError` naming the tensors that differ.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -34,7 +40,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hybridrl.distributed.weight_checksum import WeightChecksumError, checksum, checksums, differing, on_host
+
 _LAYOUT_KEY, _SENT_KEY = "layout", "sent"
+
+
+def _checksum_key(version: int) -> str:
+    return f"checksums/{version}"
 
 
 class WeightChannel:
@@ -72,9 +84,14 @@ class _Bucket:
 class WeightSender:
     """Member 0: stages the policy's tensors on the host and broadcasts them in the background."""
 
-    def __init__(self, channel: WeightChannel, store: dist.TCPStore, dtype: torch.dtype, bucket_mb: float):
+    def __init__(
+        self, channel: WeightChannel, store: dist.TCPStore, dtype: torch.dtype, bucket_mb: float, checksum_interval: int = 0
+    ):
+        """`checksum_interval`: verify pushes number N, 2N, ... (0: none)."""
         self.channel, self.store, self.dtype = channel, store, dtype
         self.bucket_numel = max(1, int(bucket_mb * 2**20) // torch.empty((), dtype=dtype).element_size())
+        self.checksum_interval = checksum_interval
+        self._published: list[int] = []  # verified pushes whose checksums are still in the store
         self.version = 0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -93,13 +110,16 @@ class WeightSender:
         the bytes staged. Returns before the receivers have them."""
         self.wait()
         staged: list[list[torch.Tensor]] = []
+        buckets: list[_Bucket] = []
         if named_tensors is not None:
             self.version += 1
             staged, buckets = self._stage(named_tensors)
             self.store.set(_LAYOUT_KEY, _layout_json(self.dtype, buckets))
         self.store.add(_SENT_KEY, 1)  # after the layout: a receiver that sees the count finds it
-        header = torch.tensor([self.version, 1 if staged else 0], dtype=torch.long)
-        self._thread = threading.Thread(target=self._broadcast, args=(header, staged), name="hybridrl-weights", daemon=True)
+        verify = bool(staged) and self.checksum_interval > 0 and self.version % self.checksum_interval == 0
+        header = torch.tensor([self.version, 1 if staged else 0, int(verify)], dtype=torch.long)
+        args = (header, staged, buckets if verify else None)
+        self._thread = threading.Thread(target=self._broadcast, args=args, name="hybridrl-weights", daemon=True)
         self._thread.start()
         return float(sum(t.numel() * t.element_size() for parts in staged for t in parts))
 
@@ -130,18 +150,72 @@ class WeightSender:
             torch.cuda.synchronize(self.channel.device)
         return staged, buckets
 
-    def _broadcast(self, header: torch.Tensor, staged: list[list[torch.Tensor]]) -> None:
+    def _broadcast(self, header: torch.Tensor, staged: list[list[torch.Tensor]], verify: list[_Bucket] | None) -> None:
+        """The header and the buckets; for a verified push (`verify`: its buckets) also each
+        tensor's checksum, taken from the bucket on the device just before it goes out."""
         device = self.channel.device
         try:
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            sums, timer = {}, _Timer(stream)
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 self.channel.broadcast(header.to(device))
-                for parts in staged:
-                    self.channel.broadcast(torch.cat([t.to(device, non_blocking=True) for t in parts]))
+                for i, parts in enumerate(staged):
+                    flat = torch.cat([t.to(device, non_blocking=True) for t in parts])
+                    if verify is not None:
+                        with timer:
+                            for name, shape, offset, n in verify[i].entries:
+                                sums[name] = checksum(flat[offset : offset + n])
+                    self.channel.broadcast(flat)
+                if verify is not None:
+                    with timer:
+                        sent = on_host(sums)  # one read to the host
                 if stream is not None:
                     stream.synchronize()
+            if verify is not None:
+                self._publish(int(header[0]), sent, timer.ms())
         except BaseException as e:  # raised by the next send
             self._error = e
+            if verify is not None:  # the receivers wait for these checksums: tell them there are none
+                try:
+                    self.store.set(_checksum_key(int(header[0])), json.dumps({"error": repr(e)}))
+                except Exception:
+                    pass
+
+    def _publish(self, version: int, sent: dict[str, list[int]], ms: float) -> None:
+        """The checksums of push `version` for the receivers; those of earlier pushes that every
+        receiver has read (each counts itself in `<key>/read`) leave the store."""
+        self.store.set(_checksum_key(version), json.dumps({"sums": sent, "ms": ms}))
+        for old in list(self._published):
+            key = _checksum_key(old)
+            if self.store.add(f"{key}/read", 0) == self.channel.members - 1:
+                self.store.delete_key(key)
+                self.store.delete_key(f"{key}/read")
+                self._published.remove(old)
+        self._published.append(version)
+
+
+class _Timer:
+    """Milliseconds spent inside `with timer:` blocks: CUDA events on `stream`, else the host clock."""
+
+    def __init__(self, stream):
+        self.stream, self.events, self.host_s = stream, [], 0.0
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.events.append([torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)])
+            self.events[-1][0].record(self.stream)
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            self.events[-1][1].record(self.stream)
+        self.host_s += time.perf_counter() - self.t0
+
+    def ms(self) -> float:
+        """After the work has finished (its stream synchronized)."""
+        if self.stream is None:
+            return self.host_s * 1e3
+        return sum(a.elapsed_time(b) for a, b in self.events)
 
 
 class WeightReceiver:
@@ -151,6 +225,9 @@ class WeightReceiver:
         self.channel = channel
         self.version = 0
         self.received = 0  # sends received so far
+        self.verify_pending = False  # the last receive was a verified push: `verify` what was loaded
+        self.names: list[str] = []  # the tensors of the last push, in order
+        self.dtype: torch.dtype | None = None  # their dtype on the wire
 
     def available(self) -> int:
         """Sends staged by the sender and not received here yet (a store read, no broadcast)."""
@@ -161,15 +238,35 @@ class WeightReceiver:
         bucket as the iterator is consumed. The caller must exhaust the iterator before the next
         `receive` (`drain`)."""
         device = self.channel.device
-        header = torch.zeros(2, dtype=torch.long, device=device)
+        header = torch.zeros(3, dtype=torch.long, device=device)
         self.channel.broadcast(header)
-        version, changed = header.tolist()
+        version, changed, verify = header.tolist()
         self.version = version
         self.received += 1
+        self.verify_pending = bool(verify)
         if not changed:
             return None
         dtype, buckets = _layout_from_json(self.channel.store.get(_LAYOUT_KEY))
+        self.names, self.dtype = [name for b in buckets for name, *_ in b.entries], dtype
         return self._pieces(dtype, buckets)
+
+    def verify(self, loaded: dict[str, torch.Tensor], where: str = "the rollout engine") -> dict[str, float]:
+        """After a verified push was loaded (`verify_pending`): the checksum of each pushed tensor
+        as `loaded` (name -> the engine's tensor) holds it against the sender's; raises
+        `WeightChecksumError` naming the first that differ. Returns both sides' checksum times (ms)."""
+        t0 = time.perf_counter()
+        got = checksums((name, loaded[name]) for name in self.names if name in loaded)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.verify_pending = False
+        key = _checksum_key(self.version)
+        sent = json.loads(self.channel.store.get(key))  # waits for the sender's
+        self.channel.store.add(f"{key}/read", 1)
+        if "error" in sent:
+            raise RuntimeError(f"weight push {self.version}: the trainer failed to send it: {sent['error']}")
+        bad = differing(sent["sums"], got)
+        if bad:
+            raise WeightChecksumError(_mismatch_message(self.version, bad, sent["sums"], loaded, where, self.dtype))
+        return {"receiver_ms": ms, "sender_ms": float(sent["ms"])}
 
     def _pieces(self, dtype, buckets: list[_Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in buckets:
@@ -177,6 +274,25 @@ class WeightReceiver:
             self.channel.broadcast(flat)
             for name, shape, offset, n in bucket.entries:
                 yield name, flat[offset : offset + n].view(shape)
+
+
+def _mismatch_message(version: int, bad: list[str], sent: dict, loaded: dict, where: str, dtype) -> str:
+    missing = [n for n in bad if n not in loaded]
+    differ = [n for n in bad if n in loaded]
+    parts = []
+    if differ:
+        cast = [n for n in differ if loaded[n].dtype != dtype]
+        held = f" ({cast[0]} is held as {loaded[cast[0]].dtype}, sent as {dtype})" if cast else ""
+        first = ", ".join(differ[:3])
+        parts.append(f"{len(differ)} of {len(sent)} tensors differ from what the trainer sent, first {first}{held}")
+    if missing:
+        parts.append(f"{len(missing)} sent tensors are not in it, first {', '.join(missing[:3])}")
+    return (
+        f"weight push {version} failed its checksum: in {where}, {'; '.join(parts)}. The rollout pool would "
+        "sample from weights other than the policy's: check the engine's load_weights for these names "
+        "(a dtype or layout change, a name it maps elsewhere) and the devices for memory errors. "
+        "actor_rollout_ref.rollout.weight_checksum_interval=0 turns the check off."
+    )
 
 
 def _layout_json(dtype: torch.dtype, buckets: list[_Bucket]) -> str:

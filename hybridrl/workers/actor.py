@@ -158,7 +158,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
     @register(Dispatch.ALL)
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
         """Rank 0 is the channel's sender; the first send carries the whole policy."""
-        self.sync.join_channel(addr, port, members, self.arr.rollout.update_weights_bucket_megabytes)
+        r = self.arr.rollout
+        self.sync.join_channel(addr, port, members, r.update_weights_bucket_megabytes, r.weight_checksum_interval)
 
     @register(Dispatch.RANK0)
     def send_weights(self) -> dict[str, float]:

@@ -35,6 +35,8 @@ class RolloutWorker(ProfiledWorker):
         self.loaded = False  # weights were loaded since the last generate's metrics
         self.partial: PartialRollout | None = None
         self.last_end: float | None = None  # when the previous generate returned: the pool's idle time
+        self.verified = 0  # pushes whose checksums matched (rollout.weight_checksum_interval)
+        self.checksum_ms = [0.0, 0.0]  # checksum time since the last generate's metrics: this rank's, the sender's
 
     @register(Dispatch.ALL)
     def init_model(self, model_path: str, random_init: bool) -> None:
@@ -59,6 +61,11 @@ class RolloutWorker(ProfiledWorker):
         self.params = dict(self.model.named_parameters())
         if partial:
             self.partial = PartialRollout(self)
+        if r.weight_checksum_interval and self.rollout.model is None:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_checksum_interval={r.weight_checksum_interval} verifies the weights "
+                f"the engine holds, and rollout.name={r.name} does not show them; use native or hf, or set it to 0"
+            )
 
     @register(Dispatch.ALL)
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
@@ -73,6 +80,10 @@ class RolloutWorker(ProfiledWorker):
         while self.receiver.received < through:
             self._receive()
         metrics = {"rollout_pool/weights_version": float(self.receiver.version)}
+        if self.cfg.actor_rollout_ref.rollout.weight_checksum_interval:
+            metrics["rollout_pool/checksums_verified"] = float(self.verified)  # in the run so far
+            metrics["rollout_pool/checksum_ms"], metrics["rollout_pool/sender_checksum_ms"] = self.checksum_ms
+            self.checksum_ms = [0.0, 0.0]
         if self.loaded:
             metrics["timing_s/update_weights"] = time.perf_counter() - t0
             self.loaded = False
@@ -80,23 +91,14 @@ class RolloutWorker(ProfiledWorker):
 
     def _receive(self) -> None:
         """One send: the policy's weights into the engine when they changed, else nothing."""
-        pieces = self.receiver.receive()
-        if pieces is None:
+        params = self.params if self.rollout.model is self.model else None  # the hf engine runs on the module itself
+        times = load_push(self.receiver, self.rollout, self.device, params)
+        if times is None:
             return
         self.loaded = True
-        try:
-            if self.rollout.model is self.model:  # the hf engine runs on the module itself
-                with torch.no_grad():
-                    for name, tensor in pieces:
-                        if name not in self.params:
-                            raise KeyError(f"the trainer sent {name!r}, which the rollout pool's model does not have")
-                        self.params[name].copy_(tensor)
-            else:
-                self.rollout.load_weights(pieces)
-        finally:
-            drain(pieces)  # also after an error: the sender's broadcasts must all be matched
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if times:  # a verified push
+            self.verified += 1
+            self.checksum_ms = [self.checksum_ms[0] + times["receiver_ms"], self.checksum_ms[1] + times["sender_ms"]]
 
     @register(Dispatch.DP, mesh="rollout")
     def generate(self, prompts: Batch, sampling: SamplingParams, through: int) -> Batch:
@@ -118,6 +120,34 @@ class RolloutWorker(ProfiledWorker):
         metrics.update(self.rollout.last_metrics)
         out.meta[K.ROLLOUT_METRICS] = metrics
         return out
+
+
+def load_push(receiver: WeightReceiver, rollout, device: torch.device, params: dict | None = None) -> dict[str, float] | None:
+    """One send of the weight channel into `rollout`: None when the policy had not changed. Else
+    the tensors are loaded (`rollout.load_weights`, or copied into `params`, the module's own
+    parameters by name, for an engine that runs on the module) and, on a verified push
+    (rollout.weight_checksum_interval), what the engine then holds is checked against the
+    sender's checksums: returns their times ({} when not verified)."""
+    pieces = receiver.receive()
+    if pieces is None:
+        return None
+    try:
+        if params is not None:
+            with torch.no_grad():
+                for name, tensor in pieces:
+                    if name not in params:
+                        raise KeyError(f"the trainer sent {name!r}, which the rollout pool's model does not have")
+                    params[name].copy_(tensor)
+        else:
+            rollout.load_weights(pieces)
+    finally:
+        drain(pieces)  # also after an error: the sender's broadcasts must all be matched
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if not receiver.verify_pending:
+        return {}
+    held = dict(rollout.model.named_parameters(remove_duplicate=False))
+    return receiver.verify(held, f"rollout rank {global_rank()}'s {type(rollout).__name__}")
 
 
 class PartialRollout:

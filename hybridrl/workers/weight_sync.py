@@ -67,12 +67,14 @@ class WeightSync:
         self._store, port = WeightChannel.host(addr)
         return port
 
-    def join_channel(self, addr: str, port: int, members: int, bucket_mb: int) -> None:
+    def join_channel(self, addr: str, port: int, members: int, bucket_mb: float, checksum_interval: int = 0) -> None:
         """Rank 0 becomes the channel's sender; the pool's replicas start from weights of their
-        own, so the first send carries the whole policy."""
+        own, so the first send carries the whole policy. `checksum_interval`: every that many
+        pushes, the receivers verify what they loaded (0: never)."""
         if global_rank() == 0:
             channel = WeightChannel(addr, port, 0, members, self.engine.device)
-            self.sender = WeightSender(channel, self._store, self.engine.amp or torch.float32, bucket_mb)
+            dtype = self.engine.amp or torch.float32
+            self.sender = WeightSender(channel, self._store, dtype, bucket_mb, checksum_interval)
         self.mark_stale()
 
     def send(self) -> dict[str, float]:

@@ -178,6 +178,10 @@ BROKEN = [
     ([f"{R}.top_p=0"], f"{R}.top_p=0.0 must be in (0, 1]"),
     ([f"{R}.gpu_memory_utilization=1.5"], f"{R}.gpu_memory_utilization=1.5 must be in (0, 1]"),
     ([f"{R}.max_num_batched_tokens=0"], f"{R}.max_num_batched_tokens=0 must be >= 1"),
+    (
+        [f"{R}.weight_checksum_interval=-1"],
+        f"{R}.weight_checksum_interval=-1 must be an integer >= 0; use e.g. {R}.weight_checksum_interval=20",
+    ),
     ([f"{R}.name=native", f"{R}.n=8", f"{R}.max_num_seqs=4"], f"{R}.max_num_seqs=4 must be >= rollout.n=8"),
     ([f"{R}.name=natve"], f"use e.g. {R}.name=native"),
     ([f"{R}.top_k=0"], f"{R}.top_k=0 must be -1 (off) or >= 1"),

@@ -51,8 +51,11 @@ def _rows(tmp_path) -> dict[int, dict]:
 def test_sync_mode_pool_generates_with_the_current_weights(ray_session, tiny_model_dir, arith_data, tmp_path):
     """Every step's batch comes from the pool with the weights after the previous step's update:
     the engine's log-probs equal the trainer's recomputed ones (kl ~ 0 at every step), although
-    the pool's replicas started from weights of their own and the policy moves each step."""
-    PPOTrainer(_cfg(tiny_model_dir, arith_data, tmp_path, total_training_steps=3), reward_fn=_digits).fit()
+    the pool's replicas started from weights of their own and the policy moves each step. Every
+    second push is verified (rollout.weight_checksum_interval=2)."""
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, total_training_steps=3)
+    cfg.actor_rollout_ref.rollout.weight_checksum_interval = 2
+    PPOTrainer(cfg, reward_fn=_digits).fit()
     rows = _rows(tmp_path)
     assert sorted(k for k in rows if k > 0) == [1, 2, 3]
     for s in (1, 2, 3):
@@ -60,6 +63,10 @@ def test_sync_mode_pool_generates_with_the_current_weights(ray_session, tiny_mod
         assert rows[s]["actor/grad_norm"] > 0
         assert rows[s]["rollout_pool/bytes_sent"] > 0  # the policy moved since the last send: all of it again
         assert rows[s]["rollout_pool/weights_version"] == s
+    # push s carries the weights of step s: push 2's load was checked against the trainer's (and matched)
+    assert [rows[s]["rollout_pool/checksums_verified"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert rows[1]["rollout_pool/checksum_ms"] == 0.0 < rows[2]["rollout_pool/checksum_ms"]
+    assert rows[2]["rollout_pool/sender_checksum_ms"] > 0.0
 
 
 def test_one_step_off_pool_overlaps_and_corrects(ray_session, tiny_model_dir, arith_data, tmp_path):

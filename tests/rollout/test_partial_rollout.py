@@ -99,9 +99,13 @@ def test_forced_lengths_unfinished_rows_carry_across_the_swap(steps_per_sync, nt
         v = versions[row, :n]
         switch = int((v == 1).sum())
         assert torch.equal(v, torch.tensor([1] * switch + [2] * (n - switch)))
-        # the tokens and log-probs sampled before the swap are kept as they were
+        # the tokens and log-probs sampled before the swap are kept as they were (the log-probs up to
+        # float rounding: the two runs batch their decode steps differently, and with several CPU
+        # threads the matmuls' summation order follows the batch)
         assert torch.equal(out[K.RESPONSES][row, :switch], alone[K.RESPONSES][row, :switch])
-        assert torch.equal(out[K.ROLLOUT_LOG_PROBS][row, :switch], alone[K.ROLLOUT_LOG_PROBS][row, :switch])
+        torch.testing.assert_close(
+            out[K.ROLLOUT_LOG_PROBS][row, :switch], alone[K.ROLLOUT_LOG_PROBS][row, :switch], atol=1e-5, rtol=1e-5
+        )
         if switch == n:  # ended before the swap
             finished_before += 1
             continue

@@ -21,7 +21,7 @@ from hybridrl.distributed.weight_checksum import BLOCK, checksum, reference_chec
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_checksum_is_the_same_on_the_gpu():
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32, torch.float16):

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from hybridrl.algorithms.core import masked_mean
+from hybridrl.config.names import KL_ESTIMATORS
 
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_TYPES = KL_ESTIMATORS  # the names are defined once, in the torch-free config layer
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_type: str) -> torch.Tensor:

@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.algorithms.losses import Count, agg_loss
-
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+from hybridrl.config.names import DPO_LOSS_TYPES
 
 
 def dpo_loss(

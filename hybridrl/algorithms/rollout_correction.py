@@ -25,6 +25,7 @@ import math
 import torch
 
 from hybridrl.algorithms.core import masked_mean, masked_sum
+from hybridrl.config.names import ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS
 
 # A sampled token whose probability under the trainer (at the sampling temperature) is below this
 # is one the policy would essentially never write there: a correct sampler draws about
@@ -37,21 +38,6 @@ def improbable_token_frac(log_probs: torch.Tensor, mask: torch.Tensor) -> torch.
     hits = (log_probs.detach() < math.log(IMPROBABLE_P)).to(mask.dtype) * mask
     return hits.sum() / mask.sum().clamp(min=1)
 
-
-ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_OPTIONS = (
-    "token_k1",
-    "token_k2",
-    "token_k3",
-    "seq_sum_k1",
-    "seq_sum_k2",
-    "seq_sum_k3",
-    "seq_mean_k1",
-    "seq_mean_k2",
-    "seq_mean_k3",
-    "seq_max_k2",
-    "seq_max_k3",
-)
 
 # exp() bound on log-ratios (exp(20) ~ 5e8), as verl's SAFETY_BOUND
 _BOUND = 20.0

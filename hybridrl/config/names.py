@@ -3,7 +3,9 @@
 The config layer imports nothing from the layers above it, so it cannot read the registries it
 mirrors at import time without pulling in torch. Each set below names the registry it copies;
 `tests/config/test_names.py` imports both and fails when they differ, so a name added to a
-registry cannot be refused by validation (or a removed one accepted) without a red test.
+registry cannot be refused by validation (or a removed one accepted) without a red test. Where a
+registry is a plain tuple (the KL estimators, DPO losses, reward managers, rollout-correction
+levels), its module imports the tuple from here instead, so it is written once.
 Names users register themselves (advantage estimators, policy losses) are not here: they are
 read from the live registries through `extensions.use_registry`.
 """
@@ -17,7 +19,7 @@ LOSS_AGG_MODES = (  # hybridrl.algorithms.losses.LOSS_AGG_MODES
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # hybridrl.algorithms.kl.KL_TYPES
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # hybridrl.algorithms.kl.KL_TYPES imports it
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")  # hybridrl.algorithms.preference.DPO_LOSS_TYPES
 ROLLOUT_IS_LEVELS = ("token", "sequence")  # hybridrl.algorithms.rollout_correction.ROLLOUT_IS_LEVELS
 ROLLOUT_RS_OPTIONS = (  # hybridrl.algorithms.rollout_correction.ROLLOUT_RS_OPTIONS

@@ -23,9 +23,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .manager import MAX_ABS_SCORE, ScoreResult, _as_number, _as_score, _log_first_error, score_batch
+from hybridrl.config.names import REWARD_MANAGERS
 
-REWARD_MANAGERS = ("naive", "dapo", "batch", "prime")
+from .manager import MAX_ABS_SCORE, ScoreResult, _as_number, _as_score, _log_first_error, score_batch
 
 
 def overlong_penalty(lengths: Sequence[int], max_response_length: int, buffer_len: int, penalty_factor: float) -> list[float]:

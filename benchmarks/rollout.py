@@ -62,6 +62,16 @@ MODELS = {
     "Qwen2.5-1.5B": dict(
         COMMON, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960
     ),
+    "Qwen2.5-7B": dict(
+        COMMON,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+    ),
     "tiny": dict(
         COMMON,
         vocab_size=512,

@@ -43,58 +43,11 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-COMMON = dict(
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    architectures=["Qwen2ForCausalLM"],
-    eos_token_id=151643,
-    pad_token_id=151643,
-)
-MODELS = {
-    "Qwen2.5-0.5B": dict(
-        COMMON,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-    ),
-    "Qwen2.5-1.5B": dict(
-        COMMON,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        hidden_size=1536,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        intermediate_size=8960,
-    ),
-    "Qwen2.5-7B": dict(
-        COMMON,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-        hidden_size=3584,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        intermediate_size=18944,
-    ),
-    "tiny": dict(
-        COMMON,
-        vocab_size=512,
-        tie_word_embeddings=False,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        eos_token_id=1,
-        pad_token_id=0,
-    ),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout import MODELS as ROLLOUT_MODELS  # noqa: E402  (the Qwen2.5 shapes, one table for both benchmarks)
+
+# the tiny smoke model untied, so the push carries an LM head of its own as 7B's does
+MODELS = {**ROLLOUT_MODELS, "tiny": dict(ROLLOUT_MODELS["tiny"], tie_word_embeddings=False)}
 
 
 def _now() -> float:

@@ -174,7 +174,7 @@ def accumulation(model: nn.Module, micro_batches: int, *, reduce_grads_once: boo
       backward, so the backward does not gather them again; FSDP frees them after the backward.
 
     No effect on an unsharded model."""
-    if not is_sharded(model) or (not reduce_grads_once and reshard_after_forward):
+    if (not reduce_grads_once and reshard_after_forward) or not is_sharded(model):
         yield lambda i: None
         return
     from torch.distributed.fsdp import FSDPModule

@@ -28,6 +28,8 @@
 # ROLLOUT (auto: native on GPU), PPO (0), PPO_GPUS (2), SPLIT_ACTOR (PPO_GPUS / 2),
 # EXTRA (more overrides for every run), DEVICE (cuda), WORKLOAD (gsm8k | longtail), MODES (sync),
 # POOL, PARTIAL (0), STALENESS (2: async_training.max_staleness of async), LT_MEDIAN, LT_SIGMA, LT_SEED (0).
+# BASELINE: efficiency against that run file instead of the smallest count here (a variant on 2 GPUs only:
+#   EXTRA=actor_rollout_ref.actor.fsdp_config.fsdp_size=1 BASELINE=OUT1/grpo_1gpu.jsonl bash benchmarks/scaling.sh G OUT2 2).
 # PROFILE_STEP: profile that step of every run and write OUT/<name>.trace.md (benchmarks/trace_summary.py:
 # compute, NCCL, exposed NCCL and idle time per worker method and rank).
 set -euo pipefail
@@ -136,4 +138,4 @@ if [ "$PPO" = 1 ]; then
   PPO_ARGS=(--ppo "$PPO_GPUS" "$SPLIT_ACTOR")
 fi
 # shellcheck disable=SC2086
-python "$HERE/scaling_table.py" "$OUT" $COUNTS "${PPO_ARGS[@]}" --modes $MODES
+python "$HERE/scaling_table.py" "$OUT" $COUNTS "${PPO_ARGS[@]}" --modes $MODES ${BASELINE:+--baseline "$BASELINE"}

@@ -1,11 +1,13 @@
 """The weak-scaling table of `benchmarks/scaling.sh`, from the runs' metrics.jsonl files.
 
     python benchmarks/scaling_table.py OUT_DIR 1 2 4 [--ppo PPO_GPUS SPLIT_ACTOR] [--modes sync one_step_off async]
+        [--baseline OTHER_OUT_DIR/grpo_1gpu.jsonl]
 
 OUT_DIR holds `grpo_<n>gpu.jsonl` for each GPU count (and `gae_colocated.jsonl`,
 `gae_split.jsonl` with --ppo). Every number is the median over steps 2 and later (step 1 warms
 up); tokens/s per GPU = the step's tokens / step time / GPUs; efficiency = tokens/s per GPU over
-the smallest count's; MFU per GPU = `perf/mfu/actor` (the update's, per rank; `-` where the
+the smallest count's (or, with --baseline, the given run's: a variant measured on 2 GPUs only
+against another OUT_DIR's 1-GPU row); MFU per GPU = `perf/mfu/actor` (the update's, per rank; `-` where the
 device reports no peak FLOPs, e.g. on CPU). A stage a configuration skips (no old log-prob pass
 with `reuse_on_policy_log_prob`, no critic in GRPO) shows `-`.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -52,12 +55,24 @@ def summary(path: Path, gpus: int) -> dict[str, float | None]:
     return out
 
 
+def _gpus(path: Path) -> int:
+    """The GPU count in a run file's name (`grpo_<n>gpu.jsonl`, `<mode>_<n>gpu_r<pool>.jsonl`)."""
+    found = re.search(r"_(\d+)gpu", path.name)
+    if not found:
+        raise SystemExit(f"{path}: the file name does not say its GPU count (grpo_<n>gpu.jsonl)")
+    return int(found.group(1))
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def table(out: Path, counts: list[int], ppo: tuple[int, int] | None = None) -> str:
+def table(out: Path, counts: list[int], ppo: tuple[int, int] | None = None, baseline: Path | None = None) -> str:
     runs = [("GRPO colocated", n, out / f"grpo_{n}gpu.jsonl") for n in counts]
+    if baseline is not None:  # another OUT_DIR's run (e.g. the 1-GPU row, for a variant measured on more GPUs only)
+        if not baseline.exists():
+            raise SystemExit(f"--baseline {baseline}: no such file")
+        runs.insert(0, (f"GRPO colocated, baseline {baseline.parent.name}/{baseline.name}", _gpus(baseline), baseline))
     if ppo:
         g, a = ppo
         runs += [
@@ -121,9 +136,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("counts", type=int, nargs="+")
     parser.add_argument("--ppo", type=int, nargs=2, metavar=("PPO_GPUS", "SPLIT_ACTOR"))
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="efficiency against this run file (another OUT_DIR's grpo_<n>gpu.jsonl), not the smallest count",
+    )
     parser.add_argument("--modes", nargs="*", default=["sync"], help="trainer.mode runs to compare (scaling.sh MODES)")
     args = parser.parse_args(argv)
-    print(table(args.out, args.counts, tuple(args.ppo) if args.ppo else None))
+    print(table(args.out, args.counts, tuple(args.ppo) if args.ppo else None, args.baseline))
     modes = mode_table(args.out, args.counts, args.modes)
     if modes:
         print("\n" + modes)

@@ -97,3 +97,27 @@ def test_mode_table_compares_off_policy_runs_with_sync_at_equal_gpus(tmp_path):
     assert lines[3] == "| one_step_off | 2 | 1 | 2.50 | 1,600 | 1.60 | 1.00 / 1 | 20.0% | 40.0% |"
     assert len(lines) == 4  # no async run there: no row
     assert _load().mode_table(tmp_path, [2], ["sync"]) is None  # sync alone: the first table says it all
+
+
+def test_baseline_from_another_directory(tmp_path):
+    # a variant measured on 2 GPUs only, its efficiency against the 1-GPU row of another OUT_DIR
+    (tmp_path / "base").mkdir()
+    (tmp_path / "variant").mkdir()
+    _write(tmp_path / "base" / "grpo_1gpu.jsonl", [_step(9.0, 5, 9, 1), _step(2.0, 1.0, 0.5, 8000)])
+    _write(tmp_path / "variant" / "grpo_2gpu.jsonl", [_step(9.0, 5, 9, 1), _step(2.5, 1.0, 0.5, 18000)])
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "variant"), "2", "--baseline", str(tmp_path / "base" / "grpo_1gpu.jsonl")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[2].startswith("| GRPO colocated, baseline base/grpo_1gpu.jsonl | 1 | 2.00 |")
+    assert out[2].endswith("| 4,000 | 1.00 | - |")
+    # 18000 / 2.5 / 2 = 3,600 per GPU = 0.90 of the baseline's 4,000
+    assert out[3] == "| GRPO colocated | 2 | 2.50 | 1.00 | - | 0.50 | 0.50 | 3,600 | 0.90 | - |"
+    missing = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "variant"), "2", "--baseline", str(tmp_path / "nope_1gpu.jsonl")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "no such file" in missing.stderr

@@ -460,6 +460,13 @@ def main(argv=None) -> int:
     if args.command in ("train", "eval", "export"):
         _quiet_libraries()
     try:
+        from hybridrl.distributed.hang_dump import dump_stacks_if_asked
+
+        dump_stacks_if_asked()  # HYBRIDRL_DUMP_STACKS_S: where a hung run waits (its workers do the same)
+    except ValueError as e:
+        print(f"hybridrl: error: {e}", file=sys.stderr)
+        return 2
+    try:
         return args.fn(args)
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):

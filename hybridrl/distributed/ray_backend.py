@@ -42,6 +42,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from hybridrl.distributed.dispatch import collect_outputs, dispatch_mesh, dispatch_mode, split_inputs
 from hybridrl.distributed.errors import BackendError, WorkerDiedError
+from hybridrl.distributed.hang_dump import dump_stacks_if_asked
 from hybridrl.distributed.layout import ParallelLayout, activate, plan_layout
 from hybridrl.distributed.resource_pool import PoolSpec, bundle, missing_resources, pool_specs
 
@@ -93,6 +94,7 @@ class WorkerHost:
         self.workers: dict = {}
         # Ray gives an actor with num_gpus=1 exactly one visible GPU: it is cuda:0 here.
         os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        dump_stacks_if_asked()  # HYBRIDRL_DUMP_STACKS_S: where a hung rank waits
         if device_type == "cuda":  # before the first CUDA allocation (rollout/native/cache.py)
             from hybridrl.rollout.native.cache import stable_cache_addresses
 

@@ -60,7 +60,8 @@ def test_sends_reach_every_receiver_exactly_in_buckets():
         p.join(timeout=60)
         assert p.exitcode == 0
     numel = sum(t.numel() for _, t in _tensors(1))
-    assert out["sender"] == [numel * 4.0, 0.0, numel * 4.0]  # float32 on the wire; nothing when unchanged
+    pushed = {"rollout_pool/bytes_sent": numel * 4.0, "rollout_pool/device_staging": 1.0}  # float32 on the wire
+    assert out["sender"] == [pushed, {}, pushed]  # nothing when unchanged; on the CPU auto stages "on the device"
     for member in (1, 2):
         (v1, first), (v2, unchanged), (v3, second) = torch.load(io.BytesIO(out[member]), weights_only=True)
         assert (v1, v2, v3) == (1, 1, 2) and unchanged is None

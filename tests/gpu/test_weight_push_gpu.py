@@ -1,6 +1,7 @@
 """The weight push on GPUs: the checksum is the same number on a GPU as on the CPU, and
 benchmarks/weight_push.py pushes the Qwen2.5-0.5B shapes from an FSDP2 trainer on GPU 0 to a
-rollout rank on GPU 1 over NCCL, every verified push checking out. Skipped without CUDA devices.
+rollout rank on GPU 1 over NCCL, staged on the host and then on the device, every verified push
+checking out. Skipped without CUDA devices.
 
 The CPU tests (tests/distributed/test_weight_checksum.py, test_verified_push.py,
 test_weight_push_bench.py) prove the logic; this proves the CUDA/NCCL paths run."""
@@ -44,10 +45,12 @@ def test_weight_push_benchmark_on_two_gpus(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (row,) = json.loads((tmp_path / "weight_push.json").read_text())["rows"]
-    # Qwen2.5-0.5B: 494,032,768 parameters (tied embeddings), bf16 on the wire
-    assert row["bytes"] == 2 * 494_032_768
-    assert row["verified"]["checked"] == 2 and row["plain"]["checked"] == 0
-    for kind in ("plain", "verified"):
-        t = row[kind]
-        assert 0 < t["blocked_ms"] <= t["push_ms"] < 60_000, t
+    rows = json.loads((tmp_path / "weight_push.json").read_text())["rows"]
+    assert [row["staging"] for row in rows] == ["host", "device"]  # both stagings, through CUDA events and NCCL
+    for row in rows:
+        # Qwen2.5-0.5B: 494,032,768 parameters (tied embeddings), bf16 on the wire
+        assert row["bytes"] == 2 * 494_032_768
+        assert row["verified"]["checked"] == 2 and row["plain"]["checked"] == 0  # every verified push checked out
+        for kind in ("plain", "verified"):
+            t = row[kind]
+            assert 0 < t["blocked_ms"] <= t["push_ms"] < 60_000, t

@@ -135,9 +135,9 @@ class WeightSender:
         the bucket on the device just before it goes out. On a GPU all of it runs on a stream of
         this thread's that first waits for the staging copies (`Staged.ready`); the buckets are
         released once that stream has finished (the broadcasts read them until then)."""
-        device = self.channel.device
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        device, stream = self.channel.device, None
         try:
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             sums, timer = {}, _Timer(stream)
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 self.channel.broadcast(header.to(device))

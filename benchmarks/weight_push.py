@@ -10,13 +10,19 @@ CPU smoke test (gloo, a tiny model, 2 trainer ranks, 1 rollout rank):
 For each of the Qwen2.5-0.5B, 1.5B and 7B shapes (random weights; 7B untied, vocab 152064), the
 trainer's ranks hold the policy as the actor does: fp32, FSDP2-sharded (`distributed.fsdp.apply_fsdp`)
 over K processes. Each push runs the project's own code end to end: `WeightSync.send` (every rank
-gathers the full tensors, one at a time; rank 0 stages them on the host in the wire dtype, bf16 on
-GPUs, and broadcasts them over the NCCL weight channel in buckets of `--bucket-mb` from its
-background thread) and, on each rollout rank, `workers.rollout.load_push` into a native engine
-(`NativeRolloutEngine.load_weights`). Times, from a clock shared by the processes (CLOCK_MONOTONIC),
-each after a device synchronize, median of `--pushes` after `--warmup`:
-- `blocked_ms`: the trainer's part (`timing_s/stage_weights`): gather + staging; the trainer's
-  next step can start then;
+gathers the full tensors, one at a time; rank 0 stages them in the wire dtype, bf16 on GPUs, and
+broadcasts them over the NCCL weight channel in buckets of `--bucket-mb` from its background
+thread) and, on each rollout rank, `workers.rollout.load_push` into a native engine
+(`NativeRolloutEngine.load_weights`). `--staging` (default `both`: host, then device, for each
+model in the same processes, an A/B) picks where rank 0 stages a push
+(rollout.update_weights_staging, distributed/weight_staging.py): `host` (a pinned arena, reused),
+`device` (buckets on its GPU), `auto` (the option's own choice, shown as `auto:device` or
+`auto:host`). Times, from a clock shared by the processes (CLOCK_MONOTONIC), median of `--pushes`
+after `--warmup`:
+- `blocked_ms`: the trainer's part (`timing_s/stage_weights`): gather + staging, on the host's
+  clock; the trainer's next call can start then;
+- `stream_ms`: until the trainer's CUDA stream has run the gathers and staging copies (its next
+  kernels start then; the broadcasts run on a stream of their own);
 - `sent_ms`: until the sender's last broadcast finished;
 - `push_ms`: until the last rollout rank has loaded the last tensor into its engine;
 - verified pushes (rollout.weight_checksum_interval): the same with checksums on both sides, and
@@ -107,26 +113,35 @@ def _trainer(rank: int, args, port_queue, results) -> None:
             for _ in range(args.rollout_ranks):
                 port_queue.put(port)
         sync.join_channel("127.0.0.1", port, members, args.bucket_mb, checksum_interval=0)
-        rows = []
-        for i in range(args.warmup + 2 * args.pushes):
-            if rank == 0:  # plain pushes, then verified ones
-                sync.sender.checksum_interval = 1 if i >= args.warmup + args.pushes else 0
-            dist.barrier()
-            t0 = _now()
-            state.steps_taken += 1  # an optimizer step moved the policy: the whole of it goes
-            metrics = sync.send()
+        for staging in args.stagings:
             if rank == 0:
-                sync.sender.wait()
-                rows.append(
-                    {
-                        "t0": t0,
-                        "blocked_s": metrics["timing_s/stage_weights"],
-                        "sent_t": _now(),
-                        "bytes": metrics["rollout_pool/bytes_sent"],
-                    }
-                )
+                sync.sender.stager.mode = staging
+            rows = []
+            for i in range(args.warmup + 2 * args.pushes):
+                if rank == 0:  # plain pushes, then verified ones
+                    sync.sender.checksum_interval = 1 if i >= args.warmup + args.pushes else 0
+                dist.barrier()
+                t0 = _now()
+                state.steps_taken += 1  # an optimizer step moved the policy: the whole of it goes
+                metrics = sync.send()
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()  # the trainer's stream only
+                stream_t = _now()
+                if rank == 0:
+                    sync.sender.wait()
+                    rows.append(
+                        {
+                            "t0": t0,
+                            "blocked_s": metrics["timing_s/stage_weights"],
+                            "stream_t": stream_t,
+                            "sent_t": _now(),
+                            "bytes": metrics["rollout_pool/bytes_sent"],
+                            "device_staging": metrics["rollout_pool/device_staging"],
+                        }
+                    )
+            if rank == 0:
+                results.put(("trainer", name, staging, rows))
         if rank == 0:
-            results.put(("trainer", name, rows))
             while sync.sender.store.add("bench/done", 0) < args.rollout_ranks:  # the store lives here
                 time.sleep(0.05)
         del sync, state
@@ -151,11 +166,12 @@ def _rollout(r: int, args, port_queue, results) -> None:
             config, tokenizer, device=device, max_model_len=64, max_num_seqs=4, eos_token_ids=[config.eos_token_id]
         )
         receiver = WeightReceiver(WeightChannel("127.0.0.1", port_queue.get(), 1 + r, members, device))
-        rows = []
-        for _ in range(args.warmup + 2 * args.pushes):
-            times = load_push(receiver, engine, device)
-            rows.append({"loaded_t": _now(), **(times or {})})
-        results.put(("rollout", name, r, rows))
+        for staging in args.stagings:
+            rows = []
+            for _ in range(args.warmup + 2 * args.pushes):
+                times = load_push(receiver, engine, device)
+                rows.append({"loaded_t": _now(), **(times or {})})
+            results.put(("rollout", name, staging, r, rows))
         receiver.channel.store.add("bench/done", 1)  # the last checksums are read: rank 0 may close the channel
         del engine, receiver
         if device.type == "cuda":
@@ -174,15 +190,20 @@ def _median_ms(values) -> float:
     return round(statistics.median(values) * 1e3, 2)
 
 
-def summarize(name: str, trainer: list[dict], rollouts: list[list[dict]], warmup: int, pushes: int) -> dict:
-    """Medians of the timed pushes: plain ones, then verified ones."""
+def summarize(name: str, staging: str, trainer: list[dict], rollouts: list[list[dict]], warmup: int, pushes: int) -> dict:
+    """Medians of the timed pushes: plain ones, then verified ones. `staging`: as asked; auto's
+    rows say what it chose (the timed pushes' staging)."""
     sent = trainer[-1]["bytes"]
-    row = {"model": name, "bytes": sent, "megabytes": round(sent / 1e6, 2)}
+    used = {"device" if trainer[i]["device_staging"] else "host" for i in range(warmup, len(trainer))}
+    if staging == "auto":
+        staging = "auto:" + "/".join(sorted(used))
+    row = {"model": name, "staging": staging, "bytes": sent, "megabytes": round(sent / 1e6, 2)}
     for kind, first in (("plain", warmup), ("verified", warmup + pushes)):
         idx = range(first, first + pushes)
         loaded = [max(rs[i]["loaded_t"] for rs in rollouts) for i in idx]
         row[kind] = {
             "blocked_ms": _median_ms([trainer[i]["blocked_s"] for i in idx]),
+            "stream_ms": _median_ms([trainer[i]["stream_t"] - trainer[i]["t0"] for i in idx]),
             "sent_ms": _median_ms([trainer[i]["sent_t"] - trainer[i]["t0"] for i in idx]),
             "push_ms": _median_ms([t - trainer[i]["t0"] for t, i in zip(loaded, idx)]),
             "checked": sum("receiver_ms" in rs[i] for rs in rollouts for i in idx),  # rank-pushes verified
@@ -198,15 +219,15 @@ def summarize(name: str, trainer: list[dict], rollouts: list[list[dict]], warmup
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | MB sent | trainer blocked ms | sent ms | push ms | GB/s | verified push ms | checksum ms sender / receiver |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | staging | MB sent | trainer blocked ms | trainer stream ms | sent ms | push ms | GB/s "
+        "| verified push ms | checksum ms sender / receiver |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         p, v = r["plain"], r["verified"]
-        lines.append(
-            f"| {r['model']} | {r['megabytes']} | {p['blocked_ms']} | {p['sent_ms']} | {p['push_ms']} | {r['push_gb_per_s']} "
-            f"| {v['push_ms']} | {v['sender_checksum_ms']} / {v['receiver_checksum_ms']} |"
-        )
+        cells = [r["model"], r["staging"], r["megabytes"], p["blocked_ms"], p["stream_ms"], p["sent_ms"], p["push_ms"]]
+        cells += [r["push_gb_per_s"], v["push_ms"], f"{v['sender_checksum_ms']} / {v['receiver_checksum_ms']}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
@@ -230,9 +251,16 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=512.0, help="rollout.update_weights_bucket_megabytes")
     ap.add_argument("--pushes", type=int, default=5, help="timed pushes of each kind (plain, verified)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--staging",
+        choices=["auto", "device", "host", "both"],
+        default="both",
+        help="rollout.update_weights_staging; both = host, then device, for each model",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, the tiny model, 2 trainer ranks + 1 rollout rank")
     ap.add_argument("--out", default="weight_push_out")
     args = ap.parse_args()
+    args.stagings = ["host", "device"] if args.staging == "both" else [args.staging]
     if args.smoke:
         args.device, args.models, args.trainer_ranks, args.rollout_ranks = "cpu", ["tiny"], 2, 1
         args.pushes, args.warmup, args.bucket_mb = 3, 1, 0.01  # several buckets even for the tiny model
@@ -255,27 +283,29 @@ def main() -> None:
     procs += [ctx.Process(target=_rollout, args=(r, args, port_queue, results)) for r in range(args.rollout_ranks)]
     for p in procs:
         p.start()
-    got: dict[str, dict] = {name: {"rollouts": {}} for name in args.models}
-    for _ in range(len(args.models) * (1 + args.rollout_ranks)):
+    runs = [(name, staging) for name in args.models for staging in args.stagings]
+    got: dict[tuple[str, str], dict] = {run: {"rollouts": {}} for run in runs}
+    for _ in range(len(runs) * (1 + args.rollout_ranks)):
         msg = _next(results, procs)
         if msg[0] == "trainer":
-            got[msg[1]]["trainer"] = msg[2]
+            got[msg[1], msg[2]]["trainer"] = msg[3]
         else:
-            got[msg[1]]["rollouts"][msg[2]] = msg[3]
+            got[msg[1], msg[2]]["rollouts"][msg[3]] = msg[4]
     for p in procs:
         p.join(timeout=300)
         if p.exitcode != 0:
             raise SystemExit(f"weight_push: a process exited with {p.exitcode}")
-    rows = [
-        summarize(name, got[name]["trainer"], list(got[name]["rollouts"].values()), args.warmup, args.pushes)
-        for name in args.models
-    ]
+    rows = []
+    for name, staging in runs:
+        trainer, rollouts = got[name, staging]["trainer"], list(got[name, staging]["rollouts"].values())
+        rows.append(summarize(name, staging, trainer, rollouts, args.warmup, args.pushes))
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     result = {
         "device": device,
         "trainer_ranks": args.trainer_ranks,
         "rollout_ranks": args.rollout_ranks,
         "bucket_mb": args.bucket_mb,
+        "staging": args.staging,
         "pushes": args.pushes,
         "warmup": args.warmup,
         "rows": rows,

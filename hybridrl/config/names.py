@@ -49,6 +49,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 TRUNCATE_SIDES = ("left", "middle", "right")
 REWARD_MODEL_STRATEGIES = ("fsdp", "fsdp2")
+WEIGHT_STAGINGS = ("auto", "device", "host")  # hybridrl.distributed.weight_staging imports it
 
 # Baselines from the other responses to the same prompt: RLOO needs n > 1 (leave-one-out over
 # nothing otherwise); GRPO with n = 1 runs as verl's does (a group of one: mean 0, std 1, so the

@@ -33,6 +33,7 @@ from .names import (
     TRAINER_MODES,
     TRUNCATE_SIDES,
     TRUNCATIONS,
+    WEIGHT_STAGINGS,
 )
 from .rules import AT_LEAST_0, AT_LEAST_1, BELOW_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, ROLLOUT_DEVICES, UNIT, Rule
 
@@ -375,8 +376,17 @@ class RolloutConfig:
     update_weights_bucket_megabytes: float = option(
         512.0,
         "resource_pool.rollout: the policy's weights go to the rollout pool in broadcasts of this many MB "
-        "(verl's checkpoint_engine.update_weights_bucket_megabytes); the trainer's rank 0 stages them on the host.",
+        "(verl's checkpoint_engine.update_weights_bucket_megabytes), staged as update_weights_staging says.",
         check=POSITIVE,
+    )
+    update_weights_staging: str = option(
+        "auto",
+        "resource_pool.rollout: where the trainer's rank 0 keeps a weight push until the rollout pool has it: device "
+        "(buckets on its GPU: no host round trip, holds the policy's size in bf16 there until the pool receives), "
+        "host (a pinned host arena reused across pushes: frees the GPU while the pool is busy), auto = device when "
+        "the push fits in half the GPU's free memory at send time, else host (docs/async.md). Metric "
+        "rollout_pool/device_staging.",
+        choices=WEIGHT_STAGINGS,
     )
     weight_checksum_interval: int = option(
         20,

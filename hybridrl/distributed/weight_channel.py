@@ -13,7 +13,8 @@ decode steps, that weights wait (`available`: partial rollouts). A send is a hea
 buckets of `bucket_mb`:
 
 - the trainer's ranks gather the full tensors (FSDP: a collective, in step) and rank 0 copies
-  them, cast to the wire dtype, into host buckets (pinned on GPUs). The broadcasts then run in
+  them, cast to the wire dtype, into buckets on its device or in a host arena
+  (distributed/weight_staging.py, `rollout.update_weights_staging`). The broadcasts then run in
   a background thread, so the trainer goes on with its next calls while the rollout pool is
   still generating; a next send first waits for the previous one to finish;
 - the bucket layout (names, shapes, offsets) goes through the store; a receiver yields each
@@ -32,15 +33,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from hybridrl.distributed.weight_checksum import WeightChecksumError, checksum, checksums, differing, on_host
+from hybridrl.distributed.weight_staging import Bucket, Staged, Stager, free_bytes
 
 _LAYOUT_KEY, _SENT_KEY = "layout", "sent"
 
@@ -75,21 +76,25 @@ class WeightChannel:
         self.group.broadcast([tensor], opts).wait()
 
 
-@dataclass
-class _Bucket:
-    numel: int = 0
-    entries: list[tuple[str, tuple[int, ...], int, int]] = field(default_factory=list)  # name, shape, offset, numel
-
-
 class WeightSender:
-    """Member 0: stages the policy's tensors on the host and broadcasts them in the background."""
+    """Member 0: stages the policy's tensors (distributed/weight_staging.py) and broadcasts them in
+    the background."""
 
     def __init__(
-        self, channel: WeightChannel, store: dist.TCPStore, dtype: torch.dtype, bucket_mb: float, checksum_interval: int = 0
+        self,
+        channel: WeightChannel,
+        store: dist.TCPStore,
+        dtype: torch.dtype,
+        bucket_mb: float,
+        checksum_interval: int = 0,
+        staging: str = "auto",
+        free: Callable[[torch.device], int | None] = free_bytes,
     ):
-        """`checksum_interval`: verify pushes number N, 2N, ... (0: none)."""
+        """`checksum_interval`: verify pushes number N, 2N, ... (0: none). `staging`: device, host
+        or auto (rollout.update_weights_staging); `free`: the device's free bytes for auto."""
         self.channel, self.store, self.dtype = channel, store, dtype
-        self.bucket_numel = max(1, int(bucket_mb * 2**20) // torch.empty((), dtype=dtype).element_size())
+        bucket_numel = max(1, int(bucket_mb * 2**20) // torch.empty((), dtype=dtype).element_size())
+        self.stager = Stager(staging, channel.device, dtype, bucket_numel, free)
         self.checksum_interval = checksum_interval
         self._published: list[int] = []  # verified pushes whose checksums are still in the store
         self.version = 0
@@ -105,81 +110,68 @@ class WeightSender:
             error, self._error = self._error, None
             raise RuntimeError(f"sending the weights to the rollout pool failed: {error}") from error
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None) -> float:
-        """Stage `named_tensors` (None: the policy did not change) and start the broadcasts; returns
-        the bytes staged. Returns before the receivers have them."""
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None, numel: int | None = None) -> dict[str, float]:
+        """Stage `named_tensors` (None: the policy did not change) and start the broadcasts. Returns
+        before the receivers have them, with the push's metrics (none for a header-only send).
+        `numel`: the policy's elements, when the caller knows them (auto staging's first choice)."""
         self.wait()
-        staged: list[list[torch.Tensor]] = []
-        buckets: list[_Bucket] = []
+        staged: Staged | None = None
         if named_tensors is not None:
             self.version += 1
-            staged, buckets = self._stage(named_tensors)
-            self.store.set(_LAYOUT_KEY, _layout_json(self.dtype, buckets))
+            staged = self.stager.stage(named_tensors, numel)
+            self.store.set(_LAYOUT_KEY, _layout_json(self.dtype, staged.buckets))
         self.store.add(_SENT_KEY, 1)  # after the layout: a receiver that sees the count finds it
-        verify = bool(staged) and self.checksum_interval > 0 and self.version % self.checksum_interval == 0
-        header = torch.tensor([self.version, 1 if staged else 0, int(verify)], dtype=torch.long)
-        args = (header, staged, buckets if verify else None)
+        verify = staged is not None and self.checksum_interval > 0 and self.version % self.checksum_interval == 0
+        header = torch.tensor([self.version, 0 if staged is None else 1, int(verify)], dtype=torch.long)
+        args = (header, staged, verify)
         self._thread = threading.Thread(target=self._broadcast, args=args, name="hybridrl-weights", daemon=True)
         self._thread.start()
-        return float(sum(t.numel() * t.element_size() for parts in staged for t in parts))
+        if staged is None:
+            return {}
+        return {"rollout_pool/bytes_sent": float(staged.nbytes), "rollout_pool/device_staging": float(staged.staging == "device")}
 
-    def _stage(self, named_tensors) -> tuple[list[list[torch.Tensor]], list[_Bucket]]:
-        """Host copies in the wire dtype (pinned on GPUs), grouped into buckets of at most
-        bucket_numel elements (a larger tensor alone); a bucket is concatenated on the device
-        when it is sent."""
-        pinned = self.channel.device.type == "cuda"
-        staged, buckets, parts, bucket = [], [], [], _Bucket()
-
-        def close():
-            staged.append(parts)
-            buckets.append(bucket)
-
-        for name, tensor in named_tensors:
-            n = tensor.numel()
-            if bucket.numel and bucket.numel + n > self.bucket_numel:
-                close()
-                parts, bucket = [], _Bucket()
-            host = torch.empty(n, dtype=self.dtype, pin_memory=pinned)
-            host.copy_(tensor.detach().reshape(-1), non_blocking=pinned)
-            bucket.entries.append((name, tuple(tensor.shape), bucket.numel, n))
-            bucket.numel += n
-            parts.append(host)
-        if parts:
-            close()
-        if pinned:
-            torch.cuda.synchronize(self.channel.device)
-        return staged, buckets
-
-    def _broadcast(self, header: torch.Tensor, staged: list[list[torch.Tensor]], verify: list[_Bucket] | None) -> None:
-        """The header and the buckets; for a verified push (`verify`: its buckets) also each
-        tensor's checksum, taken from the bucket on the device just before it goes out."""
-        device = self.channel.device
+    def _broadcast(self, header: torch.Tensor, staged: Staged | None, verify: bool) -> None:
+        """The header and the buckets; for a verified push also each tensor's checksum, taken from
+        the bucket on the device just before it goes out. On a GPU all of it runs on a stream of
+        this thread's that first waits for the staging copies (`Staged.ready`); the buckets are
+        released once that stream has finished (the broadcasts read them until then)."""
+        device, stream = self.channel.device, None
         try:
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             sums, timer = {}, _Timer(stream)
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 self.channel.broadcast(header.to(device))
-                for i, parts in enumerate(staged):
-                    flat = torch.cat([t.to(device, non_blocking=True) for t in parts])
-                    if verify is not None:
+                if staged is not None and staged.ready is not None:
+                    stream.wait_event(staged.ready)
+                for i, bucket in enumerate(staged.buckets if staged is not None else ()):
+                    flat = staged.flat(i, device)
+                    if verify:
                         with timer:
-                            for name, shape, offset, n in verify[i].entries:
+                            for name, shape, offset, n in bucket.entries:
                                 sums[name] = checksum(flat[offset : offset + n])
                     self.channel.broadcast(flat)
-                if verify is not None:
+                if verify:
                     with timer:
                         sent = on_host(sums)  # one read to the host
                 if stream is not None:
                     stream.synchronize()
-            if verify is not None:
+            if verify:
                 self._publish(int(header[0]), sent, timer.ms())
         except BaseException as e:  # raised by the next send
             self._error = e
-            if verify is not None:  # the receivers wait for these checksums: tell them there are none
+            if stream is not None:  # nothing may still read the buckets when they are released
+                try:
+                    stream.synchronize()
+                except Exception:
+                    pass
+            if verify:  # the receivers wait for these checksums: tell them there are none
                 try:
                     self.store.set(_checksum_key(int(header[0])), json.dumps({"error": repr(e)}))
                 except Exception:
                     pass
+        finally:
+            if staged is not None:
+                staged.release()
 
     def _publish(self, version: int, sent: dict[str, list[int]], ms: float) -> None:
         """The checksums of push `version` for the receivers; those of earlier pushes that every
@@ -268,7 +260,7 @@ class WeightReceiver:
             raise WeightChecksumError(_mismatch_message(self.version, bad, sent["sums"], loaded, where, self.dtype))
         return {"receiver_ms": ms, "sender_ms": float(sent["ms"])}
 
-    def _pieces(self, dtype, buckets: list[_Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _pieces(self, dtype, buckets: list[Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in buckets:
             flat = torch.empty(bucket.numel, dtype=dtype, device=self.channel.device)
             self.channel.broadcast(flat)
@@ -295,21 +287,21 @@ def _mismatch_message(version: int, bad: list[str], sent: dict, loaded: dict, wh
     )
 
 
-def _layout_json(dtype: torch.dtype, buckets: list[_Bucket]) -> str:
+def _layout_json(dtype: torch.dtype, buckets: list[Bucket]) -> str:
     """The bucket layout as JSON: plain data, never a pickle read from the network."""
     return json.dumps({"dtype": str(dtype).removeprefix("torch."), "buckets": [[b.numel, b.entries] for b in buckets]})
 
 
-def _layout_from_json(raw: bytes) -> tuple[torch.dtype, list[_Bucket]]:
+def _layout_from_json(raw: bytes) -> tuple[torch.dtype, list[Bucket]]:
     """
-    >>> _layout_from_json(_layout_json(torch.bfloat16, [_Bucket(6, [("w", (2, 3), 0, 6)])]))
-    (torch.bfloat16, [_Bucket(numel=6, entries=[('w', (2, 3), 0, 6)])])
+    >>> _layout_from_json(_layout_json(torch.bfloat16, [Bucket(6, [("w", (2, 3), 0, 6)])]))
+    (torch.bfloat16, [Bucket(numel=6, entries=[('w', (2, 3), 0, 6)])])
     """
     data = json.loads(raw)
     dtype = getattr(torch, data["dtype"])
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"weight channel: {data['dtype']!r} is not a torch dtype")
-    buckets = [_Bucket(n, [(name, tuple(shape), off, k) for name, shape, off, k in entries]) for n, entries in data["buckets"]]
+    buckets = [Bucket(n, [(name, tuple(shape), off, k) for name, shape, off, k in entries]) for n, entries in data["buckets"]]
     return dtype, buckets
 
 

@@ -159,7 +159,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
     def join_weight_channel(self, addr: str, port: int, members: int) -> None:
         """Rank 0 is the channel's sender; the first send carries the whole policy."""
         r = self.arr.rollout
-        self.sync.join_channel(addr, port, members, r.update_weights_bucket_megabytes, r.weight_checksum_interval)
+        self.sync.join_channel(
+            addr, port, members, r.update_weights_bucket_megabytes, r.weight_checksum_interval, r.update_weights_staging
+        )
 
     @register(Dispatch.RANK0)
     def send_weights(self) -> dict[str, float]:

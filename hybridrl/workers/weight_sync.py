@@ -67,14 +67,17 @@ class WeightSync:
         self._store, port = WeightChannel.host(addr)
         return port
 
-    def join_channel(self, addr: str, port: int, members: int, bucket_mb: float, checksum_interval: int = 0) -> None:
+    def join_channel(
+        self, addr: str, port: int, members: int, bucket_mb: float, checksum_interval: int = 0, staging: str = "auto"
+    ) -> None:
         """Rank 0 becomes the channel's sender; the pool's replicas start from weights of their
         own, so the first send carries the whole policy. `checksum_interval`: every that many
-        pushes, the receivers verify what they loaded (0: never)."""
+        pushes, the receivers verify what they loaded (0: never); `staging`: where rank 0 keeps a
+        push until they have it (rollout.update_weights_staging)."""
         if global_rank() == 0:
             channel = WeightChannel(addr, port, 0, members, self.engine.device)
             dtype = self.engine.amp or torch.float32
-            self.sender = WeightSender(channel, self._store, dtype, bucket_mb, checksum_interval)
+            self.sender = WeightSender(channel, self._store, dtype, bucket_mb, checksum_interval, staging)
         self.mark_stale()
 
     def send(self) -> dict[str, float]:
@@ -87,14 +90,16 @@ class WeightSync:
             return {}
         t0 = time.perf_counter()
         named = self.named_weights()
+        metrics = {"rollout_pool/bytes_sent": 0.0}
         if sender is not None:
-            sent = sender.send(named)
+            # the policy's size before it is gathered: auto staging's choice for the first push
+            numel = sum(p.numel() for p in self.engine.model.parameters())
+            metrics.update(sender.send(named, numel))
         else:
-            sent = 0.0
             for _ in named:  # the other ranks' part of each gather
                 pass
         self.mark_synced()
-        return {"timing_s/stage_weights": time.perf_counter() - t0, "rollout_pool/bytes_sent": sent}
+        return {"timing_s/stage_weights": time.perf_counter() - t0, **metrics}
 
     # -- an engine in this process -----------------------------------------------------------
     def push(self, rollout) -> dict[str, float]:

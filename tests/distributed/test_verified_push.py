@@ -22,12 +22,12 @@ def _tensors(seed: int) -> list[tuple[str, torch.Tensor]]:
     return [(name, torch.randn(shape, generator=g, dtype=torch.float64)) for name, shape in shapes.items()]
 
 
-def _sender(port_queue, members: int, interval: int, results) -> None:
+def _sender(port_queue, members: int, interval: int, results, staging: str = "auto") -> None:
     store, port = WeightChannel.host("127.0.0.1")
     for _ in range(members - 1):
         port_queue.put(port)
     channel = WeightChannel("127.0.0.1", port, 0, members, torch.device("cpu"))
-    sender = WeightSender(channel, store, torch.bfloat16, bucket_mb=0.001, checksum_interval=interval)
+    sender = WeightSender(channel, store, torch.bfloat16, bucket_mb=0.001, checksum_interval=interval, staging=staging)
     sender.send(_tensors(1))
     sender.send(None)  # no change: not a push, not counted
     for seed in range(2, PUSHES + 1):
@@ -61,10 +61,10 @@ def _receiver(member: int, members: int, port_queue, corrupt_at: int, results) -
     results.put((member, log))
 
 
-def _run(interval: int, corrupt_at: int = -1, members: int = 3) -> dict:
+def _run(interval: int, corrupt_at: int = -1, members: int = 3, staging: str = "auto") -> dict:
     ctx = mp.get_context("spawn")
     port_queue, results = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_sender, args=(port_queue, members, interval, results))]
+    procs = [ctx.Process(target=_sender, args=(port_queue, members, interval, results, staging))]
     procs += [ctx.Process(target=_receiver, args=(m, members, port_queue, corrupt_at, results)) for m in range(1, members)]
     for p in procs:
         p.start()
@@ -75,8 +75,11 @@ def _run(interval: int, corrupt_at: int = -1, members: int = 3) -> dict:
     return out
 
 
-def test_pushes_are_verified_every_interval_only():
-    out = _run(interval=2)
+@pytest.mark.parametrize("staging", ["device", "host"])
+def test_pushes_are_verified_every_interval_only(staging):
+    """Under either staging (distributed/weight_staging.py): the checksums are taken from the
+    buckets as they go out, device buffers or copies of the host arena's."""
+    out = _run(interval=2, staging=staging)
     for member in (1, 2):
         log = out[member]
         assert [v for v, *_ in log] == [1, 1, 2, 3, 4, 5]

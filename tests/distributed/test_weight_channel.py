@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 
 import pytest
 import torch
@@ -60,7 +61,8 @@ def test_sends_reach_every_receiver_exactly_in_buckets():
         p.join(timeout=60)
         assert p.exitcode == 0
     numel = sum(t.numel() for _, t in _tensors(1))
-    assert out["sender"] == [numel * 4.0, 0.0, numel * 4.0]  # float32 on the wire; nothing when unchanged
+    pushed = {"rollout_pool/bytes_sent": numel * 4.0, "rollout_pool/device_staging": 1.0}  # float32 on the wire
+    assert out["sender"] == [pushed, {}, pushed]  # nothing when unchanged; on the CPU auto stages "on the device"
     for member in (1, 2):
         (v1, first), (v2, unchanged), (v3, second) = torch.load(io.BytesIO(out[member]), weights_only=True)
         assert (v1, v2, v3) == (1, 1, 2) and unchanged is None
@@ -103,3 +105,83 @@ def test_stores_pick_free_ports():
             bound = False
     assert not bound
     del a, b
+
+
+# -- each staging (distributed/weight_staging.py), end to end ----------------------------------
+def _mixed(seed: int, big: int = 700) -> list[tuple[str, torch.Tensor]]:
+    """Fresh random tensors of several dtypes and shapes; `big` elements is more than a bucket."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        ("embed", torch.randn(50, 8, generator=g)),
+        ("layers.0.w", torch.randn(8, 8, generator=g).to(torch.bfloat16).t()),  # not contiguous
+        ("layers.0.b", torch.randn(8, generator=g, dtype=torch.float64)),
+        ("big", torch.randn(big, generator=g).to(torch.float16)),
+        ("scale", torch.randn((), generator=g)),
+    ]
+
+
+PUSHES = [_mixed(1), None, _mixed(2), _mixed(3, big=900)]  # a push, no change, new values, a larger tensor
+
+
+def _tight(device) -> int:
+    return 1  # no room for a push: auto stages on the host
+
+
+def _staging_sender(staging: str, port_queue, results) -> None:
+    store, port = WeightChannel.host("127.0.0.1")
+    port_queue.put(port)
+    mode, free = ("auto", _tight) if staging == "auto-tight" else (staging, None)
+    kw = {} if free is None else {"free": free}
+    channel = WeightChannel("127.0.0.1", port, 0, 2, torch.device("cpu"), timeout_s=120)
+    # 0.001 MB of bf16 = 524 elements a bucket
+    sender = WeightSender(channel, store, torch.bfloat16, bucket_mb=0.001, staging=mode, **kw)
+    metrics = []
+    for i, push in enumerate(PUSHES):
+        metrics.append(sender.send(push))
+        store.set(f"returned/{i}", "1")  # the receiver joins only now: send returned without it
+    sender.wait()
+    results.put(("sender", metrics, sender.stager.stagings["host"].allocations))
+    while store.add("done", 0) < 1:
+        time.sleep(0.05)
+
+
+def _staging_receiver(port_queue, results) -> None:
+    receiver = WeightReceiver(WeightChannel("127.0.0.1", port_queue.get(), 1, 2, torch.device("cpu"), timeout_s=120))
+    got = []
+    for i in range(len(PUSHES)):
+        receiver.channel.store.get(f"returned/{i}")  # waits for the sender's send to have returned
+        pieces = receiver.receive()
+        got.append(None if pieces is None else [(n, t.clone()) for n, t in pieces])
+    receiver.channel.store.add("done", 1)
+    results.put(("receiver", _bytes(got)))
+
+
+@pytest.mark.parametrize("staging", ["device", "host", "auto-tight"])
+def test_each_staging_delivers_the_exact_bits_and_returns_before_the_receiver_joins(staging):
+    ctx = mp.get_context("spawn")
+    port_queue, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_staging_sender, args=(staging, port_queue, results))]
+    procs.append(ctx.Process(target=_staging_receiver, args=(port_queue, results)))
+    for p in procs:
+        p.start()
+    out = {msg[0]: msg[1:] for msg in (results.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    metrics, host_allocations = out["sender"]
+    on_device = 1.0 if staging == "device" else 0.0
+    assert [m.get("rollout_pool/device_staging") for m in metrics] == [on_device, None, on_device, on_device]
+    # host: a buffer per bucket once (3 buckets: embed + w + b, big, scale), then only the one big outgrew
+    assert host_allocations == (0 if staging == "device" else 4)
+    received = torch.load(io.BytesIO(out["receiver"][0]), weights_only=True)
+    for push, got in zip(PUSHES, received):
+        if push is None:
+            assert got is None
+            continue
+        assert [n for n, _ in got] == [n for n, _ in push]
+        for (name, g), (_, t) in zip(got, push):
+            want = t.to(torch.bfloat16)
+            assert g.dtype == torch.bfloat16 and g.shape == want.shape, name
+            assert torch.equal(g.view(torch.int16), want.view(torch.int16)), name  # bit for bit
+    sizes = [m["rollout_pool/bytes_sent"] for m in metrics if m]
+    assert sizes == [2.0 * sum(t.numel() for _, t in push) for push in PUSHES if push is not None]

@@ -24,20 +24,20 @@ def test_weight_push_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "weight_push.json").read_text())
     assert (result["trainer_ranks"], result["rollout_ranks"], result["pushes"]) == (2, 1, 3)
-    (row,) = result["rows"]
-    assert row["model"] == "tiny"
+    assert [(row["model"], row["staging"]) for row in result["rows"]] == [("tiny", "host"), ("tiny", "device")]  # the A/B
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from transformers import AutoModelForCausalLM
     from weight_push import _config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_config("tiny"))
-    assert row["bytes"] == 4 * sum(p.numel() for p in model.parameters())  # the whole policy in fp32 (CPU), each push
-    for kind in ("plain", "verified"):
-        t = row[kind]
-        # the trainer is blocked while it gathers and stages; the rollout rank has loaded only after that
-        assert 0 < t["blocked_ms"] <= t["sent_ms"] and t["blocked_ms"] <= t["push_ms"] < 60_000, t
-    assert row["plain"]["checked"] == 0 and row["verified"]["checked"] == 3  # each verified push checked out
-    assert row["verified"]["sender_checksum_ms"] > 0 and row["verified"]["receiver_checksum_ms"] > 0
-    assert row["push_gb_per_s"] > 0
-    assert "| tiny |" in proc.stdout
+    for row in result["rows"]:
+        assert row["bytes"] == 4 * sum(p.numel() for p in model.parameters())  # the whole policy in fp32 (CPU), each push
+        for kind in ("plain", "verified"):
+            t = row[kind]
+            # the trainer is blocked while it gathers and stages; the rollout rank has loaded only after that
+            assert 0 < t["blocked_ms"] <= t["stream_ms"] <= t["sent_ms"] and t["blocked_ms"] <= t["push_ms"] < 60_000, t
+        assert row["plain"]["checked"] == 0 and row["verified"]["checked"] == 3  # each verified push checked out
+        assert row["verified"]["sender_checksum_ms"] > 0 and row["verified"]["receiver_checksum_ms"] > 0
+        assert row["push_gb_per_s"] > 0
+    assert "| tiny | host |" in proc.stdout and "| tiny | device |" in proc.stdout

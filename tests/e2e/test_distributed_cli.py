@@ -153,12 +153,15 @@ def test_rollout_pool_in_async_mode_from_the_cli(arith_data, tmp_path):
         "trainer.total_training_steps=4",
         "trainer.test_freq=2",
         "trainer.profile_steps=[3]",
+        "actor_rollout_ref.rollout.update_weights_staging=host",
     )
     assert "Ray, device cpu (actor_rollout_ref: 1 ranks, rollout: 1 ranks)" in run.stdout
     rows = {r["step"]: r for r in metrics(out)}
     assert [rows[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 2.0]
     assert all("val-core/arith/reward/mean@1" in rows[s] for s in (0, 2, 4))  # validated by the pool
     assert [rows[s]["rollout_pool/weights_version"] for s in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 2.0]
+    # the policy moved since push 1: step 4's batch came with a push, staged on the host as the CLI asked
+    assert rows[4]["rollout_pool/bytes_sent"] > 0 and rows[4]["rollout_pool/device_staging"] == 0.0
     assert_all_finite(list(rows.values()))
     names = sorted(p.name for p in (out / "profile" / "step_3").iterdir())
     assert "rollout_rank0.json" in names and "actor_rank0.json" in names

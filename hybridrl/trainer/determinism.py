@@ -6,11 +6,9 @@ global generator in the hf engine; the order of the steps and the data are the c
 varies between two GPU runs is the order of floating-point reductions inside some kernels:
 cuBLAS picks split-K and stream-K schedules per workspace, cuDNN autotunes, and scatter/index_add
 backward passes (the embedding's gradient) use atomics. This switches each to its deterministic
-variant (PyTorch's "Reproducibility" notes). hybridrl's own Triton kernels use no atomics or
-split reductions, but the engine's paged-decode attention picks its tile length by timing, once
-per process, and the tile sets the order of its softmax accumulation: under deterministic
-algorithms it runs one pinned tile instead (rollout/native/triton_kernels.py). The cost is
-measured by benchmarks/determinism.py (docs/reliability.md).
+variant (PyTorch's "Reproducibility" notes); hybridrl's own Triton kernels use no atomics or
+split reductions, so they need nothing. The cost is measured by benchmarks/determinism.py
+(docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -86,7 +86,6 @@ if triton is not None:
             mask=g_ok[:, None] & d_ok[None, :],
         )
 
-    _paged_decode_pinned = _paged_decode_kernel  # trainer.deterministic: one tile, whatever the timing
     if os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter cannot time configs
         # Tile length and warps picked by timing on the first decode step (before graph capture).
         _paged_decode_kernel = triton.autotune(
@@ -188,7 +187,6 @@ if triton is not None:
         h = kvh * GROUP + g
         tl.store(O + b * stride_ob + h[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None])
 
-    _rope_paged_decode_pinned = _rope_paged_decode_kernel
     if os.environ.get("TRITON_INTERPRET") != "1":
         _rope_paged_decode_kernel = triton.autotune(
             configs=[triton.Config({"BLOCK_N": n}, num_warps=w) for n, w in ((32, 4), (64, 4), (128, 4), (64, 8), (128, 8))],
@@ -384,27 +382,13 @@ def rope_and_store(q, k, v, cos_table, sin_table, positions, slots, cache_k, cac
     return q_out
 
 
-# The tile trainer.deterministic pins (torch.use_deterministic_algorithms): the tuned one is picked by
-# timing once per process, and the tile sets the order of the softmax accumulation, so two processes
-# could sample different tokens from the same weights (BENCHMARKS.md, 2026-11-28).
-PINNED = {"BLOCK_N": 64, "num_warps": 4}
-
-
-def _decode_kernel(tuned, pinned):
-    """The kernel and its tile arguments: the pinned tile under deterministic algorithms."""
-    if torch.are_deterministic_algorithms_enabled() and os.environ.get("TRITON_INTERPRET") != "1":
-        return pinned, PINNED
-    return tuned, PAGED_DEFAULTS
-
-
 def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tensor:
     """Same contract as attention.paged_decode_reference: q (B, H, D) -> (B, H, D)."""
     B, H, D = q.shape
     n_kv = cache_k.shape[2]
     group = H // n_kv
     out = torch.empty_like(q)
-    kernel, tile = _decode_kernel(_paged_decode_kernel, _paged_decode_pinned)
-    kernel[(B, n_kv)](
+    _paged_decode_kernel[(B, n_kv)](
         q,
         cache_k,
         cache_v,
@@ -425,7 +409,7 @@ def paged_decode(q, cache_k, cache_v, block_tables, context_lens) -> torch.Tenso
         D=D,
         D_PAD=max(16, triton.next_power_of_2(D)),
         BLOCK_SIZE=cache_k.shape[1],
-        **tile,
+        **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact (tests); bf16 ignores it
     )
     return out
@@ -449,8 +433,7 @@ def rope_paged_decode(
     n_kv = cache_k.shape[2]
     group = H // n_kv
     out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
-    kernel, tile = _decode_kernel(_rope_paged_decode_kernel, _rope_paged_decode_pinned)
-    kernel[(B, n_kv)](
+    _rope_paged_decode_kernel[(B, n_kv)](
         q,
         k,
         v,
@@ -481,7 +464,7 @@ def rope_paged_decode(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         D=D,
         BLOCK_SIZE=cache_k.shape[1],
-        **tile,
+        **PAGED_DEFAULTS,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out

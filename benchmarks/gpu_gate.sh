@@ -23,8 +23,15 @@ mkdir -p "$OUT"
 export HYBRIDRL_SAMPLER_DRAWS_SLOW=${HYBRIDRL_SAMPLER_DRAWS_SLOW:-250000}
 export HYBRIDRL_GPU_MODEL=$MODEL HYBRIDRL_GPU_GSM8K=$DATA/test.jsonl PYTHONUNBUFFERED=1
 t0=$(date +%s)
+# A test that hangs fails after GATE_TEST_TIMEOUT s (pytest-timeout, on the GPU image) with every thread's
+# stack, instead of taking the whole device call; the CLI runs the tests start (and their Ray workers)
+# write their stacks every HYBRIDRL_DUMP_STACKS_S s meanwhile.
+export HYBRIDRL_DUMP_STACKS_S=${HYBRIDRL_DUMP_STACKS_S:-120}
+TIMEOUT=()
+python -c "import pytest_timeout" 2>/dev/null && TIMEOUT=(--timeout="${GATE_TEST_TIMEOUT:-300}")
 python -m pytest tests/gpu tests/rollout/test_native_gpu.py tests/rollout/test_native_kernels.py \
-  tests/models/test_logprob_kernels.py -x -q -rs -s -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/gpu_tests.log"
+  tests/models/test_logprob_kernels.py -x -q -rs -s -p no:cacheprovider --durations=15 "${TIMEOUT[@]}" 2>&1 | tee "$OUT/gpu_tests.log"
+unset HYBRIDRL_DUMP_STACKS_S
 t1=$(date +%s)
 python -m hybridrl data gsm8k --input "$DATA/train.jsonl" --output "$OUT/data/train.parquet" > /dev/null
 rm -rf "$OUT/run"

@@ -11,6 +11,8 @@
 #      model in float32; CUDA graphs, packing, varlen) and the kernel tests directly on CUDA;
 #   2. a short GSM8K GRPO run on the real model: the "#### N" format rate must rise, the
 #      improbable-token share (rollout/improbable_token_frac) must stay under the alarm's 1e-3.
+# On a machine of 2 GPUs the tests that need two devices (Ray, NCCL, FSDP2: minutes each) run too:
+# give the gate a call of its own there, or CUDA_VISIBLE_DEVICES=0 for the one-GPU gate.
 # Prints a table (also OUT/gate.md). GATE_STEPS (default 24) sets the learning run's length,
 # HYBRIDRL_SAMPLER_DRAWS (default 10^7, the fused path) / HYBRIDRL_SAMPLER_DRAWS_SLOW (default here
 # 250,000: the torch, top-k/top-p and TP paths are ~20x slower per draw, and with 10^6 the tests

@@ -1,5 +1,6 @@
 """FSDP2 for the trainable roles, applied from outside the model, and the few collectives the
-workers need so that a data-parallel run computes what one device would.
+workers need so that a data-parallel run computes what one device would. `place` leaves the
+model whole on every rank when the layout shards nothing (fsdp_size=1: `replicate.py`).
 
 Nothing here runs collectives unless `torch.distributed` is initialized with more than one
 rank: on one device (the in-process backend) every function is the single-device identity.

@@ -120,6 +120,42 @@ def tp_pieces(pool, rank) -> tuple[int, bool]:
     return reshard.bytes_received, same
 
 
+def averaged(pool, rank, bucket_bytes: int) -> dict:
+    """Hand-set gradients averaged over 2 ranks in buckets of `bucket_bytes`: rank r's gradient is
+    (r + 1) x a ramp; `only_rank0` has one on rank 0 only, `none` on no rank."""
+    import torch.distributed as dist
+
+    from hybridrl.config.layout import build_layout
+    from hybridrl.distributed import fsdp, replicate
+    from hybridrl.distributed.layout import activate
+
+    activate(build_layout(dist.get_world_size(), 1))
+    model = fsdp.place(
+        torch.nn.ParameterDict({k: torch.nn.Parameter(torch.zeros(n)) for k, n in _SIZES.items()}), torch.device("cpu")
+    )
+    for k, n in _SIZES.items():
+        if k == "none" or (k == "only_rank0" and rank != 0):
+            continue
+        model[k].grad = (rank + 1) * torch.arange(n, dtype=torch.float32)
+    replicate.average_gradients(model, bucket_bytes=bucket_bytes)
+    return {k: None if p.grad is None else p.grad.clone() for k, p in model.items()}
+
+
+_SIZES = {"a": 5, "only_rank0": 3, "b": 300, "none": 4, "c": 7}
+
+
+def test_gradients_are_averaged_in_buckets_and_missing_ones_count_as_zero(backend):
+    for bucket_bytes in (16, 64, 2**20):  # a gradient larger than a bucket; several per bucket; one bucket
+        for grads in backend.run_on_hosts(averaged, bucket_bytes):
+            for k, n in _SIZES.items():
+                ramp = torch.arange(n, dtype=torch.float32)
+                expected = {"none": None, "only_rank0": ramp / 2}.get(k, 1.5 * ramp)
+                if expected is None:
+                    assert grads[k] is None, k
+                else:
+                    torch.testing.assert_close(grads[k], expected, rtol=0, atol=0, msg=f"{k} at {bucket_bytes}")
+
+
 @pytest.fixture(scope="module")
 def backend(ray_session, tiny_model_dir, arith_data):
     from ray import cloudpickle

@@ -191,3 +191,23 @@ def test_replicated_data_parallel_trains_actor_and_critic_and_resumes_sharded(ar
     for role in ("actor", "critic"):
         w1, w2 = saved(out / "checkpoints" / "step_1" / role), saved(step2 / role)
         assert any(not torch.equal(w1[k], w2[k]) for k in w1), f"replicated step 2 did not train the {role}"
+
+
+def test_replicated_policy_feeds_a_tensor_parallel_rollout_without_communication(arith_data, tmp_path):
+    """fsdp_size=1 with a native tp=2 rollout: each rank cuts its TP slices from its own whole copy
+    after every optimizer step (reshard/bytes_per_rank = 0, where FSDP would exchange pieces)."""
+    out = tmp_path / "tp"
+    _quickstart(
+        out,
+        arith_data,
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "trainer.total_training_steps=3",
+    )
+    rows = metrics(out)
+    assert_all_finite(rows)
+    pushed = [r for r in rows if "reshard/full_gather_bytes_per_rank" in r]
+    assert len(pushed) >= 2 and all(r["reshard/bytes_per_rank"] == 0 < r["reshard/full_gather_bytes_per_rank"] for r in pushed)

@@ -49,6 +49,12 @@ class ParallelLayout:
         return self.dp_replicate > 1 and self.dp_shard * self.sp > 1
 
     @property
+    def replicated(self) -> bool:
+        """Full replicas on several ranks, no sharding (fsdp_size=1): plain data parallel with
+        gradients averaged per optimizer step (`distributed/replicate.py`), no FSDP."""
+        return self.world > 1 and self.dp_shard * self.sp == 1
+
+    @property
     def rollout_tp(self) -> int:
         """Ranks per rollout replica (each a tensor-parallel shard of the engine)."""
         return self.tp
@@ -74,7 +80,7 @@ class ParallelLayout:
         if self.dp_replicate == 1:
             fsdp = f"FSDP over {self.dp_shard * self.sp}" if self.dp_shard * self.sp > 1 else "no sharding"
         elif self.dp_shard * self.sp == 1:
-            fsdp = f"{self.dp_replicate} full replicas (no sharding)"
+            fsdp = f"{self.dp_replicate} full replicas (no FSDP; gradients all-reduced)"
         else:
             fsdp = f"HSDP: {self.dp_replicate} replicas x FSDP over {self.dp_shard * self.sp}"
         return (
@@ -110,6 +116,13 @@ def layout_problem(world: int, fsdp_size: int, sp: int = 1, tp: int = 1) -> tupl
         return "sp", f"={sp} does not divide the role's {world} rank(s)", divisor_near(sp, lambda d: world % d == 0)
     if tp < 1 or world % tp:
         return "tp", f"={tp} does not divide the role's {world} rank(s)", divisor_near(tp, lambda d: world % d == 0)
+    if fsdp_size == 1 and sp > 1 and world > 1:
+        return (
+            "fsdp_size",
+            f"=1 replicates the model with no sharding, but sequence parallelism (sp={sp}) shards one model over "
+            f"its {sp} sp ranks, so a shard group must be a multiple of {sp}",
+            sp,
+        )
     if fsdp_size != -1 and (fsdp_size < 1 or (fsdp_size < world and (world % fsdp_size or fsdp_size % sp))):
         fix = divisor_near(fsdp_size, lambda d: world % d == 0 and d % sp == 0)
         within = f" and be a multiple of the sequence-parallel size {sp}" if sp > 1 else ""

@@ -176,7 +176,9 @@ class FSDPConfig:
         -1,
         "Ranks in one FSDP shard group (verl's meaning): -1 = shard over all of the role's ranks; a divisor of "
         "them = shard within groups of that size and replicate across the groups (HSDP: less communication between "
-        "nodes, more memory per device). The reference and a colocated critic use the actor's value.",
+        "nodes, more memory per device); 1 = no FSDP at all: every rank holds the whole model and the gradients "
+        "are all-reduced once per optimizer step (for models whose training state, ~16 bytes a parameter, fits "
+        "one device; not with param_offload). The reference and a colocated critic use the actor's value.",
     )
     reshard_after_forward: bool = option(
         True,

@@ -105,7 +105,7 @@ IGNORED: dict[str, str] = {
             "full_determinism",
         )
     },
-    "*fsdp_config.fsdp_size": "sharding layout only (FSDP shards over all ranks here), same results",
+    "*fsdp_config.fsdp_size": "sharding layout only (a reward model shards over its ranks), same results",
     "*fsdp_config.model_dtype": "hybridrl keeps fp32 master weights, as verl's default model_dtype=fp32",
     "*fsdp_config.dtype": "hybridrl computes in bf16 autocast on GPUs, as verl's default dtype=bfloat16",
     "*fsdp_config.strategy": _DERIVED,

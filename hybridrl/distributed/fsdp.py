@@ -1,5 +1,6 @@
 """FSDP2 for the trainable roles, applied from outside the model, and the few collectives the
-workers need so that a data-parallel run computes what one device would.
+workers need so that a data-parallel run computes what one device would. `place` leaves the
+model whole on every rank when the layout shards nothing (fsdp_size=1: `replicate.py`).
 
 Nothing here runs collectives unless `torch.distributed` is initialized with more than one
 rank: on one device (the in-process backend) every function is the single-device identity.
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.distributed import replicate
 from hybridrl.distributed.layout import active, fsdp_mesh, global_rank, world_size
 
 
@@ -85,7 +87,8 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 def place(
     model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = (), mesh=None
 ) -> nn.Module:
-    """The model on its device: moved there on one rank, FSDP2-sharded over several.
+    """The model on its device: moved there on one rank, FSDP2-sharded over several, or replicated
+    on every rank when the active layout shards nothing (fsdp_size=1: `distributed/replicate.py`).
 
     `forward_methods`: methods other than `forward` that callers run the model through (the
     critic's `response_values`); FSDP gathers the root's weights around them too.
@@ -94,6 +97,12 @@ def place(
     """
     if world_size() == 1:
         return model.to(device)
+    if mesh is None and active().replicated:
+        if param_offload:
+            raise ValueError("fsdp_config.param_offload=true needs FSDP's sharded parameters; fsdp_size=1 replicates the model")
+        broadcast_from_rank0(model.to(device), device)
+        replicate.mark(model)
+        return model
     if not (param_offload and device.type == "cuda"):
         model.to(device)
     broadcast_from_rank0(model, device)
@@ -237,7 +246,9 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
 
 def clip_grad_norm_on_device(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """clip_grad_norm without reading the norm on the host: a 0-dim tensor on the gradients'
-    device (a non-finite norm leaves non-finite gradients: the caller must not step on them)."""
+    device (a non-finite norm leaves non-finite gradients: the caller must not step on them).
+    Plain (non-DTensor) gradients are whole: one device's, or a replicated model's after
+    `replicate.average_gradients` (identical on every rank), so their local norm is the global one."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device if params else "cpu")

@@ -26,6 +26,7 @@ from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.fsdp import accumulation, clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
+from hybridrl.distributed.replicate import average_gradients
 from hybridrl.models import graphs as decoder_graphs
 from hybridrl.models.packing import base_model
 from hybridrl.tracking import perf
@@ -321,6 +322,7 @@ class TrainEngine:
         step, and at the end of `update`)."""
         if self.graphs is not None:
             self.graphs.settle()  # every backward of this step has run
+        average_gradients(self.model)  # replicated (fsdp_size=1): one all-reduce per step; else no-op
         if optimizer is not None:
             extra = self.extra[optimizer]
             grad_norm, stepped = clip_grad_norm(list(self.model.parameters()), extra.max_norm), True

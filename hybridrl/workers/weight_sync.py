@@ -4,7 +4,8 @@ An engine with weights of its own (native, vLLM; LoRA; FSDP) gets the policy's w
 next generate, only when an optimizer step (or a checkpoint load) changed them since it last did:
 - plain (`push`): the full tensors through `load_weights`;
 - resharded (`push`, with a rollout tensor-parallel group): each rank's TP pieces cut straight
-  from the FSDP shards (distributed/reshard.py), never a whole tensor on one rank;
+  from the FSDP shards (distributed/reshard.py), never a whole tensor on one rank; from a
+  replicated model (fsdp_size=1) each rank cuts its slices from its own copy, with no communication;
 - over the weight channel (`send`) to a rollout pool of its own (`resource_pool.rollout`).
 The HF engine runs on the policy module itself and, under FSDP, needs its full (gathered)
 weights for the whole generate (`serving`).
@@ -39,7 +40,8 @@ class WeightSync:
     def start_weights(self):
         """What a new engine starts from: None to build it over the policy module (it may alias the
         tensors), else the full tensors. LoRA: the merged policy (it never aliases the base); FSDP:
-        gathered (it cannot alias shards); TP: full tensors, of which each rank keeps its slice."""
+        gathered (it cannot alias shards); TP: full tensors, of which each rank keeps its slice.
+        A replicated model (fsdp_size=1, `distributed/replicate.py`) is whole: aliased as on one device."""
         if self.policy.lora or is_sharded(self.engine.model) or self.tp_group is not None:
             return self.named_weights()
         return None

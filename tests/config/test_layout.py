@@ -111,4 +111,59 @@ def test_explain_shows_the_layout_for_offline_algorithms_too():
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/dpo.yaml", ["trainer.n_gpus_per_node=2", f"{FSDP_SIZE}=1"])
-    assert "layout: training 2 x 1 x sp 1 = 2 rank(s), dp 2, 2 full replicas (no sharding)" in explain_text(cfg)
+    assert "layout: training 2 x 1 x sp 1 = 2 rank(s), dp 2, 2 full replicas (no FSDP; gradients all-reduced)" in explain_text(
+        cfg
+    )
+
+
+def test_fsdp_size_1_on_several_ranks_is_replicated_and_the_default_is_not():
+    assert build_layout(2, 1).replicated and build_layout(4, 1).replicated
+    assert not build_layout(1, 1).replicated  # one rank: nothing to replicate over
+    assert not build_layout(2, -1).replicated and not build_layout(4, 2).replicated  # FSDP, HSDP
+    assert not plan_batches(load("trainer.n_gpus_per_node=2")).actor.layout.replicated  # the default stays FSDP
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ([f"{A}.fsdp_config.param_offload=true"], f"{A}.fsdp_config.param_offload"),
+        (["actor_rollout_ref.ref.fsdp_config.param_offload=true"], "actor_rollout_ref.ref.fsdp_config.param_offload"),
+        (
+            ["algorithm.adv_estimator=gae", "critic.model.fsdp_config.param_offload=true"],
+            "critic.model.fsdp_config.param_offload",
+        ),
+    ],
+)
+def test_param_offload_with_a_replicated_model_is_a_config_error(overrides, key):
+    cfg = load("trainer.n_gpus_per_node=2", f"{FSDP_SIZE}=1", *overrides, check=False)
+    problems = [p for p in find_problems(cfg) if p.keys[0] == key]
+    assert [p.message for p in problems] == [
+        f"{key}=true needs FSDP's sharded parameters, but {FSDP_SIZE}=1 replicates the whole model on each of the role's "
+        f"2 ranks (no FSDP); use {key}=false, or {FSDP_SIZE}=-1 to shard"
+    ]
+    assert problems[0].fix == {key: False}
+    # fine when sharded, on one device, and for optimizer_offload (it moves a whole model's moments too)
+    for ok in (
+        load("trainer.n_gpus_per_node=2", *overrides),
+        load(f"{FSDP_SIZE}=1", *overrides),
+        load("trainer.n_gpus_per_node=2", f"{FSDP_SIZE}=1", f"{A}.fsdp_config.optimizer_offload=true"),
+    ):
+        assert not [p for p in find_problems(ok) if "param_offload" in p.message]
+
+
+def test_a_critic_on_its_own_ranks_is_checked_with_its_own_fsdp_size():
+    common = ["algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=4", "resource_pool.actor_rollout_ref=2"]
+    common += ["resource_pool.critic=2", "critic.model.fsdp_config.param_offload=true"]
+    key = "critic.model.fsdp_config.param_offload"
+    replicated = load(*common, "critic.model.fsdp_config.fsdp_size=1", check=False)
+    assert [p.keys for p in find_problems(replicated) if p.keys[0] == key] == [(key, "critic.model.fsdp_config.fsdp_size")]
+    assert not [p for p in find_problems(load(*common, f"{FSDP_SIZE}=1", check=False)) if p.keys[0] == key]
+
+
+def test_fsdp_size_1_with_sequence_parallelism_names_the_conflict():
+    cfg = load("trainer.n_gpus_per_node=4", f"{FSDP_SIZE}=1", f"{A}.ulysses_sequence_parallel_size=2", check=False)
+    problems = [p for p in find_problems(cfg) if p.keys[0] == FSDP_SIZE]
+    assert [p.message for p in problems] == [
+        f"{FSDP_SIZE}=1 replicates the model with no sharding, but sequence parallelism (sp=2) shards one model over "
+        f"its 2 sp ranks, so a shard group must be a multiple of 2; use e.g. {FSDP_SIZE}=2"
+    ]

@@ -1,7 +1,7 @@
 """HSDP on CPU (gloo, 4 Ray worker processes): `actor.fsdp_config.fsdp_size=2` lays the 4 ranks out
 as 2 replicas x 2 shards, and one training step (loss over the global token count, clipped global
 gradient norm, SGD) gives the loss, gradient norm and updated weights of plain FSDP over the 4
-ranks, of 4 unsharded replicas (fsdp_size=1), and of one device in float64."""
+ranks, of 4 whole replicas with no FSDP (fsdp_size=1: distributed/replicate.py), and of one device in float64."""
 
 from __future__ import annotations
 
@@ -54,12 +54,12 @@ def _step_on_rank(pool, rank, fsdp_size):
     import torch.distributed as dist
 
     from hybridrl.config.layout import build_layout
-    from hybridrl.distributed import fsdp
+    from hybridrl.distributed import fsdp, replicate
     from hybridrl.distributed.layout import activate, fsdp_mesh
 
     layout = build_layout(dist.get_world_size(), fsdp_size)
     activate(layout)
-    mesh = fsdp_mesh("cpu", layout)
+    mesh = None if layout.replicated else fsdp_mesh("cpu", layout)
     model = fsdp.place(_model(), torch.device("cpu"), mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     ids, mask = _batch()
@@ -67,12 +67,13 @@ def _step_on_rank(pool, rank, fsdp_size):
     ids, mask = ids.chunk(fsdp.dp_size())[shard], mask.chunk(fsdp.dp_size())[shard]
     local = _loss_sum(model, ids, mask)
     (local / fsdp.dp_normalizer(float(mask.sum()))).backward()
+    replicate.average_gradients(model)  # what TrainEngine.step does first (a no-op under FSDP)
     norm = fsdp.clip_grad_norm(list(model.parameters()), CLIP)
     opt.step()
     total = torch.tensor([float(local), float(mask.sum())], dtype=torch.float64)
     dist.all_reduce(total)
     weights = {n: t.clone() for n, t in fsdp.full_named_parameters(model)}
-    return float(total[0] / total[1]), norm, weights, tuple(mesh.shape)
+    return float(total[0] / total[1]), norm, weights, tuple(mesh.shape) if mesh is not None else None
 
 
 def _one_device():
@@ -112,7 +113,7 @@ def test_hsdp_2x2_step_equals_fsdp_4_and_one_device(ray_session, tiny_model_dir,
     finally:
         backend.shutdown()
     assert [r[3] for r in runs[-1]] == [(4,)] * 4 and [r[3] for r in runs[2]] == [(2, 2)] * 4
-    assert [r[3] for r in runs[1]] == [(4, 1)] * 4
+    assert [r[3] for r in runs[1]] == [None] * 4  # no mesh: not sharded
     fsdp4 = runs[-1][0]
     for size, per_rank in runs.items():
         for loss, norm, weights, _ in per_rank:

@@ -116,7 +116,37 @@ def _layout_problems(cfg: Config) -> list[Problem]:
             if which == "sp":
                 key = SP_KEYS[role]
             out.append(Problem(f"{key}{what}; use e.g. {key}={fix}", (key, _NODES, _GPUS), {key: fix}))
-    return out + _sp_problems(cfg)
+    return out + _replicated_offload_problems(cfg) + _sp_problems(cfg)
+
+
+def _replicated_offload_problems(cfg: Config) -> list[Problem]:
+    """fsdp_size=1 on several ranks replicates the model with no FSDP (distributed/replicate.py), and
+    param_offload is FSDP2's CPU offload of the sharded parameters: there is nothing to offload it with.
+    (optimizer_offload works on a whole model, as on one device.)"""
+    out, s, a, c = [], batch_sizes(cfg), cfg.actor_rollout_ref, cfg.critic.model.fsdp_config
+    own_critic = cfg.critic_enabled and cfg.resource_pool.critic
+    actor_offload = {f"{_A}.fsdp_config.param_offload": a.actor.fsdp_config.param_offload}
+    actor_offload["actor_rollout_ref.ref.fsdp_config.param_offload"] = a.ref.fsdp_config.param_offload
+    critic_offload = {"critic.model.fsdp_config.param_offload": c.param_offload} if cfg.critic_enabled else {}
+    groups = [("actor", f"{_A}.fsdp_config.fsdp_size", a.actor.fsdp_config.fsdp_size, actor_offload)]
+    if own_critic:  # its own ranks, its own fsdp_size
+        groups.append(("critic", "critic.model.fsdp_config.fsdp_size", c.fsdp_size, critic_offload))
+    else:  # colocated, the critic uses the actor's layout
+        actor_offload.update(critic_offload)
+    for role, size_key, fsdp_size, offload in groups:
+        world = role_world(s, role)
+        if fsdp_size != 1 or world == 1:
+            continue
+        for key in (k for k, on in offload.items() if on):
+            out.append(
+                Problem(
+                    f"{key}=true needs FSDP's sharded parameters, but {size_key}=1 replicates the whole model on each "
+                    f"of the role's {world} ranks (no FSDP); use {key}=false, or {size_key}=-1 to shard",
+                    (key, size_key),
+                    {key: False},
+                )
+            )
+    return out
 
 
 def _sp_problems(cfg: Config) -> list[Problem]:

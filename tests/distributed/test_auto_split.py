@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from cli_helpers import metrics
 
 from hybridrl.config import ConfigError, config_from_dict, validate
 from hybridrl.trainer import calibration
@@ -46,11 +47,7 @@ def _digits(data_source, solution_str, ground_truth, extra_info=None) -> float:
 
 
 def _rows(tmp_path) -> dict[int, dict]:
-    rows = {}
-    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        rows[r["step"]] = r
-    return rows
+    return {r["step"]: r for r in metrics(tmp_path / "run")}
 
 
 def _fit(cfg):

@@ -3,9 +3,8 @@ over the weight channel (gloo here, NCCL on GPUs)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from cli_helpers import metrics
 
 from hybridrl.config import ConfigError, config_from_dict
 from hybridrl.trainer.ppo import PPOTrainer
@@ -41,11 +40,7 @@ def _digits(data_source, solution_str, ground_truth, extra_info=None) -> float:
 
 
 def _rows(tmp_path) -> dict[int, dict]:
-    rows = {}
-    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        rows[r["step"]] = r
-    return rows
+    return {r["step"]: r for r in metrics(tmp_path / "run")}
 
 
 def test_sync_mode_pool_generates_with_the_current_weights(ray_session, tiny_model_dir, arith_data, tmp_path):

@@ -31,7 +31,7 @@
 # BASELINE: efficiency against that run file instead of the smallest count here (a variant on 2 GPUs only:
 #   EXTRA=actor_rollout_ref.actor.fsdp_config.fsdp_size=1 BASELINE=OUT1/grpo_1gpu.jsonl bash benchmarks/scaling.sh G OUT2 2).
 # PROFILE_STEP: profile that step of every run and write OUT/<name>.trace.md (benchmarks/trace_summary.py:
-# compute, NCCL, exposed NCCL and idle time per worker method and rank).
+# compute, NCCL, exposed NCCL and idle time per worker method and rank, and where the host's time went).
 set -euo pipefail
 GSM8K=${1:?GSM8K train.jsonl}; OUT=${2:?output dir}
 WORKLOAD=${WORKLOAD:-gsm8k}; MODES=${MODES:-sync}
@@ -113,7 +113,7 @@ run() {  # name n_gpus estimator [overrides...]
   fi
   cp "$dir/metrics.jsonl" "$OUT/$name.jsonl"
   if [ -n "${PROFILE_STEP:-}" ]; then  # where the profiled step's time went, per worker method and rank
-    python "$HERE/trace_summary.py" "$dir/profile/step_$PROFILE_STEP" --json "$OUT/$name.trace.json" >"$OUT/$name.trace.md"
+    python "$HERE/trace_summary.py" "$dir/profile/step_$PROFILE_STEP" --host --json "$OUT/$name.trace.json" >"$OUT/$name.trace.md"
   fi
 }
 for n in $COUNTS; do

@@ -16,6 +16,14 @@ exist). Within a window, per rank (times in ms):
 - idle: wall minus the union of all kernels (the device waited: host work, dispatch, stragglers).
 
 The table ends with each method's mean over ranks and its max (the slowest rank sets the step).
+
+`--host` adds where the host's time went inside each method's CPU range (issue 49: "the GPU
+waits on the host"), per trace, on the thread that ran the method:
+- python: time inside no traced op (the interpreter's own work between ops);
+- sync: CUDA runtime calls that wait for the device (synchronizes, blocking copies);
+- launch: kernel launches and other CUDA runtime calls;
+- ops: the self time of host operators (`aten::*`: on a GPU run their dispatch, on CPU tensors
+  their work too), with the operators of the most self time listed.
 A method that another calls (update_actor runs compute_log_prob over its later mini-batches with
 actor.reuse_on_policy_log_prob) is a row of its own and is inside its caller's row too.
 """
@@ -97,17 +105,92 @@ def summarize_trace(events: list[dict]) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
+HOST_CATS = {"cpu_op", "cuda_runtime", "cuda_driver"}
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cuStreamSynchronize")
+
+
+def self_times(events: list[dict]) -> list[tuple[dict, float]]:
+    """(event, self time in us) for nested host spans of one thread: each span's length minus the
+    time of the spans directly inside it."""
+    spans = sorted(events, key=lambda e: (e["ts"], -e["dur"]))
+    out: list[list] = []  # [event, self]
+    stack: list[list] = []
+    for e in spans:
+        while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:
+            stack.pop()
+        entry = [e, float(e["dur"])]
+        if stack:
+            stack[-1][1] -= min(e["dur"], stack[-1][0]["ts"] + stack[-1][0]["dur"] - e["ts"])
+        stack.append(entry)
+        out.append(entry)
+    return [(e, max(s, 0.0)) for e, s in out]
+
+
+def kind_of(event: dict) -> str:
+    if event["cat"] == "cpu_op":
+        return "ops"
+    return "sync" if event["name"].startswith(SYNC_CALLS) else "launch"
+
+
+def summarize_host(events: list[dict], top: int = 8) -> dict[str, dict]:
+    """{method: {wall, python, sync, launch, ops, launches, top: [(op, ms)]}} in ms over the CPU ranges
+    `hybridrl/<method>` of one process's trace, on the thread that ran each range."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    windows = [e for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith(PREFIX)]
+    host = defaultdict(list)
+    for e in spans:
+        if e.get("cat") in HOST_CATS:
+            host[(e.get("pid"), e.get("tid"))].append(e)
+    timed = {thread: self_times(evs) for thread, evs in host.items()}
+    out: dict[str, dict] = {}
+    for w in windows:
+        lo, hi = w["ts"], w["ts"] + w["dur"]
+        row = out.setdefault(
+            w["name"][len(PREFIX) :],
+            {"wall": 0.0, "python": 0.0, "sync": 0.0, "launch": 0.0, "ops": 0.0, "launches": 0, "top": defaultdict(float)},
+        )
+        inside = [(e, s) for e, s in timed.get((w.get("pid"), w.get("tid")), []) if e["ts"] >= lo and e["ts"] + e["dur"] <= hi]
+        row["wall"] += (hi - lo) / 1e3
+        for e, s in inside:
+            kind = kind_of(e)
+            row[kind] += s / 1e3
+            if kind == "ops":
+                row["top"][e["name"]] += s / 1e3
+            elif "Launch" in e["name"]:
+                row["launches"] += 1
+        covered = length(union([(e["ts"], e["ts"] + e["dur"]) for e, _ in inside]))
+        row["python"] += (hi - lo - covered) / 1e3
+    for row in out.values():
+        row["top"] = sorted(row["top"].items(), key=lambda kv: -kv[1])[:top]
+    return out
+
+
+def host_table(per_trace: dict[str, dict[str, dict]]) -> str:
+    cols = ("wall", "python", "sync", "launch", "ops")
+    lines = ["| trace | method | " + " | ".join(f"{c} ms" for c in cols) + " | launches | top host ops (self ms) |"]
+    lines.append("| --- " * (4 + len(cols)) + "|")
+    for name, rows in per_trace.items():
+        for method, r in sorted(rows.items(), key=lambda kv: -kv[1]["wall"]):
+            top = ", ".join(f"{op} {ms:.1f}" for op, ms in r["top"])
+            lines.append(f"| {name} | {method} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + f" | {r['launches']} | {top} |")
+    return "\n".join(lines)
+
+
 def load(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def summarize_dir(step_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """{trace name (role_rankR): summarize_trace(...)} for every trace in a profile step directory."""
+def traces_in(step_dir: Path) -> list[Path]:
     traces = sorted(p for p in Path(step_dir).glob("*.json") if re.fullmatch(r".+_rank\d+", p.stem))
     if not traces:
         raise SystemExit(f"{step_dir}: no <role>_rank<R>.json traces (run with trainer.profile_steps=[N])")
-    return {p.stem: summarize_trace(load(p)) for p in traces}
+    return traces
+
+
+def summarize_dir(step_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{trace name (role_rankR): summarize_trace(...)} for every trace in a profile step directory."""
+    return {p.stem: summarize_trace(load(p)) for p in traces_in(step_dir)}
 
 
 def table(per_rank: dict[str, dict[str, dict[str, float]]]) -> str:
@@ -129,11 +212,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("step_dir", type=Path)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--host", action="store_true", help="also where the host's time went in each method")
     args = ap.parse_args()
     per_rank = summarize_dir(args.step_dir)
     print(table(per_rank))
+    result: dict = {"device": per_rank}
+    if args.host:
+        host = {p.stem: summarize_host(load(p)) for p in traces_in(args.step_dir)}
+        print()
+        print(host_table(host))
+        result["host"] = host
     if args.json:
-        args.json.write_text(json.dumps(per_rank, indent=1))
+        args.json.write_text(json.dumps(result if args.host else per_rank, indent=1))
 
 
 if __name__ == "__main__":

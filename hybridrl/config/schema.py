@@ -35,7 +35,7 @@ from .names import (
     TRUNCATIONS,
     WEIGHT_STAGINGS,
 )
-from .rules import AT_LEAST_0, AT_LEAST_1, BELOW_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, ROLLOUT_DEVICES, UNIT, Rule
+from .rules import AT_LEAST_0, AT_LEAST_1, BELOW_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, ROLLOUT_DEVICES, THREADS, UNIT, Rule
 
 
 def option(default: Any, doc: str, *, check: Rule | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -803,6 +803,14 @@ class TrainerConfig:
     n_gpus_per_node: int = option(1, "Devices (worker processes) per node.", check=AT_LEAST_1)
     nnodes: int = option(1, "Nodes.", check=AT_LEAST_1)
     device: str = option("auto", "Device type; auto = cuda when available, else cpu.", choices=DEVICES)
+    cpu_threads: int = option(
+        0,
+        "torch's CPU threads per worker process. 0 = auto: 2 for a GPU worker (its host only packs batches and "
+        "queues kernels; a pool of every core stalls it and its neighbours), and for CPU runs the cores this "
+        "process owns (affinity, cgroup quota) split between the node's worker processes; -1 = torch's default "
+        "(every core); N = N. docs/performance.md, 'Sharing a node'.",
+        check=THREADS,
+    )
     save_freq: int = option(-1, "Save a checkpoint every N steps; -1 = only at the end.", check=OFF_OR_1)
     test_freq: int = option(-1, "Validate every N steps; -1 = only at the end (when data.val_files is set).", check=OFF_OR_1)
     val_before_train: bool = option(True, "Validate once before the first step.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from hybridrl.distributed import host_threads
 from hybridrl.distributed.errors import BackendError, WorkerDiedError
 from hybridrl.distributed.local import LocalWorkerGroup
 
@@ -53,4 +54,5 @@ def create_worker_groups(cfg, plan, roles: dict) -> WorkerGroups:
     from hybridrl.models.loading import pick_device
 
     device = pick_device(cfg.trainer.device)
+    host_threads.apply(cfg.trainer.cpu_threads, device.type, processes_here=1)
     return WorkerGroups({role: LocalWorkerGroup(cls(cfg, plan, device), role) for role, cls in roles.items()})

@@ -40,6 +40,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from hybridrl.distributed import host_threads
 from hybridrl.distributed.dispatch import collect_outputs, dispatch_mesh, dispatch_mode, split_inputs
 from hybridrl.distributed.errors import BackendError, WorkerDiedError
 from hybridrl.distributed.hang_dump import dump_stacks_if_asked
@@ -87,7 +88,9 @@ _WATCH: dict = {"monitor": None, "timeout_s": None}
 class WorkerHost:
     """One process of a pool (a Ray actor): its rank's workers, one per role."""
 
-    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict, monitor=None):
+    def __init__(
+        self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict, monitor=None, threads=(0, 1)
+    ):
         self.pool, self.rank, self.world, self.device_type = pool, rank, world, device_type
         if monitor is not None:
             _beat_forever(monitor)
@@ -106,6 +109,7 @@ class WorkerHost:
 
         if device_type == "cuda":
             torch.cuda.set_device(0)
+        host_threads.apply(threads[0], device_type, processes_here=threads[1])  # (trainer.cpu_threads, processes on the node)
         # Each rank its own stream (sampling differs per shard); rank 0 = the one-device run's.
         random.seed(seed + rank)
         np.random.seed(seed + rank)
@@ -301,6 +305,8 @@ class RayBackend:
     def __init__(self, cfg, plan, roles: dict):
         init_ray(cfg)
         device_type = _device_type(cfg)
+        # The driver too: it shares the node's cores with the workers (advantages, batch bookkeeping).
+        host_threads.apply(cfg.trainer.cpu_threads, device_type, processes_here=cfg.trainer.n_gpus_per_node)
         self.specs = pool_specs(cfg, list(roles))
         _wait_for_nodes(self.specs, device_type, cfg.trainer.worker_timeout_s)
         self.pgs, self.pools, self.groups = [], {}, {}
@@ -340,10 +346,11 @@ class RayBackend:
         # The driver's HYBRIDRL_* settings reach the workers even on a cluster started elsewhere.
         env = {k: v for k, v in os.environ.items() if k.startswith("HYBRIDRL_")}
         res = {"num_gpus": 1, "num_cpus": 1} if device_type == "cuda" else {"num_cpus": 1}
+        threads = (cfg.trainer.cpu_threads, cfg.trainer.n_gpus_per_node)  # every pool's processes share a node's cores
         hosts = [
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=n), **res
-            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env, self.monitor)
+            ).remote(spec.name, n * spec.per_node + i, spec.world, device_type, cfg.trainer.seed, env, self.monitor, threads)
             for n in range(spec.nnodes)
             for i in range(spec.per_node)
         ]

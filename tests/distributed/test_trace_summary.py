@@ -125,3 +125,32 @@ def test_a_registered_method_is_a_named_range_in_a_real_trace(tmp_path):
     row = _load().summarize_dir(tmp_path)["actor_rank0"]["update_actor"]
     assert row["calls"] == 2 and row["wall"] > 0
     assert row["compute"] == 0 and row["comm"] == 0  # a CPU trace has no device kernels
+
+
+def _h(cat, name, ts, dur, tid=7):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_host_time_splits_into_python_sync_launch_and_op_self_time():
+    """update_actor's CPU range is [0, 100] us on thread 7: aten::cat [10, 40] holds aten::copy_
+    [15, 25] and a launch [26, 30]; a stream sync [50, 80]; the rest (30 us) is Python. Spans of
+    another thread or outside the window do not count."""
+    ts = _load()
+    events = [
+        _h("user_annotation", "hybridrl/update_actor", 0, 100),
+        _h("cpu_op", "aten::cat", 10, 30),
+        _h("cpu_op", "aten::copy_", 15, 10),
+        _h("cuda_runtime", "cudaLaunchKernel", 26, 4),
+        _h("cuda_runtime", "cudaStreamSynchronize", 50, 30),
+        _h("cpu_op", "aten::mm", 20, 50, tid=8),  # another thread
+        _h("cpu_op", "aten::mm", 120, 10),  # after the window
+    ]
+    row = ts.summarize_host(events)["update_actor"]
+    assert row["wall"] == pytest.approx(0.100)
+    assert row["ops"] == pytest.approx(0.016 + 0.010)  # cat's self time (30 - 10 - 4) and copy_'s 10
+    assert row["launch"] == pytest.approx(0.004)
+    assert row["launches"] == 1
+    assert row["sync"] == pytest.approx(0.030)
+    assert row["python"] == pytest.approx(0.040)  # 100 - covered [10, 40] and [50, 80]
+    assert row["top"] == [("aten::cat", pytest.approx(0.016)), ("aten::copy_", pytest.approx(0.010))]
+    assert ts.self_times([_h("cpu_op", "a", 0, 10), _h("cpu_op", "b", 2, 3), _h("cpu_op", "c", 6, 2)])[0][1] == 5.0

@@ -10,7 +10,7 @@
 #   NEIGHBOUR    job: each neighbour is the same GRPO job on a GPU of its own (CUDA_VISIBLE_DEVICES=1..N;
 #                needs N+1 GPUs), started with the measured run; cpu: a process spinning on one core
 #                each (a stand-in where the GPUs are too few). Default: job when the GPUs suffice, else cpu.
-#   STEPS (6), PROFILE_STEP (4), SHAPES, and every other variable of benchmarks/scaling.sh.
+#   STEPS (6), PROFILE_STEP (4: profiled, and left out of the medians), SHAPES, and every other variable of benchmarks/scaling.sh.
 #   On CPU, a smoke run of the script: SMOKE=1 bash benchmarks/host_overhead.sh G OUT
 set -euo pipefail
 GSM8K=${1:?GSM8K train.jsonl}; OUT=${2:?output dir}
@@ -47,4 +47,4 @@ for n in $NEIGHBOURS; do
     stop_neighbours
   done
 done
-python "$HERE/host_table.py" "$OUT"
+python "$HERE/host_table.py" "$OUT" ${PROFILE_STEP:+--skip-step "$PROFILE_STEP"}

@@ -35,7 +35,20 @@ from .names import (
     TRUNCATIONS,
     WEIGHT_STAGINGS,
 )
-from .rules import AT_LEAST_0, AT_LEAST_1, BELOW_1, BETAS, OFF_OR_0, OFF_OR_1, POSITIVE, PROB, ROLLOUT_DEVICES, THREADS, UNIT, Rule
+from .rules import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    BELOW_1,
+    BETAS,
+    OFF_OR_0,
+    OFF_OR_1,
+    POSITIVE,
+    PROB,
+    ROLLOUT_DEVICES,
+    THREADS,
+    UNIT,
+    Rule,
+)
 
 
 def option(default: Any, doc: str, *, check: Rule | None = None, choices: tuple[str, ...] | None = None) -> Any:

@@ -88,9 +88,7 @@ _WATCH: dict = {"monitor": None, "timeout_s": None}
 class WorkerHost:
     """One process of a pool (a Ray actor): its rank's workers, one per role."""
 
-    def __init__(
-        self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict, monitor=None, threads=(0, 1)
-    ):
+    def __init__(self, pool: str, rank: int, world: int, device_type: str, seed: int, env: dict, monitor=None, threads=(0, 1)):
         self.pool, self.rank, self.world, self.device_type = pool, rank, world, device_type
         if monitor is not None:
             _beat_forever(monitor)

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hybridrl.models.llama import rotary
 from hybridrl.rollout.native.cache import KVCache, write_kv
+
+# Prefill shapes (rows x longest prompt) change with every admitted batch. cuDNN's attention builds
+# a plan for each new shape on the host (80-106 ms of a GRPO step's generate on an H200, issue 49),
+# so the prefill asks for flash attention first; SDPA falls through the list if flash cannot run.
+PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def paged_decode_reference(
@@ -62,9 +68,10 @@ class PrefillAttention:
             q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             flat = lambda x: x.reshape(B * T, *x.shape[2:])[self.valid]  # noqa: E731  (N, Hkv, D)
             write_kv(self.cache.k(layer), self.cache.v(layer), flat(k), flat(v), self.slots)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
-        )  # (B, H, T, D)
+        with sdpa_kernel(PREFILL_BACKENDS):
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
+            )  # (B, H, T, D)
         return out.transpose(1, 2)
 
     def _rope_store_fused(self, layer: int, q, k, v):

@@ -20,8 +20,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from hybridrl.rollout.agent import sandbox as sandbox_module
-from hybridrl.rollout.agent.sandbox import (
+from hybridrl.sandbox import (
+    EXIT_SETUP_FAILED,
     SANDBOX_UID,
     LocalSandbox,
     SandboxConfig,
@@ -29,6 +29,7 @@ from hybridrl.rollout.agent.sandbox import (
     SandboxUnavailable,
     namespaces_available,
 )
+from hybridrl.sandbox import local as sandbox_module
 
 WHY_NOT = namespaces_available()
 
@@ -424,7 +425,7 @@ def test_a_setup_failure_is_one_line_and_nothing_runs(run, monkeypatch, tmp_path
     sandbox = LocalSandbox(SandboxConfig())  # probed before the root is broken
     monkeypatch.setattr(sandbox_module, "_root_plan", lambda: ([("/usr", "/usr"), (str(tmp_path / "gone"), "/gone")], []))
     r = asyncio.run(sandbox.run("print('ran')"))
-    assert (r.exit_code, r.stdout) == (sandbox_module.EXIT_SETUP_FAILED, "")
+    assert (r.exit_code, r.stdout) == (EXIT_SETUP_FAILED, "")
     assert r.stderr.startswith("sandbox setup failed: opening") and r.stderr.count("\n") == 1, r.stderr
 
 

@@ -17,11 +17,12 @@ class SandboxConfig:
 
     wall_timeout_s: float = 5.0
     cpu_s: int = 5
-    memory_mb: int = 1024  # address space (RLIMIT_AS)
+    memory_mb: int = 1024  # each process's address space (RLIMIT_AS) and, where a cgroup can be made, all the
+    # memory of the snippet's processes together, memfd and tmpfs pages included (memory.max)
     max_output_bytes: int = 8192  # of stdout and of stderr each
     max_file_mb: int = 16  # largest file it may write (RLIMIT_FSIZE)
     max_disk_mb: int = 64  # all it may write (the size of its working tmpfs)
-    max_processes: int = 16  # processes (and threads) the snippet may add, its whole tree counted
+    max_processes: int = 16  # processes (and threads) the snippet may add, its whole tree counted (pids.max)
     max_open_files: int = 64
     max_concurrency: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
     allow_unsafe_fallback: bool = False  # no namespaces: run anyway with the limits and the audit hook only

@@ -11,11 +11,17 @@ The kernel is the boundary (docs/sandbox.md has the table and the reasons):
 - **an unprivileged uid**: the snippet runs as uid 65534 (nobody) of its user namespace, mapped
   to the host's nobody when the trainer is root (else to the trainer's own uid), with no
   capabilities and `no_new_privs`;
-- **one process tree, counted and killed whole**: it is PID 1 of its PID namespace; RLIMIT_NPROC,
-  counted per user namespace since Linux 5.14, bounds the whole tree at `max_processes`; at the
-  wall-clock timeout PID 1 is killed and the kernel kills the rest before `run` returns;
+- **one process tree, counted and killed whole**: it is PID 1 of its PID namespace and leads a
+  session of its own (its signals to its process group never reach the setup); its own cgroup
+  (cgroup.py: `memory.max`, `pids.max`) counts memory and processes over the whole tree, memfd and
+  tmpfs pages included; RLIMIT_NPROC (per user namespace since Linux 5.14) bounds it too. The
+  trainer holds a pidfd of PID 1 and keeps the wall clock itself: at `wall_timeout_s` from the
+  snippet's start, or when the setup dies, it kills PID 1 (the kernel kills the rest of the
+  namespace) and the cgroup, and `run` returns only once all of it is gone;
 - **resource limits**: CPU seconds, address space, file size, open files (setrlimit), and disk
   (`max_disk_mb`, the tmpfs size);
+- **no keyring**: a fresh session keyring instead of the trainer's, and a seccomp filter that
+  refuses the key syscalls (seccomp.py);
 - **an empty environment** and **bounded output** (stdout and stderr cut at `max_output_bytes`);
 - **bounded concurrency**: at most `max_concurrency` snippets at once; `run` never blocks the
   event loop.
@@ -23,24 +29,31 @@ The kernel is the boundary (docs/sandbox.md has the table and the reasons):
 A second line, not a boundary: an audit hook in the snippet's interpreter refuses process
 spawning, ctypes calls, sockets and writes outside the working directory, so a model's mistake
 fails with a readable message. Where the kernel refuses the namespaces, the sandbox refuses to
-start, unless `allow_unsafe_fallback` is set (then only the limits and the hook hold).
+start, unless `allow_unsafe_fallback` is set (then only the limits, the cgroup where there is one,
+the keyring filter and the hook hold). Where no cgroup can be made, memory and processes are
+limited per process only (docs/sandbox.md, "Where no cgroup can be made").
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import platform
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from . import launcher, setup_child
+from .cgroup import SnippetCgroup, cgroup_available, cgroup_places
 from .config import SandboxConfig, SandboxResult, SandboxUnavailable
+from .seccomp import KEY_SYSCALLS, keyring_filter
+from .setup_child import EXIT_SETUP_FAILED
 
 SANDBOX_UID = 65534  # nobody (overflowuid) inside the user namespace, and on the host when the trainer is root
 # pivot_root(2) has no glibc wrapper: its syscall number per architecture.
@@ -55,6 +68,8 @@ CLONE_NEWNS = 0x00020000
 NAMESPACE_FLAGS = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # bound without nodev
 _AUDIT_HOOK = True  # the second line; tests switch it off to show the kernel holds alone
+_SETUP_TIMEOUT_S = 10.0  # from the spawn to the snippet's start (two interpreter start-ups, a few mounts)
+_SETUP_CLOCK_SLACK_S = 1.0  # C's backstop clock runs this much past the trainer's
 
 
 def _processes_of(uid: int) -> int:
@@ -93,19 +108,19 @@ def _root_plan() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return kept, symlinks
 
 
-def _spawn_plan(code: str, c: SandboxConfig, isolate: bool, workdir: str | None):
-    """(argv, fds to pass, the status pipe's read end, fds to close after the spawn)."""
+def _spawn_plan(code: str, c: SandboxConfig, isolate: bool, workdir: str | None, status_fd: int, cgroup_procs: list[str]):
+    """(argv, fds the setup inherits: closed here once it has started)."""
     code_fd = os.memfd_create("hybridrl-snippet")
     data = code.encode("utf-8", "surrogatepass")
     while data:
         data = data[os.write(code_fd, data) :]
     os.lseek(code_fd, 0, os.SEEK_SET)
-    status_r, status_w = os.pipe()
     binds, symlinks = _root_plan() if isolate else ([], [])
     nproc = c.max_processes + 2 if isolate else _processes_of(os.geteuid()) + c.max_processes + 3
+    seccomp = keyring_filter()
     plan = {
         "code_fd": code_fd,
-        "status_fd": status_w,
+        "status_fd": status_fd,
         "isolate": isolate,
         "flags": NAMESPACE_FLAGS,
         "setuid": os.geteuid() == 0,  # root maps the snippet to the host's nobody; anyone else to itself
@@ -114,13 +129,16 @@ def _spawn_plan(code: str, c: SandboxConfig, isolate: bool, workdir: str | None)
         "binds": binds,
         "symlinks": symlinks,
         "sys_pivot_root": _SYS_PIVOT_ROOT.get(platform.machine(), -1),
+        "sys_keyctl": KEY_SYSCALLS.get(platform.machine(), (None,) * 3)[2],
+        "seccomp": seccomp.hex() if seccomp else None,
+        "cgroup_procs": cgroup_procs,
         "cpu_s": c.cpu_s,
         "memory_mb": c.memory_mb,
         "max_file_mb": c.max_file_mb,
         "max_disk_mb": c.max_disk_mb,
         "max_open_files": c.max_open_files,
         "nproc": nproc,
-        "timeout_s": c.wall_timeout_s,
+        "timeout_s": c.wall_timeout_s + _SETUP_CLOCK_SLACK_S,
         "workdir": workdir,
         "python": sys.executable,
         "launcher_args": [str(_AUDIT_HOOK), str(c.max_processes)],  # launcher.py's AUDIT and MAX_FORKS
@@ -134,7 +152,7 @@ def _spawn_plan(code: str, c: SandboxConfig, isolate: bool, workdir: str | None)
         },
     }
     argv = [sys.executable, "-I", "-S", "-c", _SETUP, _LAUNCHER, json.dumps(plan)]  # -S: the setup needs no site-packages
-    return argv, (code_fd, status_w), status_r, (code_fd, status_w)
+    return argv, (code_fd, status_fd)
 
 
 def namespaces_available() -> str | None:
@@ -145,14 +163,19 @@ def namespaces_available() -> str | None:
         return f"it runs on Linux only, not {sys.platform}"
     if platform.machine() not in _SYS_PIVOT_ROOT:
         return f"pivot_root's syscall number is not known for {platform.machine()}"
-    argv, pass_fds, status_r, close = _spawn_plan("pass", SandboxConfig(max_concurrency=1), True, None)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status = _Status(ours)
+    argv, pass_fds = _spawn_plan("pass", SandboxConfig(max_concurrency=1), True, None, theirs.fileno(), [])
     try:
         r = subprocess.run(argv, capture_output=True, timeout=30, pass_fds=pass_fds, cwd="/", env={"LANG": "C.UTF-8"})
     except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     finally:
-        for fd in (*close, status_r):
-            os.close(fd)
+        os.close(pass_fds[0])
+        theirs.close()
+        while not status.ended and status.take_one():  # its pidfd, to close
+            pass
+        status.close()
     if r.returncode != 0:
         why = r.stderr.decode("utf-8", "replace").strip().splitlines()
         return why[-1] if why else f"the probe exited with {r.returncode}"
@@ -160,6 +183,8 @@ def namespaces_available() -> str | None:
 
 
 _NAMESPACES: dict[str, str | None] = {}
+_WARNED: list[bool] = []
+logger = logging.getLogger("hybridrl.sandbox")
 
 
 class LocalSandbox:
@@ -181,6 +206,15 @@ class LocalSandbox:
                 f"or set the python tool's config allow_unsafe_fallback: true to run with resource limits and an "
                 f"audit hook only (no kernel isolation)"
             )
+        # where each snippet gets a cgroup of its own ([]: per-process limits only; docs/sandbox.md)
+        self.cgroups = cgroup_places()
+        if not self.cgroups and not _WARNED:
+            _WARNED.append(True)
+            logger.warning(
+                "code sandbox: no per-snippet cgroup here (%s); memory_mb and max_processes hold per process "
+                "only (docs/sandbox.md, 'Where no cgroup can be made')",
+                cgroup_available(),
+            )
         self._semaphore: asyncio.Semaphore | None = None
 
     async def run(self, code: str, stdin: str = "") -> SandboxResult:
@@ -193,10 +227,17 @@ class LocalSandbox:
 
     async def _run(self, code: str, stdin: str) -> SandboxResult:
         c = self.config
-        workdir = None if self.isolated else tempfile.mkdtemp(prefix="hybridrl-sandbox-")
-        start = time.perf_counter()
-        argv, pass_fds, status_r, close = _spawn_plan(code, c, self.isolated, workdir)
         try:
+            cgroup = SnippetCgroup(self.cgroups, c.memory_mb, c.max_processes + 3) if self.cgroups else None  # + S, C, P1
+        except OSError as e:  # the probe made one: this is the machine's trouble (too many cgroups?), not the snippet's
+            why = f"sandbox setup failed: making the snippet's cgroup in {self.cgroups[0].base}: {e.strerror}\n"
+            return SandboxResult("", why, EXIT_SETUP_FAILED)
+        workdir = None if self.isolated else tempfile.mkdtemp(prefix="hybridrl-sandbox-")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status = _Status(ours)
+        start = time.perf_counter()
+        try:
+            argv, pass_fds = _spawn_plan(code, c, self.isolated, workdir, theirs.fileno(), cgroup.procs if cgroup else [])
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -209,33 +250,33 @@ class LocalSandbox:
                     start_new_session=True,
                 )
             finally:
-                for fd in close:
-                    os.close(fd)
+                os.close(pass_fds[0])
+                theirs.close()
             out, err, truncated = bytearray(), bytearray(), [False]
-            killed = False
-            try:  # the sandbox kills at the timeout itself; this is a second, later deadline for a stuck setup
-                await asyncio.wait_for(
-                    asyncio.gather(
-                        _feed(proc, stdin.encode()),
-                        _drain(proc.stdout, out, c.max_output_bytes, truncated),
-                        _drain(proc.stderr, err, c.max_output_bytes, truncated),
-                        proc.wait(),
-                    ),
-                    c.wall_timeout_s + 10,
-                )
+            io = asyncio.gather(
+                _feed(proc, stdin.encode()),
+                _drain(proc.stdout, out, c.max_output_bytes, truncated),
+                _drain(proc.stderr, err, c.max_output_bytes, truncated),
+            )
+            timed_out = False
+            try:
+                await asyncio.wait_for(status.read(until_started=True), _SETUP_TIMEOUT_S)
+                if status.snippet:
+                    # The wall limit is this clock's, from the snippet's start; C's own is a backstop for a trainer
+                    # that is gone. Nothing the snippet does to the setup (SIGSTOP) can stretch it.
+                    await asyncio.wait_for(status.read(), c.wall_timeout_s)
             except asyncio.TimeoutError:
-                killed = True
+                timed_out = True
             finally:
-                _kill_group(proc.pid)
+                await _end(proc, status, cgroup, self.isolated)
                 try:
-                    await asyncio.wait_for(proc.wait(), 5)
+                    await asyncio.wait_for(io, 2)  # every holder of the pipes is dead by now
                 except asyncio.TimeoutError:
                     pass
-            os.set_blocking(status_r, False)
-            try:
-                timed_out = killed or os.read(status_r, 64) == b"timeout"
-            except BlockingIOError:
-                timed_out = killed
+            oom = cgroup.oom_kills() if cgroup else 0
+            if oom:
+                err += f"\nsandbox: over the memory limit ({c.memory_mb} MB for all its processes): {oom} killed\n".encode()
+            timed_out = timed_out or status.timed_out
             return SandboxResult(
                 out.decode("utf-8", "replace"),
                 err.decode("utf-8", "replace"),
@@ -245,9 +286,98 @@ class LocalSandbox:
                 time.perf_counter() - start,
             )
         finally:
-            os.close(status_r)
+            status.close()
+            if cgroup:
+                await cgroup.remove()
             if workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Status:
+    """The setup's reports on a SOCK_SEQPACKET socket (a message each): `started <pid>` with a pidfd of P1, the
+    moment C forks it; `timeout` when C's backstop clock fired; end of file once S and C have both exited."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        sock.setblocking(False)
+        self.snippet: tuple[int, int] | None = None  # (pid, pidfd) of the snippet's first process
+        self.timed_out = False
+        self.ended = False
+
+    async def read(self, until_started: bool = False) -> None:
+        """Take the reports until the setup has ended (or, with `until_started`, the snippet has started)."""
+        while not self.ended and not (until_started and self.snippet):
+            if not self.take_one():
+                await _readable(self.sock.fileno(), None)
+
+    def take_one(self) -> bool:
+        """Take one report; False when none is waiting."""
+        try:
+            message, fds, _, _ = socket.recv_fds(self.sock, 64, 1)
+        except BlockingIOError:
+            return False
+        if message.startswith(b"started ") and len(fds) == 1 and self.snippet is None:
+            self.snippet = int(message.split()[1]), fds.pop()
+        self.timed_out |= message == b"timeout"
+        self.ended = not message
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def close(self) -> None:
+        if self.snippet:
+            os.close(self.snippet[1])
+        self.sock.close()
+
+
+async def _end(proc, status: _Status, cgroup: SnippetCgroup | None, isolated: bool) -> None:
+    """SIGKILL everything of one run, whatever the snippet did to detach itself, and return once it is gone:
+    its first process through the pidfd (in a PID namespace that takes every process of the namespace with
+    it, and the pidfd turns readable only once they are all dead), its cgroup, and then the setup (S, C),
+    which ends by itself once P1 has, unless it is stopped or stuck. In the fallback without a cgroup, the
+    snippet's own session is signalled too (what left it is out of reach: docs/sandbox.md)."""
+    killed = status.snippet is not None and await _kill_snippet(status.snippet, cgroup is None and not isolated)
+    if cgroup:
+        cgroup.kill()
+    try:
+        await asyncio.wait_for(status.read(), 0.5)
+    except asyncio.TimeoutError:
+        if proc.returncode is None:
+            _killpg(proc.pid)  # S is not reaped yet, so its process group id is still its own
+    if status.snippet and not killed:  # reported after the setup's deadline
+        await _kill_snippet(status.snippet, cgroup is None and not isolated)
+    try:  # S's exit status; proc.wait() also waits for the pipes, which a process that escaped may hold
+        await asyncio.wait_for(proc.wait(), 1)
+    except asyncio.TimeoutError:
+        for _ in range(400):
+            if proc.returncode is not None:
+                break
+            await asyncio.sleep(0.01)
+
+
+async def _kill_snippet(snippet: tuple[int, int], its_session_too: bool) -> bool:
+    pid, pidfd = snippet
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass  # already gone
+    if its_session_too:
+        _killpg(pid)  # P1 leads a session of its own
+    await _readable(pidfd, 5)
+    return True
+
+
+async def _readable(fd: int, within_s: float) -> bool:
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await asyncio.wait_for(readable, within_s)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
 
 
 async def _feed(proc, data: bytes) -> None:
@@ -273,9 +403,8 @@ async def _drain(stream, buf: bytearray, limit: int, truncated: list) -> None:
             truncated[0] = True
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL the sandbox's setup processes (PID 1 of the snippet dies with them: PR_SET_PDEATHSIG)."""
+def _killpg(pgid: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

@@ -3,24 +3,29 @@
 Not imported by the sandbox at run time: `local.py` passes this file's source to a fresh
 `python -I -S -c` (no site-packages: it needs the standard library only, and must not import
 hybridrl, which the sandbox's root does not hold). argv: the launcher's source (launcher.py), the
-plan as JSON. Inherited fds: the snippet (a memfd) and a status pipe.
+plan as JSON. Inherited fds: the snippet (a memfd) and a status socket to the trainer.
 
-S (this process, the trainer's uid) applies the limits and forks C, which unshares new user, mount,
-PID, network, IPC and UTS namespaces and opens the allowlisted paths (still as the trainer's uid, so
-a Python under a private home is reachable). S, outside, writes C's uid/gid maps (65534 -> the host's
-nobody when S is root, else S's own uid). C takes that uid and forks P1, PID 1 of the new PID
-namespace, which builds the root (a tmpfs with read-only binds, a fresh /proc, the working tmpfs),
-pivots into it, drops everything, and execs the launcher. C waits for P1 with the wall-clock
-timeout; at the timeout it SIGKILLs P1, and waitpid returns only after the kernel has killed every
-process in the namespace. Exit status: P1's, or EXIT_SETUP_FAILED with a one-line reason on stderr.
+S (this process, the trainer's uid) joins the snippet's cgroup (when there is one), applies the
+limits and forks C, which unshares new user, mount, PID, network, IPC and UTS namespaces and opens
+the allowlisted paths (still as the trainer's uid, so a Python under a private home is reachable).
+S, outside, writes C's uid/gid maps (65534 -> the host's nobody when S is root, else S's own uid). C
+takes that uid and forks P1, PID 1 of the new PID namespace, and sends the trainer a pidfd of it.
+P1 starts a session of its own, builds the root (a tmpfs with read-only binds, a fresh /proc, the
+working tmpfs), pivots into it, drops everything, leaves the trainer's keyring behind, installs the
+seccomp filter and execs the launcher. The trainer kills P1 at the wall limit (its clock); C waits
+for P1 a little longer, as a backstop for a trainer that is gone, and waitpid returns only after the
+kernel has killed every process in the namespace. Exit status: P1's, or EXIT_SETUP_FAILED with a
+one-line reason on stderr.
 """
 
 import ctypes
+import errno
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 
 EXIT_SETUP_FAILED = 121  # the sandbox could not be set up (the reason is the last line of stderr)
@@ -95,12 +100,12 @@ def build_root(plan, binds):
 
 def enter_and_exec(plan, launcher, binds):
     """P1: build the root, pivot into it, drop everything, exec the launcher."""
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with C (C dying before this line took
-    # P1's process group with it: P1 is still in it)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with C (the snippet may clear it: the trainer
+    # holds a pidfd of P1 and the cgroup, and kills both when run() returns)
+    os.setsid()  # a session of its own: the snippet's signals to its process group never reach S or C
     if plan["isolate"]:
         build_root(plan, binds)
     else:
-        os.setpgid(0, 0)  # the fallback has no PID namespace: its tree is this process group
         os.chdir(plan["workdir"])
     with open("snippet.py", "wb") as f:
         while True:
@@ -112,8 +117,26 @@ def enter_and_exec(plan, launcher, binds):
     for cap in range(64):  # PR_CAPBSET_DROP; the others go at the exec (a non-root uid, no file capabilities)
         libc.prctl(24, cap, 0, 0, 0)
     check(libc.prctl(38, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    leave_the_keyrings(plan)
     os.closerange(3, 1 << 16)
     os.execve(plan["python"], [plan["python"], "-I", "-c", launcher, *plan["launcher_args"]], plan["env"])
+
+
+def leave_the_keyrings(plan):
+    """A fresh anonymous session keyring instead of the trainer's (inherited, and possessing a keyring grants
+    every right on it), then the seccomp filter that refuses the key syscalls (seccomp.py)."""
+    if plan["sys_keyctl"] is not None and libc.syscall(plan["sys_keyctl"], 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING
+        if ctypes.get_errno() != errno.ENOSYS:  # a kernel without keys has no keyring to leave
+            check(-1, "joining a fresh session keyring")
+    if plan["seccomp"]:
+        program = bytes.fromhex(plan["seccomp"])
+        filters = ctypes.create_string_buffer(program, len(program))
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        fprog = SockFprog(len(program) // 8, ctypes.addressof(filters))
+        check(libc.prctl(22, 2, ctypes.byref(fprog), 0, 0), "installing the seccomp filter")  # PR_SET_SECCOMP, FILTER
 
 
 def apply_limits(plan):
@@ -139,6 +162,14 @@ def run_c(plan, launcher, ready_w, go_r):
         binds = [(os.open(src, os.O_PATH | os.O_CLOEXEC), dst) for src, dst in plan["binds"]]
     except OSError as e:
         fail("opening %s for the sandbox's root: %s" % (e.filename, e.strerror))
+    # Over memory.max (or out of the host's memory) the snippet's processes go first, never S or the trainer.
+    # Written before taking the sandbox uid (then /proc/self belongs to root) and inherited by P1. A preference,
+    # not a limit: where /proc refuses it, the run goes on.
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
     if plan["isolate"] and plan["setuid"]:
         try:
             os.setgroups([])
@@ -152,12 +183,15 @@ def run_c(plan, launcher, ready_w, go_r):
             enter_and_exec(plan, launcher, binds)
         except BaseException as e:  # never run the snippet half-isolated
             fail("%s: %s" % (type(e).__name__, e))
-    # C: wait for P1, at most the wall-clock timeout
+    # C: hand the trainer a pidfd of P1 (a handle no pid reuse can redirect), then wait for P1: the trainer
+    # kills it at the wall limit; this clock, a little later, holds when the trainer is gone
     for fd in (ready_w, go_r, plan["code_fd"]):
         os.close(fd)
     pidfd = os.pidfd_open(p1)
+    status = socket.socket(fileno=plan["status_fd"])
+    socket.send_fds(status, [b"started %d" % p1], [pidfd])
     if not select.select([pidfd], [], [], plan["timeout_s"])[0]:
-        os.write(plan["status_fd"], b"timeout")
+        status.send(b"timeout")
         if plan["isolate"]:
             os.kill(p1, signal.SIGKILL)  # PID 1 of the namespace: the kernel kills the rest before P1 is reaped
         else:
@@ -181,8 +215,19 @@ def write_maps(plan, c):
         fail("writing the uid/gid maps: %s" % e)
 
 
+def join_cgroup(plan):
+    """S joins the snippet's cgroup before it forks: every process of the snippet is born inside (cgroup.py)."""
+    for procs in plan["cgroup_procs"]:
+        try:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            fail("joining the snippet's cgroup %s: %s" % (os.path.dirname(procs), e.strerror))
+
+
 def main():
     launcher, plan = sys.argv[1], json.loads(sys.argv[2])
+    join_cgroup(plan)
     apply_limits(plan)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()

@@ -159,12 +159,13 @@ time.sleep(60)
 """
 
 
-def signal_the_setup_mid_run(setup_processes, name: str, wall_timeout_s: float, sig: int):
+def signal_the_setup_mid_run(setup_processes, name: str, wall_timeout_s: float, sig: int, cgroup: bool):
     """Run SLEEPER; once its process `name` is up, send `sig` to the setup's process group (S and C).
-    (the result, seconds run() took)."""
+    (the result, seconds run() took). Without a cgroup, the pidfd and the PID namespace hold alone."""
 
     async def main():
         sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=wall_timeout_s))
+        sandbox.cgroups = sandbox.cgroups if cgroup else []
         task = asyncio.ensure_future(sandbox.run(SLEEPER.format(name=name)))
         while not named(name):
             await asyncio.sleep(0.02)
@@ -176,13 +177,14 @@ def signal_the_setup_mid_run(setup_processes, name: str, wall_timeout_s: float, 
     return r, time.monotonic() - start
 
 
-def test_nothing_outlives_run_when_the_setup_dies(no_hook, setup_processes):
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
+def test_nothing_outlives_run_when_the_setup_dies(no_hook, setup_processes, cgroup):
     """Whatever kills the setup processes (S, C), the parent still holds the snippet (a pidfd of its
     PID 1, and its cgroup) and kills it before run() returns."""
     require_isolation()
     name = token("orphan")
     try:
-        r, seconds = signal_the_setup_mid_run(setup_processes, name, 20, signal.SIGKILL)
+        r, seconds = signal_the_setup_mid_run(setup_processes, name, 20, signal.SIGKILL, cgroup)
         assert named(name) == [], "the snippet outlived run()"
         assert seconds < 10 and not r.ok
     finally:
@@ -215,12 +217,13 @@ def test_stopping_the_setup_does_not_stretch_the_wall_limit(run):
     assert time.monotonic() - start < 2.5
 
 
-def test_the_parent_clock_holds_when_the_setup_is_stopped(no_hook, setup_processes):
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no-cgroup"])
+def test_the_parent_clock_holds_when_the_setup_is_stopped(no_hook, setup_processes, cgroup):
     """However the setup processes get stopped, the wall limit is the trainer's clock."""
     require_isolation()
     name = token("stop")
     try:
-        r, seconds = signal_the_setup_mid_run(setup_processes, name, 1, signal.SIGSTOP)
+        r, seconds = signal_the_setup_mid_run(setup_processes, name, 1, signal.SIGSTOP, cgroup)
         assert r.timed_out and seconds < 2.5
         assert named(name) == []
     finally:

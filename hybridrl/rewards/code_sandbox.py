@@ -5,7 +5,7 @@ A sample of a code data source (`CODE_SOURCES`) has test cases in its ground tru
 `{"inputs": ["1 2\n", ...], "outputs": ["3\n", ...]}` (a JSON string or a mapping). The program is the
 last fenced code block of the response (the whole response when it has none); it runs once per test
 case with the input on stdin, through the python tool's SandboxFusion client
-(`rollout/agent/sandbox.py`), and passes when its stdout equals the expected output up to trailing
+(`hybridrl/sandbox/`), and passes when its stdout equals the expected output up to trailing
 whitespace. The score is the fraction of test cases passed, with `all_passed` (0/1) beside it.
 Samples of other data sources keep their built-in scorer.
 
@@ -106,7 +106,7 @@ class SandboxFusionReward(RemoteReward):
 
     def _post(self, body: bytes) -> Any:
         """One response: every test case run in turn; a `_Failure` when the service fails."""
-        from hybridrl.rollout.agent.sandbox import SandboxConfig, SandboxFusionClient
+        from hybridrl.sandbox import SandboxConfig, SandboxFusionClient
 
         payload = json.loads(body)
         try:

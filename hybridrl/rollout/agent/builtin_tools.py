@@ -15,13 +15,13 @@ import math
 import operator
 from typing import Any
 
-from hybridrl.rollout.agent.sandbox import LocalSandbox, SandboxConfig, SandboxFusionClient
 from hybridrl.rollout.agent.tool import Tool, ToolResult, register_tool
+from hybridrl.sandbox import LocalSandbox, SandboxConfig, SandboxFusionClient
 
 
 @register_tool("python")
 class PythonTool(Tool):
-    """Runs `code` in the local sandbox (sandbox.py) or on a SandboxFusion service and returns
+    """Runs `code` in the local sandbox (hybridrl/sandbox/) or on a SandboxFusion service and returns
     what it printed; a failed run (an exception, a timeout) returns its error output, marked as
     an error, with `error_penalty` as its reward (default 0)."""
 

@@ -8,9 +8,9 @@ import pytest
 
 from hybridrl.rollout.agent.builtin_tools import CalculatorTool, PythonTool, evaluate_expression
 from hybridrl.rollout.agent.interaction import GSM8KInteraction, load_interaction_config
-from hybridrl.rollout.agent.sandbox import namespaces_available
 from hybridrl.rollout.agent.tool import Tool, ToolResult
 from hybridrl.rollout.agent.tool_config import load_tool_config
+from hybridrl.sandbox import namespaces_available
 
 
 @pytest.mark.parametrize(

@@ -19,79 +19,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from sandbox_helpers import FORK_TREE, attempts, outcome, sandbox_processes
 
-from hybridrl.rollout.agent import sandbox as sandbox_module
-from hybridrl.rollout.agent.sandbox import (
+from hybridrl.sandbox import (
+    EXIT_SETUP_FAILED,
     SANDBOX_UID,
     LocalSandbox,
     SandboxConfig,
     SandboxFusionClient,
     SandboxUnavailable,
-    namespaces_available,
 )
-
-WHY_NOT = namespaces_available()
-
-
-def _require_isolation():
-    if WHY_NOT is None:
-        return
-    if os.environ.get("HYBRIDRL_ALLOW_NO_SANDBOX") == "1":
-        pytest.skip(f"no sandbox on this machine (HYBRIDRL_ALLOW_NO_SANDBOX=1): {WHY_NOT}")
-    pytest.fail(
-        f"the code sandbox cannot isolate here ({WHY_NOT}); its security tests must run where Linux namespaces "
-        f"work. Set HYBRIDRL_ALLOW_NO_SANDBOX=1 only on a machine known not to allow them."
-    )
-
-
-@pytest.fixture
-def run():
-    _require_isolation()
-
-    def run_(code, **config):
-        config.setdefault("wall_timeout_s", 5.0)
-        return asyncio.run(LocalSandbox(SandboxConfig(**config)).run(code))
-
-    return run_
-
-
-@pytest.fixture(params=[True, False], ids=["with-hook", "kernel-only"])
-def hook(request, monkeypatch):
-    """Each escape runs with the audit hook (as shipped) and without it: the kernel must hold alone."""
-    monkeypatch.setattr(sandbox_module, "_AUDIT_HOOK", request.param)
-    return request.param
-
-
-def sandbox_processes() -> int:
-    """Processes of a sandbox (its setup, its PID 1, anything they started) still alive."""
-    n = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                n += b"hybridrl-sandbox-launcher" in f.read()
-        except OSError:
-            pass
-    return n
-
-
-def attempts(*lines: str) -> str:
-    """A snippet that tries each `name: statement` and prints one JSON line {name: "done" | error class}."""
-    body = ["import json, os, sys", "r = {}"]
-    for line in lines:
-        name, stmt = line.split(": ", 1)
-        body += [
-            "try:",
-            f"    {stmt}",
-            f"    r[{name!r}] = 'done'",
-            "except BaseException as e:",
-            f"    r[{name!r}] = type(e).__name__",
-        ]
-    return "\n".join(body + ["print(json.dumps(r))"])
-
-
-def outcome(result) -> dict:
-    assert result.exit_code == 0, result
-    return json.loads(result.stdout.splitlines()[-1])
+from hybridrl.sandbox import local as sandbox_module
 
 
 def test_prints_and_exit_codes(run):
@@ -129,41 +67,6 @@ def test_fork_bomb_is_contained(run):
     r = run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", wall_timeout_s=2.0)
     assert r.timed_out
     assert sandbox_processes() == 0
-
-
-# Ten children, ten grandchildren each, all alive at once: counted by the forks that returned a pid (no sleeps).
-FORK_TREE = """
-import os
-done_r, done_w = os.pipe()
-release_r, release_w = os.pipe()
-
-def fork():
-    try:
-        return os.fork()
-    except Exception:
-        return None
-
-def hold():  # stay alive until the parent has counted
-    os.read(release_r, 1)
-    os._exit(0)
-
-children = 0
-for _ in range(10):
-    pid = fork()
-    if pid == 0:
-        os.close(release_w)
-        grandchildren = 0
-        for _ in range(10):
-            g = fork()
-            if g == 0:
-                hold()
-            grandchildren += g is not None
-        os.write(done_w, bytes([grandchildren]))
-        hold()
-    children += pid is not None
-total = children + sum(os.read(done_r, 1)[0] for _ in range(children))
-print(total)
-"""
 
 
 def test_the_process_limit_counts_the_whole_tree(run, hook):
@@ -424,7 +327,7 @@ def test_a_setup_failure_is_one_line_and_nothing_runs(run, monkeypatch, tmp_path
     sandbox = LocalSandbox(SandboxConfig())  # probed before the root is broken
     monkeypatch.setattr(sandbox_module, "_root_plan", lambda: ([("/usr", "/usr"), (str(tmp_path / "gone"), "/gone")], []))
     r = asyncio.run(sandbox.run("print('ran')"))
-    assert (r.exit_code, r.stdout) == (sandbox_module.EXIT_SETUP_FAILED, "")
+    assert (r.exit_code, r.stdout) == (EXIT_SETUP_FAILED, "")
     assert r.stderr.startswith("sandbox setup failed: opening") and r.stderr.count("\n") == 1, r.stderr
 
 
@@ -466,6 +369,7 @@ def fusion_url():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/run_code"
     server.shutdown()
+    server.server_close()
 
 
 def test_sandbox_fusion_client(fusion_url):

@@ -64,3 +64,13 @@ def test_prefill_features_benchmark_compares_each_feature_with_it_off(tmp_path):
     assert chunked[0]["prefill_chunks"] == 0 and chunked[1]["prefill_chunks"] >= 64 // 16  # the long prompt, in chunks
     assert all(r["max_launch_gap_ms"] > 0 and r["same_responses"] == 1.0 for r in chunked)
     assert "chunked prefill on" in out and "prefix caching on" in out
+
+
+def test_prefill_backends_arms_draw_the_same_tokens_on_cpu(tmp_path):
+    """benchmarks/prefill_backends.py: both arms run the same prompts with the same seeds; on CPU
+    (no cuDNN) the backend lists pick the same kernel, so the tokens agree and the times are real."""
+    _run("prefill_backends.py", tmp_path)
+    rows = json.loads((tmp_path / "prefill_backends.json").read_text())["rows"]
+    assert len(rows) == 2
+    assert len({r["tokens_sha256"] for r in rows.values()}) == 1
+    assert all(0 < r["prefill_s"] <= r["wall_s"] for r in rows.values())

@@ -33,10 +33,17 @@ def __getattr__(name):
 
 def _wire_registries() -> None:
     """Config checks, `explain` and docs/config.md take the allowed estimator and policy-loss names
-    from the registries in hybridrl.algorithms (built-ins plus what `extensions` registered). The
-    config layer imports nothing above it, so the package hands the registries in here; torch is
-    imported only when a config is first checked."""
+    from the registries in hybridrl.algorithms (built-ins plus what `extensions` registered), and every
+    config is read in verl's dialect (its keys, Hydra files and command lines: hybridrl/compat/verl).
+    The config layer imports nothing above it, so the package hands both in here; torch is imported
+    only when a config is first checked, the wing when a config is first read."""
+    from hybridrl.config.dialect import use_dialect
     from hybridrl.config.extensions import use_registry
+
+    def verl_dialect():
+        from hybridrl.compat.verl.dialect import VerlDialect
+
+        return VerlDialect()
 
     def estimators():
         from hybridrl.algorithms import ADV_ESTIMATORS
@@ -50,6 +57,7 @@ def _wire_registries() -> None:
 
     use_registry("algorithm.adv_estimator", estimators)
     use_registry("actor_rollout_ref.actor.policy_loss.loss_mode", policy_losses)
+    use_dialect(verl_dialect)
 
 
 _wire_registries()

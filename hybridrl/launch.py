@@ -7,7 +7,10 @@ What a run needs checked before any model work, and how a failure reads, said on
 - `check_reward_file(cfg)`: the custom reward file imports and has its function;
 - `claim_run_dir(cfg)`: a new run gets a directory of its own (a resumed one keeps its own);
 - `user_error_message(e, cfg, config_path)`: the one-line message for a user error (config, data,
-  paths, model directory, reward file, a full or read-only disk), or None for a bug in hybridrl.
+  paths, model directory, reward file, a full or read-only disk), or None for a bug in hybridrl;
+- `train_in_process(...)`: the Python API's run, in the caller's process: the checks above, the
+  objects it was given written under the run's `inputs/`, a reward function object tried once
+  (`check_reward_object`), training, and the process left as it was found (`restored_process_state`).
 
 Only the standard library is imported at the top: `import hybridrl` and the CLI's report and
 dashboard commands stay free of torch.
@@ -15,12 +18,18 @@ dashboard commands stay free of torch.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import os
+import random
+import signal
+import sys
 
 
 class UsageError(ValueError):
-    """A command-line argument that cannot be used (the CLI's own user error)."""
+    """An argument that cannot be used: of a command line, or of the Python API (a model object without
+    save_pretrained, rows that are not rows, a reward function that fails on the first row)."""
 
 
 def trainer_class(cfg):
@@ -202,3 +211,158 @@ def _first_line(e: BaseException) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- the Python API's run
+
+
+def train_in_process(cfg, make_trainer, *, write_inputs, reward_fn=None, in_memory_rm: bool = False) -> None:
+    """Train `make_trainer(cfg)` in this process, as `hybridrl train` would, for the Python API.
+
+    `write_inputs()` saves the objects the config names under the run's inputs/, after the run directory
+    is claimed (overwrite moves an old run aside first); `reward_fn`: a reward function object, tried once
+    before any model work; `in_memory_rm`: the reward model is an object, not a path."""
+    from hybridrl.config import ConfigError
+    from hybridrl.trainer import rundir
+    from hybridrl.trainer.rundir import run_dir
+    from hybridrl.trainer.supervise import fit_with_restarts
+
+    out = run_dir(cfg)
+    preflight(cfg)  # under torchrun, a missing wandb: one line, before any file is written
+    with restored_process_state(), rundir.locked(out):
+        claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
+        write_inputs()
+        problems = input_problems(cfg, in_memory_rm=in_memory_rm)
+        if problems:
+            raise ConfigError(problems)
+        for n in cfg.notices:  # what `hybridrl train` prints once at start
+            print(f"hybridrl: notice: {n}", file=sys.stderr)
+        if reward_fn is None:
+            check_reward_file(cfg)
+        else:
+            check_reward_object(reward_fn, cfg)
+        fit_with_restarts(cfg, make_trainer)
+
+
+def preflight(cfg) -> None:
+    """What `hybridrl train` refuses before reading anything: a launcher it cannot run under, a logger
+    backend that is not installed; then Hub ids become local snapshots (HYBRIDRL_ALLOW_HUB=1)."""
+    from hybridrl.preflight import backend_problems, launcher_refusal
+
+    if refusal := launcher_refusal():
+        raise UsageError(refusal)
+    if problems := backend_problems(cfg):
+        raise UsageError("; ".join(problems))
+    from hybridrl.config.hub import fetch_repo_ids
+
+    fetch_repo_ids(cfg)
+
+
+def check_reward_object(fn, cfg) -> None:
+    """Call a reward function object once on the first training row, its ground truth as the response, before
+    any model work: a function with the wrong signature or a bug fails here, in one line, not as a run
+    that scores every response 0 (in training, a call that raises scores 0 and counts in reward/errors)."""
+    from hybridrl.data.converters import read_rows
+    from hybridrl.rewards.manager import _as_number
+    from hybridrl.rewards.pool import WorkerPool
+    from hybridrl.rewards.remote import RemoteReward
+    from hybridrl.rewards.trl import TRLRewards
+
+    if isinstance(fn, RemoteReward):
+        return  # a service: its failures are counted, never fatal
+    if isinstance(fn, TRLRewards):
+        files = cfg.data.train_files
+        try:
+            fn.probe(read_rows(files if isinstance(files, str) else files[0])[0])
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return
+    if not callable(fn):
+        raise UsageError(f"reward_fn must be a function, got {type(fn).__name__}")
+    files = cfg.data.train_files
+    row = read_rows(files if isinstance(files, str) else files[0])[0]
+    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    call = {"data_source": row.get(cfg.data.reward_fn_key), "solution_str": str(truth), "ground_truth": truth}
+    call["extra_info"] = row.get("extra_info") or {}
+    kwargs = cfg.custom_reward_function.reward_kwargs
+    if getattr(fn, "batched", False):
+        target = functools.partial(_call_batched, fn, kwargs)
+    else:
+        target = functools.partial(fn, **kwargs) if kwargs else fn
+    with WorkerPool(target, kind="thread", timeout_s=cfg.custom_reward_function.timeout_s) as pool:
+        outcome = pool.map([call])[0]
+    name = getattr(fn, "__name__", type(fn).__name__)
+    shown = f"data_source={call['data_source']!r}, solution_str={call['solution_str']!r}, ground_truth={truth!r}"
+    if outcome.error is not None:
+        last = outcome.error.strip().splitlines()[-1]
+        raise UsageError(
+            f"reward_fn {name}({shown}) on the first training row failed: {last}; it must take (data_source, "
+            f"solution_str, ground_truth, extra_info) and return a number or a dict with a numeric 'score' "
+            f"(a batched function takes lists: hybridrl.batched_reward)"
+        )
+    value = outcome.value
+    score = value.get("score") if isinstance(value, dict) else value
+    if _as_number(score) is None:
+        raise UsageError(
+            f"reward_fn {name}({shown}) returned {value!r:.80}; return a finite number or a dict with a numeric 'score'"
+        )
+
+
+def _call_batched(fn, kwargs, data_source, solution_str, ground_truth, extra_info):
+    out = fn(
+        data_sources=[data_source], solution_strs=[solution_str], ground_truths=[ground_truth], extra_infos=[extra_info], **kwargs
+    )
+    out = list(out)
+    if len(out) != 1:
+        raise ValueError(f"the batched reward function returned {len(out)} results for 1 response")
+    return out[0]
+
+
+@contextlib.contextmanager
+def restored_process_state():
+    """What a run changes in this process, put back afterwards: RNG states, environment variables,
+    torch's thread count and default dtype, the once-per-process reward-failure log, SIGTERM/SIGHUP
+    handlers, and a Ray cluster or torch.distributed group that the run started."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import hybridrl.rewards.manager as reward_manager
+    from hybridrl.models.loading import hub_offline_by_default
+
+    env = dict(os.environ)
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    ray_was_up = _ray_is_up()
+    dist_was_up = dist.is_available() and dist.is_initialized()
+    reward_manager._first_error_logged = False  # each run logs its first reward failure
+    hub_offline_by_default()  # as the CLI: local model directories, no minute of Hub retries on a typo
+    try:
+        yield
+    finally:
+        if _ray_is_up() and not ray_was_up:
+            import ray
+
+            ray.shutdown()
+        if dist.is_available() and dist.is_initialized() and not dist_was_up:
+            dist.destroy_process_group()
+        for sig, handler in handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                with contextlib.suppress(ValueError):  # not the main thread
+                    signal.signal(sig, handler)
+        os.environ.clear()
+        os.environ.update(env)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+
+
+def _ray_is_up() -> bool:
+    ray = sys.modules.get("ray")  # never imported: never started
+    return ray is not None and ray.is_initialized()

@@ -158,6 +158,8 @@ def cmd_eval(args) -> int:
     from hybridrl.trainer.scoring import evaluate
     from hybridrl.workers.engine import autocast_dtype
 
+    if not args.reward_path:
+        _check_builtin_scorers(args.data, args.limit)  # before the model loads
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = _hf_dir(args.model, tmp)  # a checkpoint is exported first
@@ -216,6 +218,23 @@ def cmd_eval(args) -> int:
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def _check_builtin_scorers(data: str, limit: int | None) -> None:
+    """Without --reward-path every row is scored by the built-in scorer of its data_source: a source with
+    none (a custom reward's, or `reward_fn`, which the Python API gives rows scored by a function object)
+    is refused here, in one line, rather than scored 0 with a traceback per response."""
+    from hybridrl.data.converters import read_rows
+    from hybridrl.rewards import KNOWN_DATA_SOURCES
+
+    rows = read_rows(data)[:limit]
+    unknown = sorted({str(r.get("data_source")) for r in rows if isinstance(r, dict)} - set(KNOWN_DATA_SOURCES))
+    if unknown:
+        raise UsageError(
+            f"--data {data}: no built-in scorer for data_source {', '.join(map(repr, unknown))} (built-in: "
+            f"{', '.join(KNOWN_DATA_SOURCES)}); pass the reward function with --reward-path FILE --reward-name NAME "
+            f"(a reward function object given to the Python API is not saved with the run: put it in a file)"
+        )
 
 
 def _eval_summary(rows: list[dict]) -> dict[str, dict]:

@@ -8,6 +8,7 @@ launch script in one round instead of one error per run.
 import copy
 import dataclasses
 import difflib
+import importlib.util
 import math
 import re
 import types
@@ -18,9 +19,10 @@ from typing import Any
 
 import yaml
 
-from . import hydra, verl_keys
+from .dialect import dialect
 from .extensions import load_extensions
 from .schema import Config, ConfigError, resolve, type_name, walk
+from .tree import get, leaves, merge, pop, put
 from .validate import config_notices as validation_notices
 from .validate import find_problems
 
@@ -75,8 +77,6 @@ def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, dee
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_once)
 
 _ENTRIES = {e.path: e for e in walk(Config())}
-_DEFAULTS = {path: e.value for path, e in _ENTRIES.items()}
-_DICT_KEYS = {path for path, e in _ENTRIES.items() if not e.is_section and (e.type is dict or typing.get_origin(e.type) is dict)}
 
 
 # --------------------------------------------------------------------------- public API
@@ -103,16 +103,17 @@ def load_config(
         start from verl's defaults where they differ from ours, and map verl's engine and logger
         names (docs/verl.md).
 
-    Keys of verl's config tree that are not ours are translated (`verl_keys`); what that ignored
-    or changed is in `cfg.notices`, to be shown once at start.
+    Keys of verl's config tree that are not ours, its `defaults:` lists and `${...}` are translated by
+    the installed dialect (config/dialect.py: hybridrl/compat/verl); what that ignored or changed is in
+    `cfg.notices`, to be shown once at start.
     """
     errors: list[str] = []
     tree = _read_yaml(path, errors) if path is not None else {}
-    if "defaults" in tree:  # a Hydra defaults list, as verl's config tree has (config/hydra.py)
-        tree = hydra.compose(Path(path), lambda p: _read_yaml(p, errors), errors)
+    if "defaults" in tree:  # a Hydra defaults list, as verl's config tree has
+        tree = dialect().compose(Path(path), lambda p: _read_yaml(p, errors), errors)
     if verl:
-        base = verl_keys.verl_base(verl, set(_ENTRIES))
-        hydra.merge(base, tree)
+        base = dialect().base(verl)
+        merge(base, tree)
         tree = base
     cfg = _load(copy.deepcopy(tree), overrides, check, errors, readable=not errors, verl=verl)
     cfg.notices = cfg.notices + config_notices(cfg, tree, overrides)
@@ -146,17 +147,7 @@ def config_notices(cfg: Config, tree: Mapping | None = None, overrides: Sequence
 
 def _critic_keys_set(tree: Mapping, overrides: Sequence[str]) -> list[str]:
     """critic.* keys the user gave a value that differs from what the run would use anyway."""
-    given: dict[str, Any] = {}
-
-    def leaves(node, prefix):
-        for k, v in node.items():
-            if isinstance(v, dict) and v:
-                leaves(v, f"{prefix}{k}.")
-            else:
-                given[f"{prefix}{k}"] = v
-
-    if isinstance(tree.get("critic"), dict):
-        leaves(tree["critic"], "critic.")
+    given: dict[str, Any] = dict(leaves(tree["critic"], "critic.")) if isinstance(tree.get("critic"), dict) else {}
     for item in [overrides] if isinstance(overrides, str) else overrides:
         key, sep, text = str(item).partition("=")
         key = key.strip().lstrip("+")
@@ -214,13 +205,8 @@ def _load(
         overrides = [overrides]
     for item in overrides:
         _apply_override(tree, item, errors)
-    hydra.drop_targets(tree)
-    hydra.resolve_interpolations(tree, dataclasses.asdict(Config()), errors)  # ${...}, after the overrides, as Hydra
-    translation = verl_keys.translate(tree, set(_ENTRIES), _DICT_KEYS, _DEFAULTS)
-    verl_keys.vllm_engine(tree, translation)  # the same meaning with and without a file
-    if verl:
-        verl_keys.verl_argv(tree, translation)
-    errors.extend(translation.errors)
+    notices = dialect().translate(tree, verl, errors)  # verl's keys and forms (hybridrl/compat/verl)
+    notices += _vllm_fallback(tree)
     cfg = Config()
     bad: set[str] = set()  # keys whose value was rejected; validation of them would mislead
     _fill(cfg, tree, "", errors, bad)
@@ -235,8 +221,22 @@ def _load(
                 errors.append(problem.message)
     if errors:
         raise ConfigError(errors)
-    cfg.notices = translation.notices + validation_notices(cfg)
+    cfg.notices = notices + validation_notices(cfg)
     return resolve(cfg)
+
+
+def _vllm_fallback(tree: dict) -> list[str]:
+    """`rollout.name=vllm` where vLLM is not installed: hybridrl's own engine with the same sampling settings,
+    said in a notice at start, before any model loads. verl's scripts and YAML all name vllm, and most of them
+    run here as they are."""
+    key = "actor_rollout_ref.rollout.name"
+    if get(tree, key) != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return []
+    put(tree, key, "auto")
+    return [
+        f"{key}=vllm: hybridrl's own engine generates (native on a GPU, hf on CPU) with the same sampling "
+        f"settings, as vLLM is not installed here (pip install vllm to generate with it)"
+    ]
 
 
 def _read_yaml(path: str | Path, errors: list[str]) -> dict:
@@ -277,8 +277,8 @@ def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
     key = key.strip().lstrip("+")
     if key.startswith("~"):  # Hydra's delete: back to the default
         key = key[1:]
-        if key and verl_keys.get(tree, key, "absent") != "absent":
-            verl_keys.pop(tree, key)
+        if key and get(tree, key, "absent") != "absent":
+            pop(tree, key)
         return
     if not sep or not key:
         errors.append(f"override {item!r} is not of the form key=value (e.g. data.train_batch_size=128)")
@@ -309,7 +309,7 @@ def _apply_override(tree: dict, item: str, errors: list[str]) -> None:
         node = child
     last = parts[-1]
     if isinstance(value, dict) and isinstance(node.get(last), dict):
-        hydra.merge(node[last], value)
+        merge(node[last], value)
     else:
         node[last] = value
 

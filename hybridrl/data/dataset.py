@@ -65,6 +65,23 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+def row_field(row: dict, key: str):
+    """`row[key]`; a dotted key that is no column reaches into dict columns (`extra_info.question` is
+    `row["extra_info"]["question"]`: verl's SFT `prompt_dict_keys`). None when it is not there.
+
+    >>> row_field({"extra_info": {"question": "2+2?"}, "a.b": 1}, "extra_info.question"), row_field({"a.b": 1}, "a.b")
+    ('2+2?', 1)
+    """
+    if key in row or "." not in key:
+        return row.get(key)
+    node = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def _check_prompt(prompt, where: str):
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -142,9 +159,10 @@ def load_prompt_records(
             where = f"{path}, row {i}"
             if not isinstance(row, dict):
                 raise DataError(f"{where}: a row must be a mapping, got {type(row).__name__}")
-            if prompt_key not in row or row[prompt_key] is None:
+            prompt = row_field(row, prompt_key)
+            if prompt is None:
                 raise DataError(f"{where}: missing the prompt field {prompt_key!r} (data.prompt_key); row has {sorted(row)}")
-            prompt = _check_prompt(row[prompt_key], where)
+            prompt = _check_prompt(prompt, where)
             source = _data_source(row, reward_fn_key, where)
             reward_model = row.get("reward_model") or {}
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None

@@ -27,7 +27,16 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.converters import read_rows
-from hybridrl.data.dataset import TRUNCATION_MODES, DataError, PromptLoader, _check_prompt, check_text, render_prompt, truncate
+from hybridrl.data.dataset import (
+    TRUNCATION_MODES,
+    DataError,
+    PromptLoader,
+    _check_prompt,
+    check_text,
+    render_prompt,
+    row_field,
+    truncate,
+)
 
 KINDS = ("dpo", "kto", "sft", "rm")
 # The completions a row of each kind carries, as batch fields.
@@ -120,7 +129,7 @@ def _parse_row(
     else:
         response_key = sft_response_key or next((k for k in ("response", "completion") if k in row), "response")
         needed = _REQUIRED.get(kind, (response_key,))
-        missing = [k for k in (prompt_key, *needed) if row.get(k) is None]
+        missing = [k for k in (prompt_key, *needed) if row_field(row, k) is None]
         if missing:
             hint = {
                 "dpo": f"pairwise rows need {prompt_key!r}, 'chosen' and 'rejected'",
@@ -129,14 +138,14 @@ def _parse_row(
                 "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}",
             }[kind]
             raise DataError(f"{where}: missing {', '.join(map(repr, missing))} ({hint}); row has {sorted(row)}")
-        prompt = _check_prompt(row[prompt_key], f"{where}: {prompt_key!r}")
+        prompt = _check_prompt(row_field(row, prompt_key), f"{where}: {prompt_key!r}")
         fields = {
             "dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
             "rm": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
             "kto": {K.RESPONSES: "completion"},
             "sft": {K.RESPONSES: response_key},
         }[kind]
-        completions = {key: row[col] for key, col in fields.items()}
+        completions = {key: row_field(row, col) for key, col in fields.items()}
     prompt_text = render_prompt(tok, prompt)
     prompt_ids = _fit(
         tok(prompt_text, add_special_tokens=False)["input_ids"],

@@ -26,19 +26,24 @@ def _dur(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def build_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float, checkpoint: Path | None) -> dict:
+def build_summary(
+    run_dir: Path,
+    config: dict,
+    step: int,
+    total_steps: int,
+    wall_time_s: float,
+    checkpoint: Path | None,
+    reward_object: bool = False,
+) -> dict:
+    """`reward_object`: the run scored with a reward function object (the Python API's), which `hybridrl eval`
+    cannot rebuild: no eval command is suggested then."""
     s = summarize(load_run(run_dir))
-    trainer, data = config.get("trainer", {}), config.get("data", {})
+    trainer = config.get("trainer", {})
     q = shlex.quote
     commands = {"report": f"hybridrl report {q(str(run_dir))} --out {q(str(run_dir / 'report.html'))}"}
-    val = data.get("val_files")
-    val = val[0] if isinstance(val, list) and val else val
     if checkpoint is not None:
-        if val and config.get("algorithm", {}).get("name", "rl") == "rl":
-            commands["eval"] = (
-                f"hybridrl eval --model {q(str(checkpoint))} --data {q(str(val))} "
-                f"--max-response-length {data.get('max_response_length', 512)}"
-            )
+        if (command := _eval_command(config, checkpoint, reward_object)) is not None:
+            commands["eval"] = command
         commands["export"] = f"hybridrl export {q(str(checkpoint))} {q(str(run_dir / 'hf_model'))}"
     return {
         "finished": step >= total_steps
@@ -61,6 +66,28 @@ def build_summary(run_dir: Path, config: dict, step: int, total_steps: int, wall
         "checkpoint": str(checkpoint) if checkpoint is not None else None,
         "commands": commands,
     }
+
+
+def _eval_command(config: dict, checkpoint: Path, reward_object: bool) -> str | None:
+    """`hybridrl eval` of the checkpoint on the validation rows, scored as in training: by the custom reward
+    file, or by the built-in scorers. None where eval cannot score as training did (a reward function
+    object, a reward service, a run that is not RL, no validation rows)."""
+    data, reward = config.get("data", {}), config.get("custom_reward_function", {})
+    val = data.get("val_files")
+    val = val[0] if isinstance(val, list) and val else val
+    if (
+        not val
+        or reward_object
+        or (reward.get("remote") or {}).get("url")
+        or config.get("algorithm", {}).get("name", "rl") != "rl"
+    ):
+        return None
+    q = shlex.quote
+    length = data.get("max_response_length", 512)
+    command = f"hybridrl eval --model {q(str(checkpoint))} --data {q(str(val))} --max-response-length {length}"
+    if reward.get("path"):
+        command += f" --reward-path {q(str(reward['path']))} --reward-name {q(str(reward.get('name') or 'compute_score'))}"
+    return command
 
 
 def format_summary(d: dict) -> str:
@@ -94,15 +121,21 @@ def format_summary(d: dict) -> str:
 
 
 def end_of_run_summary(
-    run_dir: Path, config: dict, step: int, total_steps: int, wall_time_s: float, checkpoint: Path | None
+    run_dir: Path,
+    config: dict,
+    step: int,
+    total_steps: int,
+    wall_time_s: float,
+    checkpoint: Path | None,
+    reward_object: bool = False,
 ) -> dict:
-    """Print the summary and write run_summary.json (atomically); returns it."""
+    """Print the summary and write run_summary.json (atomically); returns it (`reward_object`: build_summary's)."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         return {}
     from hybridrl.tracking.tracker import launched_at
 
-    d = build_summary(run_dir, config, step, total_steps, wall_time_s, checkpoint)
+    d = build_summary(run_dir, config, step, total_steps, wall_time_s, checkpoint, reward_object)
     started = launched_at()  # the CLI's first line, before the imports: the wall time a user waited
     if started is not None:
         d["wall_time_s"] = max(wall_time_s, time.perf_counter() - started)

@@ -12,6 +12,7 @@ A method that returns True stops the run after this step: the step's checkpoint 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,12 +66,30 @@ class EarlyStopping:
 
 
 def check_callbacks(callbacks: Sequence[Any]) -> list:
-    """The callbacks as a list; a ValueError when one has none of the hooks (a typo in a method name)."""
+    """The callbacks as a list; a ValueError when one has none of the hooks (a typo in a method name), or a
+    hook that cannot be called with its one argument (checked now, not at the first step)."""
     out = list(callbacks or [])
     for cb in out:
         if not any(callable(getattr(cb, h, None)) for h in HOOKS):
             raise ValueError(f"callback {type(cb).__name__} has none of {', '.join(HOOKS)}; define at least one of them")
+        for hook, arg in zip(HOOKS, ("metrics", "metrics", "path")):
+            method = getattr(cb, hook, None)
+            if callable(method) and not _takes_one(method):
+                raise ValueError(
+                    f"callback {type(cb).__name__}.{hook}{inspect.signature(method)} cannot be called as {hook}({arg}); "
+                    f"hybridrl calls it with one argument"
+                )
     return out
+
+
+def _takes_one(method) -> bool:
+    try:
+        inspect.signature(method).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): let it be
+        return True
+    return True
 
 
 class _Tracker:

@@ -66,6 +66,7 @@ class RunContext:
     tokenizer: Any = None  # the policy's: decodes responses scored while generating (trainer/stream_scoring.py)
     rollout: Any = None  # what generates: the actor's group, or the RolloutPool of resource_pool.rollout
     closed: bool = False
+    reward_object: bool = False  # scored by a reward function object (the Python API's): eval cannot rebuild it
     started: float = field(default_factory=time.perf_counter)  # trainer.max_wall_time_s counts from here
 
     @property
@@ -98,6 +99,7 @@ class RunContext:
                 self.total_steps,
                 time.perf_counter() - self.started,
                 ckpt.latest_checkpoint(self.ckpt_root),
+                self.reward_object,
             )
         self.shutdown()
 
@@ -207,6 +209,7 @@ def build_run(
             workers[REWARD_MODEL].init_model(*rm_spec)
         run = _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer)
         run.reward_model = workers.get(REWARD_MODEL)
+        run.reward_object = reward_fn is not None
         run.rollout = run.actor
         if workers.get(ROLLOUT) is not None:  # its ranks get the weights from the actor before each generate
             notice(f"rollout pool: {workers[ROLLOUT].world_size} rank(s) apart from the actor's; opening the weight channel")

@@ -68,6 +68,8 @@ def test_quickstart_twice_in_one_process_gives_the_same_run(tmp_path):
     assert first.validation == {k: v for k, v in first.history[-1].items() if k.startswith(("val-core/", "val-aux/"))}
     assert "val-core/arith/reward/mean@1" in first.validation
     assert first.metrics["training/global_step"] == 3 and first.checkpoint == first.run_dir / "checkpoints" / "step_3"
+    # `hybridrl eval` cannot rebuild a reward function object: the summary does not suggest it
+    assert list(json.loads((first.run_dir / "run_summary.json").read_text())["commands"]) == ["report", "export"]
     # the objects became files under inputs/, and config.yaml names them: a CLI config that reruns the run
     saved = yaml.safe_load((first.run_dir / "config.yaml").read_text())
     assert saved["data"]["train_files"] == str(first.run_dir / "inputs" / "train_data.jsonl")
@@ -95,6 +97,7 @@ def test_yaml_path_with_overrides_and_the_builtin_scorer(tmp_path):
     assert [r["step"] for r in result.history] == [0, 1, 2, 3]
     assert all(r["reward/errors"] == 0 for r in result.history[1:])
     assert not (result.run_dir / "inputs").exists()  # paths were given: nothing to write
+    assert "eval" in json.loads((result.run_dir / "run_summary.json").read_text())["commands"]  # built-in scorers
 
 
 def test_grpo_short_form_with_a_model_object_leaves_the_callers_model_alone(tiny_model_with_weights, tmp_path):

@@ -12,7 +12,7 @@ from api_helpers import quickstart_dict, rows
 
 import hybridrl
 import hybridrl.api as api
-from hybridrl import HybridRLError, RLTrainer
+from hybridrl import HybridRLError, RLTrainer, inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = [
@@ -116,7 +116,7 @@ def test_every_row_container_gives_the_same_file(tmp_path):
         ("generator", (r for r in data)),
     ):
         out = tmp_path / f"{name}.jsonl"
-        api._write_rows(container, str(out), "train_data")
+        inputs.write_rows(container, str(out), "train_data")
         assert [json.loads(x) for x in out.read_text().splitlines()] == [json.loads(x) for x in expected], name
 
 

@@ -1,4 +1,4 @@
-"""The TRL-shaped Python API (hybridrl/trl_compat.py, hybridrl/rewards/trl.py, hybridrl/trainer/callbacks.py):
+"""The TRL-shaped Python API (hybridrl/compat/trl, hybridrl/rewards/trl.py, hybridrl/trainer/callbacks.py):
 TRL-form reward functions with their columns, TRL's argument names, callbacks and early stopping."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import yaml
 
 import hybridrl
 from hybridrl import HybridRLError, RLTrainer
+from hybridrl.compat.trl import translate
 from hybridrl.rewards.trl import TRLRewards, trl_row
-from hybridrl.trl_compat import translate
 
 
 def _call(rewards, rows, completions):
@@ -71,19 +71,20 @@ def test_a_verl_form_function_with_columns_it_would_never_see_is_refused():
 
 
 def test_trl_names_translate_and_beta_is_the_kl_coefficient():
-    rest, overrides, api = translate(
+    t = translate(
         {"num_generations": 4, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "beta": 0.04, "steps": 3},
         "grpo",
     )
-    assert rest == {"steps": 3} and api == {}
+    assert t.rest == {"steps": 3} and t.api == {} and t.problems == [] and t.notices == []
+    overrides = t.overrides
     assert "actor_rollout_ref.actor.kl_loss_coef=0.04" in overrides and "actor_rollout_ref.actor.use_kl_loss=true" in overrides
     assert "data.train_batch_size=8" in overrides  # 16 x 2 completions / 4 per prompt
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=8" in overrides
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16" in overrides
     assert not any(o.startswith("preference.beta") for o in overrides)
-    _, overrides, _ = translate({"per_device_train_batch_size": 16}, "grpo")  # TRL's num_generations default, 8
+    overrides = translate({"per_device_train_batch_size": 16}, "grpo").overrides  # TRL's num_generations default, 8
     assert "actor_rollout_ref.rollout.n=8" in overrides and "data.train_batch_size=2" in overrides
-    _, overrides, _ = translate({"beta": 0.0}, "grpo")
+    overrides = translate({"beta": 0.0}, "grpo").overrides
     assert "actor_rollout_ref.actor.use_kl_loss=false" in overrides  # TRL: beta=0 means no reference model
 
 
@@ -91,7 +92,6 @@ def test_trl_names_translate_and_beta_is_the_kl_coefficient():
     ("settings", "message"),
     [
         ({"generation_batch_size": 32}, "generation_batch_size=32 is TRL's: is in completions; pass batch_size="),
-        ({"logging_steps": 10}, "hybridrl logs every step"),
         ({"num_generations": 3, "per_device_train_batch_size": 8}, "is not a multiple of num_generations=3"),
         ({"loss_type": "sft"}, "loss_type='sft'"),
     ],

@@ -1,4 +1,4 @@
-"""verl YAML as verl's Hydra tree reads it (hybridrl/config/hydra.py): a defaults list composing files of
+"""verl YAML as verl's Hydra tree reads it (hybridrl/compat/verl/hydra.py): a defaults list composing files of
 a config directory, `${...}` interpolations resolved after the overrides, `--cfg job` printing the result.
 The tree here is our own, with the constructs of verl's trainer/config (group@package entries, ../ groups,
 a bare name, _self_, _target_, oc.select)."""

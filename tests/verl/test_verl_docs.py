@@ -1,8 +1,8 @@
-"""docs/verl.md lists exactly the registry's tables (hybridrl/config/verl_keys.py)."""
+"""docs/verl.md lists exactly the registry's tables (hybridrl/compat/verl/keys.py)."""
 
 from pathlib import Path
 
-from hybridrl.config.verl_keys import markdown
+from hybridrl.compat.verl.keys import markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 

@@ -6,7 +6,8 @@ import json
 import pytest
 from corpus import scripts
 
-from hybridrl.cli.verl import ArgvError, main, sft_overrides, split_argv
+from hybridrl.cli.verl import main
+from hybridrl.compat.verl.argv import ArgvError, sft_overrides, split_argv
 from hybridrl.config import load_config
 
 

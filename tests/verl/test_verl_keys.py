@@ -1,5 +1,5 @@
 """Every key of verl's PPO config tree is known: ours, renamed, normalized, ignored with a notice,
-or refused with what is missing (hybridrl/config/verl_keys.py)."""
+or refused with what is missing (hybridrl/compat/verl/keys.py)."""
 
 import importlib.util
 from pathlib import Path

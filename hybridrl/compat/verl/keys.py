@@ -20,11 +20,11 @@ so that docs/verl.md and the tests read the same tables.
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .schema import show
+from hybridrl.config.schema import show
+from hybridrl.config.tree import get, leaves, pop, put
 
 _ARR, _A, _R, _REF, _M = (
     "actor_rollout_ref",
@@ -194,6 +194,7 @@ IGNORED: dict[str, str] = {
     "sft.balance_dp_token": _MEMORY,
     "sft.val_files": "hybridrl's SFT has no validation pass",
     "sft.val_max_samples": "hybridrl's SFT has no validation pass",
+    "sft.micro_batch_size": "verl's SFT trainer reads only data.micro_batch_size_per_gpu (default 4), as here",
 }
 
 
@@ -252,8 +253,6 @@ NEEDS: dict[str, Need] = {
     "transfer_queue.enable": Need((False,), "verl's transfer queue"),
     # verl's fully-async recipe (trainer.mode=async with async_training.max_staleness is ours)
     "async_training.trigger_parameter_sync_step": Need((1,), "weights sent to the rollout pool only every N updates"),
-    "sft.prompt_dict_keys": Need((None,), "prompts nested in a dict column (flatten the column first)"),
-    "sft.response_dict_keys": Need((None,), "responses nested in a dict column (flatten the column first)"),
 }
 
 # Keys under a NEEDS pattern with ok=() accept any value (their parent switch is what is checked).
@@ -308,7 +307,7 @@ VERL_DEFAULTS: dict[str, Any] = {
 }
 
 # verl's generation engines hybridrl has no adapter for: its own engine generates instead, from verl
-# argv only. `vllm` is not one of them: it means the same with and without a config file (`vllm_engine`).
+# argv only. `vllm` is not one of them: it means the same with and without a config file (hybridrl/config/loader.py).
 VERL_ENGINES = ("sglang", "trtllm")
 # verl's loggers hybridrl does not have; `file` is verl's JSONL logger.
 VERL_LOGGERS = {"file": "jsonl", "swanlab": None, "vemlp_wandb": None, "clearml": None, "trackio": None}
@@ -334,47 +333,6 @@ def match(path: str, table: dict[str, Any]) -> str | None:
     return next((p for p in table if "*" in p and fnmatch.fnmatchcase(path, p)), None)
 
 
-def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for k, v in tree.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out += _leaves(v, path + ".")
-        else:
-            out.append((path, v))
-    return out
-
-
-def pop(tree: dict, path: str) -> None:
-    parts = path.split(".")
-    nodes = [tree]
-    for p in parts[:-1]:
-        nodes.append(nodes[-1][p])
-    nodes[-1].pop(parts[-1], None)
-    for node, p in zip(reversed(nodes[:-1]), reversed(parts[:-1])):  # drop emptied sections
-        if node.get(p) == {}:
-            node.pop(p)
-
-
-def get(tree: dict, path: str, default: Any = None) -> Any:
-    node: Any = tree
-    for p in path.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
-        node = node[p]
-    return node
-
-
-def put(tree: dict, path: str, value: Any) -> None:
-    parts = path.split(".")
-    node = tree
-    for p in parts[:-1]:
-        if not isinstance(node.get(p), dict):
-            node[p] = {}
-        node = node[p]
-    node[parts[-1]] = value
-
-
 def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[str, Any]) -> Translation:
     """Rewrite verl-only keys of a raw config tree in place.
 
@@ -385,7 +343,7 @@ def translate(tree: dict, known: set[str], dict_keys: set[str], defaults: dict[s
     for path, (verl_value, ours) in VALUE_FIXES.items():
         if get(tree, path, "absent") == verl_value:
             put(tree, path, ours)
-    for path, value in _leaves(tree):
+    for path, value in leaves(tree):
         if path in known or any(path.startswith(d + ".") for d in dict_keys):
             continue
         _one(tree, path, value, known, out)
@@ -476,10 +434,30 @@ def _profiler_tool(tree: dict, value: Any, out: Translation) -> None:
         )
 
 
+def _nested(column: str, default: str):
+    """verl's SFT `data.<column>_dict_keys=[a, b]`: the text is row[<column>][a][b]. hybridrl spells the same
+    as a dotted path in the column key (`data.prompt_key=extra_info.question`, hybridrl/data/converters.py)."""
+
+    def fold(tree: dict, value: Any, out: Translation) -> None:
+        keys = [value] if isinstance(value, str) else value
+        if keys in (None, []):
+            return
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k and "." not in k for k in keys):
+            out.errors.append(
+                f"data.{column}_dict_keys={show(value)}: give a list of the dict keys to descend, e.g. ['question']"
+            )
+            return
+        put(tree, f"data.{column}_key", ".".join([get(tree, f"data.{column}_key") or default, *keys]))
+
+    return fold
+
+
 _SPECIAL = {
     "trainer.max_actor_ckpt_to_keep": _ckpt_to_keep,
     "trainer.max_critic_ckpt_to_keep": _ckpt_to_keep,
     "global_profiler.tool": _profiler_tool,
+    "sft.prompt_dict_keys": _nested("prompt", "prompt"),
+    "sft.response_dict_keys": _nested("response", "response"),
 }
 # verl's standalone rollout (recipe/one_step_off_policy, recipe/fully_async_policy, hybrid_engine=False):
 # trainer.n_gpus_per_node devices train, rollout.n_gpus_per_node more generate.
@@ -598,23 +576,11 @@ def verl_argv(tree: dict, out: Translation) -> None:
         put(tree, "trainer.logger", list(dict.fromkeys([*kept, "jsonl"])))
 
 
-def vllm_engine(tree: dict, out: Translation) -> None:
-    """`rollout.name=vllm`, with and without a config file: hybridrl's vLLM adapter where vLLM is installed;
-    where it is not, hybridrl's own engine with the same sampling settings, said in a notice at start,
-    before any model loads. verl's scripts and YAML all name vllm, and most of them run here as they are."""
-    if get(tree, f"{_R}.name") == "vllm" and importlib.util.find_spec("vllm") is None:
-        put(tree, f"{_R}.name", "auto")
-        out.notices.append(
-            f"{_R}.name=vllm: hybridrl's own engine generates (native on a GPU, hf on CPU) with the same sampling "
-            f"settings, as vLLM is not installed here (pip install vllm to generate with it)"
-        )
-
-
 # The DAPO recipe's config (recipe/dapo/config/dapo_trainer.yaml) on top of verl's PPO defaults.
 DAPO_DEFAULTS: dict[str, Any] = {"trainer.project_name": "verl-dapo", "reward_model.reward_manager": "dapo"}
 
 
-def verl_base(entry: str, known: set[str]) -> dict:
+def verl_base(entry: str) -> dict:
     """A tree holding verl's defaults where they differ from ours, for a verl command line of
     `entry` (ppo: verl.trainer.main_ppo, dapo: recipe.dapo.main_dapo; sft: the SFT trainer,
     whose defaults hybridrl.sft_trainer passes itself)."""
@@ -646,6 +612,8 @@ def markdown() -> str:
         "| `trainer.max_actor_ckpt_to_keep`, `trainer.max_critic_ckpt_to_keep` | `trainer.max_ckpt_to_keep` "
         "(one step directory holds both: the larger count) |",
         "| `data.val_max_samples=-1` | `data.val_max_samples=null` (every row) |",
+        "| `data.prompt_dict_keys=[a, b]`, `data.response_dict_keys=[a, b]` (SFT) | `data.prompt_key=<prompt_key>.a.b`, "
+        "`data.response_key=<response_key>.a.b` (a dotted path into a dict column) |",
         "",
     ]
     out += [

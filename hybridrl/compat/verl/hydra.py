@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from hybridrl.config.tree import merge
+
 _PACKAGE_HEADER = re.compile(r"^#\s*@package\s+(\S+)", re.M)
 
 
@@ -106,15 +108,6 @@ def _at(tree: dict, package: list[str]) -> dict:
             node[p] = {}
         node = node[p]
     return node
-
-
-def merge(into: dict, new: dict) -> None:
-    """Deep-merge `new` into `into` in place (mappings merge key by key; anything else replaces)."""
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def drop_targets(tree: Any) -> None:

@@ -4,8 +4,8 @@ by hand: the gate's runs are minutes on a GPU, the checks are what they end with
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,16 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FMT, VF, IMP, SCORE = "reward/gsm8k_format/mean", "critic/vf_loss", "rollout/improbable_token_frac", "critic/score/mean"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-LC = _load("learning_checks")
-LT = _load("learning_table")
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import each other from there
+import learning_checks as LC  # noqa: E402
+import learning_table as LT  # noqa: E402
 
 
 def _steps(**series) -> list[dict]:
@@ -187,8 +180,6 @@ def test_plot_of_several_rows_and_round_ticks(tmp_path):
 def test_the_scripts_import_no_torch():
     # The table's helpers run before and after device work and in the gate; keep them light.
     code = "import sys; sys.path.insert(0, 'benchmarks'); import learning_table; print('torch' in sys.modules)"
-    import subprocess
-
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
 

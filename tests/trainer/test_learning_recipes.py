@@ -5,7 +5,6 @@ the script with one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,15 +20,8 @@ TOOL = str(ROOT / "configs" / "tools" / "python.yaml")
 REWARD = {"format_score": 0.1, "format_needs_work": True, "flexible_score": 0.2}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-LT = _load("learning_table")
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import each other from there
+import learning_table as LT  # noqa: E402
 
 
 def _model(tmp_path: Path, model_type: str) -> str:

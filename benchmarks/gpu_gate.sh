@@ -16,6 +16,8 @@
 #      both: the improbable-token share (rollout/improbable_token_frac) stays under the alarm's 1e-3.
 # On a machine of 2 GPUs the tests that need two devices (Ray, NCCL, FSDP2: minutes each) run too:
 # give the gate a call of its own there, or CUDA_VISIBLE_DEVICES=0 for the one-GPU gate.
+# GATE_PART=tests, then GATE_PART=learn into the same OUT: the two halves in two calls, back to back
+# (the machine's /tmp survives between calls while it stays warm), when one call cannot hold both.
 # Prints a table (also OUT/gate.md). GATE_STEPS (default 16) and GATE_PPO_STEPS (default 16) set the
 # learning runs' lengths. Why 16 each, where one 24-step GRPO run was: both must fit the one call beside
 # the tests. In the 9-minute GRPO run (BENCHMARKS.md, 2026-11-28) the format rate was 2.5% over steps
@@ -33,6 +35,8 @@ STEPS=${GATE_STEPS:-16}; PPO_STEPS=${GATE_PPO_STEPS:-16}
 mkdir -p "$OUT"
 export HYBRIDRL_SAMPLER_DRAWS_SLOW=${HYBRIDRL_SAMPLER_DRAWS_SLOW:-250000}
 export HYBRIDRL_GPU_MODEL=$MODEL HYBRIDRL_GPU_GSM8K=$DATA/test.jsonl PYTHONUNBUFFERED=1
+PART=${GATE_PART:-all}  # all | tests | learn: the two halves in calls of their own (OUT kept between them)
+case "$PART" in all | tests | learn) ;; *) echo "GATE_PART=$PART: one of all, tests, learn" >&2; exit 2 ;; esac
 t0=$(date +%s)
 # A test that hangs fails after GATE_TEST_TIMEOUT s (pytest-timeout, on the GPU image) with every thread's
 # stack, instead of taking the whole device call; the CLI runs the tests start (and their Ray workers)
@@ -40,9 +44,14 @@ t0=$(date +%s)
 export HYBRIDRL_DUMP_STACKS_S=${HYBRIDRL_DUMP_STACKS_S:-120}
 TIMEOUT=()
 python -c "import pytest_timeout" 2>/dev/null && TIMEOUT=(--timeout="${GATE_TEST_TIMEOUT:-300}")
-python -m pytest tests/gpu tests/rollout/test_native_gpu.py tests/rollout/test_native_kernels.py \
-  tests/models/test_logprob_kernels.py -x -q -rs -s -p no:cacheprovider --durations=15 "${TIMEOUT[@]}" 2>&1 | tee "$OUT/gpu_tests.log"
+if [ "$PART" != learn ]; then
+  python -m pytest tests/gpu tests/rollout/test_native_gpu.py tests/rollout/test_native_kernels.py \
+    tests/models/test_logprob_kernels.py -x -q -rs -s -p no:cacheprovider --durations=15 "${TIMEOUT[@]}" 2>&1 | tee "$OUT/gpu_tests.log"
+  echo $(($(date +%s) - t0)) >"$OUT/tests_s"
+  if [ "$PART" = tests ]; then echo "[gate] GPU tests passed in $(cat "$OUT/tests_s") s; the learning half: GATE_PART=learn" >&2; exit 0; fi
+fi
 unset HYBRIDRL_DUMP_STACKS_S
+[ -f "$OUT/tests_s" ] || { echo "[gate] GATE_PART=learn: run GATE_PART=tests into $OUT first" >&2; exit 2; }
 t1=$(date +%s)
 python -m hybridrl data gsm8k --input "$DATA/train.jsonl" --output "$OUT/data/train.parquet" > /dev/null
 learn() {  # $1 recipe, $2 run directory under OUT, $3 steps: the learning table's recipe, step-bounded
@@ -57,4 +66,4 @@ learn grpo run "$STEPS"
 t2=$(date +%s)
 learn ppo run_ppo "$PPO_STEPS"
 t3=$(date +%s)
-python benchmarks/learning_checks.py gate "$OUT" --tests-s $((t1 - t0)) --grpo-s $((t2 - t1)) --ppo-s $((t3 - t2))
+python benchmarks/learning_checks.py gate "$OUT" --tests-s "$(cat "$OUT/tests_s")" --grpo-s $((t2 - t1)) --ppo-s $((t3 - t2))

@@ -17,6 +17,7 @@ from hybridrl.rollout.native.cache import CacheFullError
 from hybridrl.rollout.native.engine import Generation, NativeRolloutEngine
 
 TOK = build_tokenizer()
+PADDED_VOCAB = 64  # len(TOK) = 49 real ids, 15 padding rows; at TP=2 rank 1's block [32, 64) holds both
 SHAPE = dict(
     vocab_size=len(TOK),
     hidden_size=32,
@@ -38,6 +39,9 @@ CONFIGS = {
     "qwen3": lambda: Qwen3Config(**SHAPE, head_dim=16, tie_word_embeddings=False),
     # biases everywhere: o_proj/down_proj biases are added once after a TP all-reduce (test_native_tp.py)
     "llama-bias": lambda: LlamaConfig(**SHAPE, attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
+    # an embedding with rows past the tokenizer (as Qwen2.5's 151,936 for 151,665 tokens): the
+    # engines must never draw them (hf_model makes them win almost every draw if they could)
+    "qwen2-padded": lambda: Qwen2Config(**{**SHAPE, "vocab_size": PADDED_VOCAB}, tie_word_embeddings=False),
 }
 TEXTS = ["1+2=", "13+41=", "7*8=", "(2+3)*4=", "99-1="]
 
@@ -53,6 +57,8 @@ def hf_model(family="qwen2", seed=0):
                 p.normal_(0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
             elif name.endswith(".bias") and family == "llama-bias":  # HF initializes biases to zero
                 p.normal_(0, 0.5)
+        if family == "qwen2-padded":  # padding logits of std ~5.7 against ~1: one of 15 beats every real id
+            model.lm_head.weight[len(TOK) :].normal_(0, 1.0)
     return model
 
 
@@ -184,6 +190,28 @@ def test_sampled_log_probs_equal_the_trainers(top_k, top_p):
     want = trainer_log_probs(model, out, 0.7)
     torch.testing.assert_close(out[K.ROLLOUT_LOG_PROBS], want, atol=1e-5, rtol=0)
     assert (out[K.ROLLOUT_LOG_PROBS] < 0).any()
+
+
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_ids_past_the_tokenizer_are_never_drawn(engine):
+    """A model whose embedding has 15 rows past the tokenizer's 49 ids, weighted so that a padding
+    row has the largest logit at almost every position: the engine -> runner -> sampler wiring of
+    the tokenizer's length (the HF engine's logits processor) keeps every draw below 49, greedy,
+    sampled and top-k/top-p, and the log-probs keep the trainer's full-vocabulary normalizer."""
+    model = hf_model("qwen2-padded", seed=9)
+    with torch.no_grad():  # without the limit the padding rows would win: the test has something to catch
+        first = model(prompts()[K.PROMPTS]).logits[:, -1].argmax(-1)
+    assert (first >= len(TOK)).all()
+    make = (lambda: engine_for(model)) if engine == "native" else (lambda: HFRolloutEngine(model, TOK))
+    top = SamplingParams(n=2, temperature=1.0, top_k=20, top_p=0.99, max_new_tokens=10)
+    for sampling in (GREEDY, SamplingParams(n=4, temperature=0.7, max_new_tokens=10), top):
+        torch.manual_seed(0)
+        out = make().generate(prompts(), sampling)
+        mask = out[K.RESPONSE_MASK].bool()
+        assert mask.sum() > 2 * len(TEXTS)
+        assert int(out[K.RESPONSES][mask].max()) < len(TOK), sampling
+        want = trainer_log_probs(model, out, sampling.temperature or 1.0)
+        torch.testing.assert_close(out[K.ROLLOUT_LOG_PROBS], want, atol=1e-4, rtol=0)
 
 
 def test_load_weights_follows_the_trainer():

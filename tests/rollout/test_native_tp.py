@@ -1,7 +1,10 @@
 """The native engine tensor-parallel on CPU (gloo, 2 and 4 processes) against itself at TP=1.
 
 Tiny models with 4 query heads, 2 KV heads and a vocabulary of 49 (not divisible by 2 or 4: the
-last vocabulary block is padded). At TP=4 each KV head is replicated on two ranks. Every rank of
+last vocabulary block is padded). At TP=4 each KV head is replicated on two ranks. The
+`qwen2-padded` family's embedding has rows past the tokenizer's 49 ids that would win most draws:
+rank 1's block [32, 64) holds real ids and padding rows, so a rank that masked by its local column
+instead of the vocabulary id (offset + column) would draw them. Every rank of
 the TP group must return the same tokens; greedy tokens equal TP=1's exactly, sampled tokens
 (same seeds) too, and the log-probs agree with TP=1's and with the HF model's forward pass (the
 trainer's log-probs of the same tokens) within 1e-5 (float32; the all-reduces sum partial
@@ -30,6 +33,7 @@ def _check_against_tp1(per_rank: list[dict], families: tuple, kv_heads: int) -> 
             for case in CASES:
                 g, w = got[case], want[case]
                 assert torch.equal(g[K.RESPONSES], per_rank[0][family][case][K.RESPONSES])  # the replica agrees
+                assert int(g[K.RESPONSES][g[K.RESPONSE_MASK].bool()].max()) < len(TOK), (family, case, r)
                 assert torch.equal(g[K.RESPONSES], w[K.RESPONSES]), (family, case, r)
                 assert torch.equal(g[K.RESPONSE_MASK], w[K.RESPONSE_MASK]), (family, case, r)
                 torch.testing.assert_close(g[K.ROLLOUT_LOG_PROBS], w[K.ROLLOUT_LOG_PROBS], atol=1e-5, rtol=0)
@@ -43,7 +47,7 @@ def _check_against_tp1(per_rank: list[dict], families: tuple, kv_heads: int) -> 
 
 
 def test_tp2_equals_tp1(tmp_path):
-    """TP=2 (one KV head per rank): greedy, sampled and top-k/top-p, four model families."""
+    """TP=2 (one KV head per rank): greedy, sampled and top-k/top-p, five model families (one with padding rows)."""
     per_rank = run_tp(2, FAMILIES, tmp_path)
     _check_against_tp1(per_rank, FAMILIES, kv_heads=1)
 

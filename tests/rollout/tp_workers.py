@@ -20,7 +20,7 @@ from hybridrl.rollout.native.engine import NativeRolloutEngine
 SAMPLED = SamplingParams(n=2, temperature=0.8, max_new_tokens=10)
 TOP = SamplingParams(n=2, temperature=1.0, top_k=5, top_p=0.9, max_new_tokens=8)
 CASES = {"greedy": GREEDY, "sampled": SAMPLED, "top_k_top_p": TOP}
-FAMILIES = ("qwen2", "llama-bias", "qwen3", "qwen2-tied")
+FAMILIES = ("qwen2", "llama-bias", "qwen3", "qwen2-tied", "qwen2-padded")
 
 
 def generate_all(engine) -> dict:

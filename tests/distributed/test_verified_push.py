@@ -38,7 +38,7 @@ def _sender(port_queue, members: int, interval: int, results, staging: str = "au
         time.sleep(0.05)
 
 
-def _receiver(member: int, members: int, port_queue, corrupt_at: int, results) -> None:
+def _receiver(member: int, members: int, port_queue, corrupt_at: int, results, lose_at: int = -1) -> None:
     receiver = WeightReceiver(WeightChannel("127.0.0.1", port_queue.get(), member, members, torch.device("cpu")))
     engine = {name: torch.zeros(t.shape, dtype=torch.bfloat16) for name, t in _tensors(0)}  # the "loaded" weights
     log = []
@@ -51,8 +51,9 @@ def _receiver(member: int, members: int, port_queue, corrupt_at: int, results) -
             engine["layers.0.w"].view(torch.int16)[3, 5] ^= 1  # one bit of one element, after the load
         entry = [receiver.version, pieces is not None, receiver.verify_pending, None]
         if receiver.verify_pending:
+            held = {k: v for k, v in engine.items() if not (receiver.version == lose_at and k == "big")}  # "big" not loaded
             try:
-                receiver.verify(engine, f"member {member}")
+                receiver.verify(held, f"member {member}")
                 entry[3] = "ok"
             except WeightChecksumError as e:
                 entry[3] = str(e)
@@ -61,11 +62,11 @@ def _receiver(member: int, members: int, port_queue, corrupt_at: int, results) -
     results.put((member, log))
 
 
-def _run(interval: int, corrupt_at: int = -1, members: int = 3, staging: str = "auto") -> dict:
+def _run(interval: int, corrupt_at: int = -1, members: int = 3, staging: str = "auto", lose_at: int = -1) -> dict:
     ctx = mp.get_context("spawn")
     port_queue, results = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=_sender, args=(port_queue, members, interval, results, staging))]
-    procs += [ctx.Process(target=_receiver, args=(m, members, port_queue, corrupt_at, results)) for m in range(1, members)]
+    procs += [ctx.Process(target=_receiver, args=(m, members, port_queue, corrupt_at, results, lose_at)) for m in range(1, members)]
     for p in procs:
         p.start()
     out = dict(results.get(timeout=120) for _ in range(members))
@@ -93,10 +94,13 @@ def test_interval_zero_never_verifies():
     assert all(result is None and not pending for _, _, pending, result in out[1])
 
 
-def test_a_changed_element_on_the_receiving_side_is_named():
-    out = _run(interval=1, corrupt_at=4, members=2)
+def test_a_changed_element_or_a_tensor_the_engine_lacks_is_named():
+    """Push 4 loads with one bit changed; push 2 leaves out a tensor the trainer sent (an engine
+    that maps the name elsewhere): each fails its check naming the tensor."""
+    out = _run(interval=1, corrupt_at=4, members=2, lose_at=2)
     results = {v: r for v, changed, _, r in out[1] if changed}
-    assert [results[v] for v in (1, 2, 3, 5)] == ["ok"] * 4  # the pushes before and after still check out
+    assert [results[v] for v in (1, 3, 5)] == ["ok"] * 3  # the pushes before and after still check out
+    assert results[2].startswith("weight push 2 failed its checksum: in member 1, 1 sent tensors are not in it, first big.")
     message = results[4]
     assert message.startswith("weight push 4 failed its checksum: in member 1, 1 of 4 tensors differ")
     assert "first layers.0.w" in message

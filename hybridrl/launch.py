@@ -229,7 +229,9 @@ def train_in_process(cfg, make_trainer, *, write_inputs, reward_fn=None, in_memo
 
     out = run_dir(cfg)
     preflight(cfg)  # under torchrun, a missing wandb: one line, before any file is written
-    with restored_process_state(), rundir.locked(out):
+    # the lock first: a run refused because another thread holds the directory leaves the process
+    # state (Ray, torch.distributed, RNG, environment) of the run in that thread alone
+    with rundir.locked(out), restored_process_state():
         claim_run_dir(cfg)  # before inputs/ is written: overwrite moves the old run aside
         write_inputs()
         problems = input_problems(cfg, in_memory_rm=in_memory_rm)

@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,9 +122,11 @@ def find_resume(cfg) -> Path | None:
     return check_resumable(path) if path else None
 
 
-# Locks this process holds: {resolved dir: [open lock file, depth]}. The API and the CLI's
-# supervisor both take the lock; flock on a second descriptor would refuse the process itself.
+# Locks this process holds: {resolved dir: [open lock file, depth, holder thread id, its name]}. The API and the
+# CLI's supervisor both take the lock in one thread (re-entered); another thread of the process is
+# another run (two `hybridrl.grpo` in two threads) and is refused, as another process would be.
 _held: dict[Path, list] = {}
+_held_guard = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -133,26 +136,36 @@ def locked(path: Path) -> Iterator[None]:
     of it; a holder killed with SIGKILL leaves the file, unlocked, for the next run to reuse."""
     path = Path(path)
     key = path.resolve()
-    if key in _held:
-        _held[key][1] += 1
+    me = threading.get_ident()
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is not None and entry[2] != me:
+            raise RunDirError(
+                f"{path} is in use by another run in this process (thread {entry[3]!r}); wait for it to end, or give "
+                "this run another trainer.experiment_name (or trainer.default_local_dir)"
+            )
+        if entry is not None:
+            entry[1] += 1
+        else:
+            made = not path.exists()
+            path.mkdir(parents=True, exist_ok=True)
+            _held[key] = [_acquire(path), 1, me, threading.current_thread().name]
+    if entry is not None:
         try:
             yield
         finally:
-            _held[key][1] -= 1
+            entry[1] -= 1
         return
-    made = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    f = _acquire(path)
-    _held[key] = [f, 1]
     try:
         yield
     finally:
-        del _held[key]
-        try:
-            os.unlink(path / LOCK)  # still ours: we hold the lock, so no other run has taken the name
-        except FileNotFoundError:
-            pass
-        f.close()  # closing the descriptor releases the lock
+        with _held_guard:
+            f = _held.pop(key)[0]
+            try:
+                os.unlink(path / LOCK)  # still ours: we hold the lock, so no other run has taken the name
+            except FileNotFoundError:
+                pass
+            f.close()  # closing the descriptor releases the lock
         if made:
             with contextlib.suppress(OSError):
                 path.rmdir()  # only if empty: the run failed before writing anything

@@ -87,6 +87,58 @@ def test_a_second_run_into_the_same_directory_is_refused_not_exited(tmp_path):
         _trainer(tmp_path, overrides=OVERRIDES + ["trainer.resume_mode=disable"]).fit()
 
 
+def _live_run(path: Path) -> dict[str, str]:
+    """A run's files, as a run that has trained two steps leaves them; {name: content}."""
+    files = {"config.yaml": "trainer: {}\n", "metrics.jsonl": '{"step": 1}\n{"step": 2}\n'}
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("holder", ["process", "thread"])
+def test_overwrite_never_moves_a_live_runs_files(tmp_path, holder):
+    """trainer.overwrite=true into a directory another run holds (another process, or another
+    thread of this one): refused in one line before anything is moved aside (the lock is taken
+    before the directory is claimed)."""
+    import threading
+
+    from run_lock_helpers import hold_lock
+
+    from hybridrl.trainer import rundir
+
+    run = tmp_path / "run"
+    files = _live_run(run)
+    release, held = threading.Event(), threading.Event()
+
+    def hold_in_a_thread():
+        with rundir.locked(run):
+            held.set()
+            release.wait(60)
+
+    pid = None
+    if holder == "process":
+        proc = hold_lock(run)
+        pid = proc.pid
+    else:
+        t = threading.Thread(target=hold_in_a_thread, name="live-run")
+        t.start()
+        assert held.wait(30)
+    try:
+        with pytest.raises(HybridRLError, match="is in use by another run") as e:
+            _trainer(tmp_path, overrides=OVERRIDES + ["trainer.overwrite=true", "trainer.resume_mode=disable"]).fit()
+        assert "\n" not in str(e.value) and (f"pid {pid}" if pid else "thread 'live-run'") in str(e.value)
+    finally:
+        if holder == "process":
+            proc.kill()
+            proc.wait()
+        else:
+            release.set()
+            t.join()
+    assert {name: (run / name).read_text() for name in files} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no run.old-<time>
+
+
 def test_keywords_map_to_config_keys():
     assert api.keyword_overrides({"batch_size": 16, "lr": 1e-5, "device": "cpu", "use_kl_loss": True}) == [
         "data.train_batch_size=16",

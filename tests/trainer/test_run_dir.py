@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from run_lock_helpers import hold_lock
 
 from hybridrl.tracking.tracker import JsonlLogger, read_jsonl, truncate_jsonl
 from hybridrl.trainer import checkpoint as ckpt
@@ -94,28 +95,9 @@ def test_prune_renames_before_deleting(tmp_path, monkeypatch):
     assert sorted(p.name for p in root.iterdir() if p.name != "latest") == ["step_3", "step_4"]
 
 
-_HOLD = """
-import sys, time
-from pathlib import Path
-from hybridrl.trainer import rundir
-with rundir.locked(Path(sys.argv[1])):
-    print("held", flush=True)
-    time.sleep(600)
-"""
-
-
-def _holder(path):
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def test_a_second_run_into_a_locked_dir_is_refused_naming_the_holder(tmp_path):
     run = tmp_path / "run"
-    holder = _holder(run)
+    holder = hold_lock(run)
     try:
         with pytest.raises(rundir.RunDirError) as e:
             with rundir.locked(run):
@@ -129,6 +111,41 @@ def test_a_second_run_into_a_locked_dir_is_refused_naming_the_holder(tmp_path):
         assert (run / rundir.LOCK).read_text().strip() == str(os.getpid())
         with rundir.locked(run):  # the same process may take it again (the API, then the supervisor)
             pass
+
+
+def test_another_thread_of_the_process_is_another_run_and_is_refused(tmp_path):
+    """Two API runs in two threads (`hybridrl.grpo(output_dir=X)` twice): the second stops in one
+    line while the first holds the directory; once the first ends, the directory is free again."""
+    import threading
+
+    run = tmp_path / "run"
+    held, release, errors = threading.Event(), threading.Event(), []
+
+    def first():
+        with rundir.locked(run):
+            with rundir.locked(run):  # the holding thread itself re-enters (the API, then the supervisor)
+                held.set()
+                release.wait(30)
+
+    t = threading.Thread(target=first, name="first-run")
+    t.start()
+    try:
+        assert held.wait(30)
+        for _ in range(2):  # the second thread, twice: the refusal leaves the holder's lock alone
+            try:
+                with rundir.locked(run):
+                    errors.append("entered")
+            except rundir.RunDirError as e:
+                errors.append(str(e))
+        assert (run / rundir.LOCK).read_text().strip() == str(os.getpid())
+    finally:
+        release.set()
+        t.join()
+    assert errors == [f"{run} is in use by another run in this process (thread 'first-run'); wait for it to end, "
+                      "or give this run another trainer.experiment_name (or trainer.default_local_dir)"] * 2
+    with rundir.locked(run):  # released: this thread takes it
+        pass
+    assert not run.exists()
 
 
 def test_overwrite_keeps_the_lock_with_the_new_run(tmp_path):

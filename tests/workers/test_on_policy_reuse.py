@@ -185,3 +185,23 @@ def test_the_policy_loss_slices_pi_old_for_the_later_mini_batches():
         assert PPOPolicyLoss(actor, 1.0).passes(batch, 2, pass_over) == [batch]
     recomputed = Batch({**batch.tensors, K.OLD_LOG_PROBS: -rows})
     assert loss.passes(recomputed, 2, pass_over) == [recomputed] and len(seen) == 1
+
+
+def test_on_policy_update_counts_improbable_tokens_by_the_trainers_log_probs(tiny_model_dir):
+    """With no old log-prob pass the update reports rollout/improbable_token_frac from its own
+    forward (the trainer's probabilities), never from the engine's: here the engine gave every
+    token p ~ 0.99 and a sharpened head makes most of them improbable to the trainer."""
+    from hybridrl.algorithms import improbable_token_frac
+
+    worker = make_worker(tiny_model_dir)
+    with torch.no_grad():
+        worker.model.get_output_embeddings().weight.mul_(25.0)  # peaked: improbable tokens for the trainer
+    batch = random_batch(seed=4)
+    batch = batch.select([k for k in batch.tensors if k != K.OLD_LOG_PROBS])
+    batch[K.ROLLOUT_LOG_PROBS] = torch.full(batch[K.RESPONSES].shape, -0.01)
+    with torch.no_grad():
+        trainer, _, _ = forward.log_probs(worker.engine, worker.model, batch, temperature=worker.temperature)
+    want = float(improbable_token_frac(trainer, batch[K.RESPONSE_MASK]))
+    assert 0.1 < want < 0.9, want
+    got = worker.update_actor(batch)["rollout/improbable_token_frac"]
+    assert got == pytest.approx(want, abs=1e-6)

@@ -66,7 +66,8 @@ def _run(interval: int, corrupt_at: int = -1, members: int = 3, staging: str = "
     ctx = mp.get_context("spawn")
     port_queue, results = ctx.Queue(), ctx.Queue()
     procs = [ctx.Process(target=_sender, args=(port_queue, members, interval, results, staging))]
-    procs += [ctx.Process(target=_receiver, args=(m, members, port_queue, corrupt_at, results, lose_at)) for m in range(1, members)]
+    args = (members, port_queue, corrupt_at, results, lose_at)
+    procs += [ctx.Process(target=_receiver, args=(m, *args)) for m in range(1, members)]
     for p in procs:
         p.start()
     out = dict(results.get(timeout=120) for _ in range(members))

@@ -141,8 +141,14 @@ def test_another_thread_of_the_process_is_another_run_and_is_refused(tmp_path):
     finally:
         release.set()
         t.join()
-    assert errors == [f"{run} is in use by another run in this process (thread 'first-run'); wait for it to end, "
-                      "or give this run another trainer.experiment_name (or trainer.default_local_dir)"] * 2
+    assert (
+        errors
+        == [
+            f"{run} is in use by another run in this process (thread 'first-run'); wait for it to end, "
+            "or give this run another trainer.experiment_name (or trainer.default_local_dir)"
+        ]
+        * 2
+    )
     with rundir.locked(run):  # released: this thread takes it
         pass
     assert not run.exists()

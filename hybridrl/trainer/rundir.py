@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -45,15 +46,60 @@ def _aside(path: Path) -> Path:
     return aside
 
 
+# The first line `save_config` writes (hybridrl/config/loader.py): what marks a run's config.yaml.
+CONFIG_HEADER = "# hybridrl config"
+_STEP_DIRS = ("step_", ".tmp_step_", ".trash_step_", "latest")
+
+
+def _regular(path: Path) -> bool:
+    """A regular file (after links): never a FIFO, a device or a directory, which a read could hang on."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _metrics_lines(path: Path) -> Iterator[str]:
+    """The lines of a regular metrics.jsonl (none for anything else), read as they are needed."""
+    if not _regular(path):
+        return
+    with open(path, errors="replace") as f:
+        yield from f
+
+
+def is_run(path: Path) -> bool:
+    """Whether the run files in `path` were written by hybridrl: its config.yaml starts with the
+    header hybridrl writes; without one (a start that crashed before saving it), metrics.jsonl holds
+    only JSON objects with a step and checkpoints/ only step directories."""
+    config = path / "config.yaml"
+    if config.exists() or config.is_symlink():
+        if not _regular(config):
+            return False
+        with open(config, "rb") as f:
+            return f.read(len(CONFIG_HEADER)).decode(errors="replace") == CONFIG_HEADER
+    metrics, ckpts = path / "metrics.jsonl", path / "checkpoints"
+    if not (metrics.exists() or ckpts.exists()):
+        return False
+    if metrics.exists() or metrics.is_symlink():
+        for n, line in enumerate(_metrics_lines(metrics) if _regular(metrics) else ["not a file"]):
+            if n >= 100:
+                break
+            try:
+                if line.strip() and "step" not in json.loads(line):
+                    return False
+            except (ValueError, TypeError):
+                return n > 0  # a partial last line (a kill mid-write) after lines of ours
+    if ckpts.exists() and (not ckpts.is_dir() or any(not c.name.startswith(_STEP_DIRS) for c in ckpts.iterdir())):
+        return False
+    return True
+
+
 def _took_no_step(path: Path) -> bool:
     """No checkpoint and no metrics line of a training step (step >= 1); unreadable lines count as steps."""
     ckpts = path / "checkpoints"
     if ckpts.exists() and any(ckpts.iterdir()):
         return False
-    metrics = path / "metrics.jsonl"
-    if not metrics.exists():
-        return True
-    for line in metrics.read_text(errors="replace").splitlines():
+    for line in _metrics_lines(path / "metrics.jsonl"):
         try:
             if line.strip() and json.loads(line).get("step", 1) >= 1:
                 return False
@@ -63,14 +109,20 @@ def _took_no_step(path: Path) -> bool:
 
 
 def run_files(path: Path) -> list[str]:
-    return [name for name in RUN_FILES if (path / name).exists()]
+    return [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
 
 
 def claim(path: Path, overwrite: bool) -> Path | None:
-    """Make `path` ready for a new run. Returns where an old run was moved, or None."""
+    """Make `path` ready for a new run. Returns where an old run was moved, or None. Only a
+    directory hybridrl wrote is ever moved; one holding another program's files is refused."""
     found = run_files(path)
     if not found:
         return None
+    if not is_run(path):
+        raise RunDirError(
+            f"{path} holds {', '.join(found)} that hybridrl did not write (not a hybridrl run): it is left as it is; "
+            "give the run a directory of its own with trainer.default_local_dir (or trainer.experiment_name)"
+        )
     if not overwrite and _took_no_step(path):
         aside = _move_aside(path)
         print(f"[hybridrl] {path} held a start that took no training step ({', '.join(found)}): moved it to {aside}", flush=True)
@@ -79,7 +131,7 @@ def claim(path: Path, overwrite: bool) -> Path | None:
         raise RunDirError(
             f"{path} already holds a run ({', '.join(found)}); to continue it set trainer.resume_mode=auto, "
             "to start another give it a new trainer.experiment_name (or trainer.default_local_dir), or set "
-            f"trainer.overwrite=true to move the old run aside to {path}.old-<timestamp> (nothing is deleted)"
+            f"trainer.overwrite=true to move the old run aside to {path.resolve()}.old-<timestamp> (nothing is deleted)"
         )
     aside = _move_aside(path)
     print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
@@ -87,11 +139,17 @@ def claim(path: Path, overwrite: bool) -> Path | None:
 
 
 def _move_aside(path: Path) -> Path:
-    aside = _aside(path)
-    os.replace(path, aside)
+    full = path.resolve()
+    if Path.cwd().resolve().is_relative_to(full):
+        raise RunDirError(
+            f"{path} holds a run to move aside, but it is the current directory (or holds it): run from another "
+            "directory, or give the new run another trainer.default_local_dir"
+        )
+    aside = _aside(full)
+    os.replace(full, aside)
     if (aside / LOCK).exists():  # the lock is held on the file, not the name: keep it with the new run
-        path.mkdir()
-        os.replace(aside / LOCK, path / LOCK)
+        full.mkdir()
+        os.replace(aside / LOCK, full / LOCK)
     return aside
 
 

@@ -89,7 +89,7 @@ def test_a_second_run_into_the_same_directory_is_refused_not_exited(tmp_path):
 
 def _live_run(path: Path) -> dict[str, str]:
     """A run's files, as a run that has trained two steps leaves them; {name: content}."""
-    files = {"config.yaml": "trainer: {}\n", "metrics.jsonl": '{"step": 1}\n{"step": 2}\n'}
+    files = {"config.yaml": "# hybridrl config, resolved\ntrainer: {}\n", "metrics.jsonl": '{"step": 1}\n{"step": 2}\n'}
     path.mkdir(parents=True)
     for name, text in files.items():
         (path / name).write_text(text)

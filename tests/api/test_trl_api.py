@@ -48,6 +48,34 @@ def test_text_prompts_give_text_completions_and_a_function_gets_only_what_it_nam
     assert _call(TRLRewards([length]), [{"prompt": "1+1=", "answer": "2", "other": 1}], ["2"]) == [{"score": 1.0, "length": 1.0}]
 
 
+def test_a_column_named_with_a_default_is_still_passed():
+    """`answer=""` names the column as surely as `answer` does: the rows' values reach it, not the default."""
+    seen = []
+
+    def exact(prompts, completions, answer=""):
+        seen.append(answer)
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    assert _call(TRLRewards([exact]), rows, ["2", "5"]) == [{"score": 1.0, "exact": 1.0}, {"score": 0.0, "exact": 0.0}]
+    assert seen == [["2", "4"]]
+
+
+def test_each_row_meets_its_own_completion():
+    """Distinct rows: row i's prompt and columns arrive at index i with completion i (a shift by
+    one, or a repeated row, scores differently)."""
+    seen = {}
+
+    def exact(prompts, completions, answer, level):
+        seen.update(prompts=prompts, answer=answer, level=level)
+        return [float(c == a) + 0.1 * lv for c, a, lv in zip(completions, answer, level)]
+
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "level": a} for a in (1, 2, 3, 4)]
+    out = _call(TRLRewards([exact]), rows, ["2", "4", "7", "8"])
+    assert [r["score"] for r in out] == pytest.approx([1.1, 1.2, 0.3, 1.4])
+    assert seen == {"prompts": ["1+1=", "2+2=", "3+3=", "4+4="], "answer": ["2", "4", "6", "8"], "level": [1, 2, 3, 4]}
+
+
 def test_missing_and_unused_columns_are_one_line_errors():
     def wants_solution(prompts, completions, solution):
         return [0.0] * len(completions)
@@ -129,13 +157,20 @@ def correct(prompts, completions, answer, **kwargs):
     return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
 
 
+def aligned(prompts, completions, answer=""):
+    """1 where the row's answer belongs to the row's prompt: the run's reward/aligned/mean is 1.0
+    only if a column named with a default arrives, row by row, beside its own prompt."""
+    terms = [p[0]["content"].rstrip("=").split("+") for p in prompts]  # "a+b=" from _arith_rows
+    return [float(ans == str(int(a) + int(b))) for ans, (a, b) in zip(answer, terms)]
+
+
 @pytest.mark.slow
 def test_grpo_with_batch_size_only_trl_rewards_and_a_callback_that_stops(tiny_model_with_weights, tmp_path):
     recorder = Recorder(stop_after=2)
     result = hybridrl.grpo(
         tiny_model_with_weights,
         _arith_rows(6),
-        [correct],
+        [correct, aligned],
         val_data=_arith_rows(2),
         batch_size=8,  # the mini-batch follows it (the config default is 64)
         num_generations=2,
@@ -155,6 +190,7 @@ def test_grpo_with_batch_size_only_trl_rewards_and_a_callback_that_stops(tiny_mo
     saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
     assert saved["data"]["train_batch_size"] == 8 and saved["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 8
     assert "reward/correct/mean" in result.history[-1]
+    assert [r["reward/aligned/mean"] for r in result.history if r["step"] > 0] == [1.0, 1.0]
     row = json.loads((result.run_dir / "inputs/train_data.jsonl").read_text().splitlines()[0])
     assert row["extra_info"]["trl"]["columns"] == {"answer": "0"}  # the column, untouched, on its way to `correct`
 

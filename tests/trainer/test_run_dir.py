@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from run_lock_helpers import hold_lock
@@ -17,7 +18,7 @@ from hybridrl.trainer import rundir
 def _fake_run(path, steps=(1, 2)):
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s * 0.5}) + "\n" for s in steps))
-    (path / "config.yaml").write_text("trainer: {}\n")
+    (path / "config.yaml").write_text(f"{rundir.CONFIG_HEADER}, resolved\ntrainer: {{}}\n")
 
 
 def test_claim_refuses_an_occupied_dir_naming_the_choices(tmp_path):
@@ -49,6 +50,58 @@ def test_overwrite_moves_the_old_run_aside_and_deletes_nothing(tmp_path):
     _fake_run(run)  # the same second again: a distinct name, nothing replaced
     aside2 = rundir.claim(run, overwrite=True)
     assert aside2 != aside and aside.exists() and aside2.exists()
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"config.yaml": "name: my-project\nsteps: 3\n"},  # another program's config
+        {"config.yaml": "name: x\n", "metrics.jsonl": '{"step": 1}\n'},  # ... beside a file of ours
+        {"metrics.jsonl": '{"loss": 0.5}\n{"loss": 0.4}\n'},  # another logger's metrics
+        {"checkpoints/model.pt": "weights"},  # another trainer's checkpoints
+        {"config.yaml": None},  # a directory by that name
+    ],
+)
+def test_a_folder_hybridrl_did_not_write_is_never_moved(tmp_path, files):
+    """trainer.default_local_dir at a folder of another program's files: refused in one line, with
+    or without trainer.overwrite, and nothing in it is renamed."""
+    folder = tmp_path / "project"
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).mkdir() if text is None else (folder / name).write_text(text)
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    for overwrite in (False, True):
+        with pytest.raises(rundir.RunDirError) as e:
+            rundir.claim(folder, overwrite=overwrite)
+        assert "\n" not in str(e.value) and "not a hybridrl run" in str(e.value) and "trainer.default_local_dir" in str(e.value)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
+
+
+def test_a_run_written_before_its_config_is_still_ours(tmp_path):
+    """A start that crashed before saving config.yaml (in its warm-up) left metrics.jsonl and
+    tensorboard/: a run of ours, moved aside so that the rerun goes ahead."""
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0, "warmup/loss": 3.0}\n')
+    assert rundir.is_run(run)
+    assert rundir.claim(run, overwrite=False).name.startswith("run.old-")
+
+
+def test_the_current_directory_as_the_run_dir(tmp_path, monkeypatch):
+    """trainer.default_local_dir=.: an empty or foreign-free folder takes the run; one holding a
+    run is never renamed from under the process (one line, no traceback)."""
+    monkeypatch.chdir(tmp_path)
+    assert rundir.claim(Path("."), overwrite=False) is None
+    _fake_run_files(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(rundir.RunDirError) as e:
+            rundir.claim(Path("."), overwrite=overwrite)
+        assert "\n" not in str(e.value)
+    assert "it is the current directory" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "metrics.jsonl"]
+    monkeypatch.chdir(tmp_path / "..")  # from elsewhere it moves as any other run
+    assert rundir.claim(tmp_path, overwrite=True).name.startswith(tmp_path.name + ".old-")
 
 
 def test_new_jsonl_logger_never_deletes_an_existing_file(tmp_path):
@@ -171,7 +224,7 @@ def test_overwrite_keeps_the_lock_with_the_new_run(tmp_path):
 
 def _fake_run_files(path):
     (path / "metrics.jsonl").write_text('{"step": 1}\n')
-    (path / "config.yaml").write_text("trainer: {}\n")
+    (path / "config.yaml").write_text(f"{rundir.CONFIG_HEADER}, resolved\ntrainer: {{}}\n")
 
 
 def test_shipped_configs_resume_by_default():

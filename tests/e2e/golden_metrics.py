@@ -2,12 +2,13 @@
 
 A golden file is JSON lines: a header `{"golden": {...}}` naming where it was made (torch version,
 CPU architecture and vector ISA, intra-op threads), then one row per logged step with the
-deterministic metrics only (wall-clock numbers dropped). `assert_matches_golden` checks that every
-stored key of every stored step is present and equal; keys a run adds beyond the golden ones are
-allowed. On another CPU ISA or torch build the kernels may round differently, so the comparison
-falls back to a relative tolerance of 1e-6 and says so. tests/conftest.py pins torch's AVX2 kernels
-on x86-64 (ATEN_CPU_CAPABILITY=avx2, unless set), the ones the stored files were made with, so an
-AVX-512 machine compares exactly too.
+deterministic metrics only (wall-clock numbers dropped). `assert_matches_golden` checks that the
+run logged the stored steps and no other, and that each step holds exactly the stored keys with the
+stored values: a metric the run adds (a new key) fails as a dropped one does, so every metric is
+pinned from the day it appears (regenerate to take it in). On another CPU ISA or torch build the
+kernels may round differently, so the comparison falls back to a relative tolerance of 1e-6 and
+says so. tests/conftest.py pins torch's AVX2 kernels on x86-64 (ATEN_CPU_CAPABILITY=avx2, unless
+set), the ones the stored files were made with, so an AVX-512 machine compares exactly too.
 
 Regenerate (only on purpose, on the commit whose numbers are the reference):
     HYBRIDRL_UPDATE_GOLDEN=1 python -m pytest tests/e2e/test_quickstart.py tests/e2e/test_golden_metrics.py
@@ -22,12 +23,13 @@ import platform
 from pathlib import Path
 
 import torch
+from cli_helpers import VOLATILE
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # Golden runs pin the intra-op thread count: CPU reductions split over threads round differently.
 THREADS = "1"
 GOLDEN_ENV = {"OMP_NUM_THREADS": THREADS}
-_WALL_CLOCK_PREFIXES = ("timing_s/", "perf/throughput", "perf/mfu", "perf/max_memory")
+_WALL_CLOCK_PREFIXES = (*VOLATILE, "perf/mfu", "perf/max_memory")
 REL_TOL_OTHER_PLATFORM = 1e-6
 
 
@@ -83,12 +85,16 @@ def assert_matches_golden(name: str, rows: list[dict]) -> None:
         if exact
         else f"with rel tol {REL_TOL_OTHER_PLATFORM} (golden made on {recorded}, this is {here}: kernels may round differently)"
     )
-    by_step = {r["step"]: r for r in rows}
+    by_step = {r["step"]: deterministic(r) for r in rows}
     missing_steps = [g["step"] for g in golden if g["step"] not in by_step]
     assert not missing_steps, f"{path.name}: steps {missing_steps} not logged (compared {how})"
+    extra_steps = sorted(set(by_step) - {g["step"] for g in golden})
+    assert not extra_steps, f"{path.name}: steps {extra_steps} logged but not stored (compared {how})"
     diffs = []
     for g in golden:
         row = by_step[g["step"]]
+        for key in sorted(set(row) - set(g)):
+            diffs.append(f"step {g['step']} {key}: not in the golden file, now {row[key]!r} (a new metric)")
         for key, want in g.items():
             got = row.get(key, "<missing>")
             same = got == want or (

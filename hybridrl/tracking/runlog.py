@@ -3,6 +3,12 @@
 The files are append-only JSONL written while the run trains, so a reader can meet a last line
 that is still being written (or was cut by a crash). `read_jsonl` keeps every complete line and
 reports the partial one instead of failing; the report and the dashboard show that notice.
+
+A run folder may hold anything under these names (the dashboard serves every folder under its
+root): only regular files are read, opened without blocking (a FIFO named metrics.jsonl would wait
+for a writer for ever), and at most `MAX_JSONL_BYTES` of a JSONL file (its last part, with a
+notice) and `MAX_CONFIG_BYTES` of a config (a link to /dev/zero reads nothing, never until memory
+runs out).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,23 +25,55 @@ import yaml
 
 METRICS, SAMPLES, CONFIG = "metrics.jsonl", "samples.jsonl", "config.yaml"
 SKIP_PREFIXES = (".tmp", ".trash")  # a checkpoint being written, or being deleted (trainer/checkpoint.py)
+MAX_JSONL_BYTES = 256 << 20  # ~1M steps of 40 metrics; a longer file is read from its last part
+MAX_CONFIG_BYTES = 4 << 20  # a resolved config is ~10 KB
 
 
 class RunError(ValueError):
     """A run directory whose files cannot be read as a run (one line: which file, what is wrong)."""
 
 
+def read_capped(path: Path, limit: int) -> tuple[bytes, int]:
+    """(at most the last `limit` bytes of the regular file `path`, its size). Opened without
+    blocking and checked on the open descriptor: RunError for a FIFO, a device, a socket or a
+    directory; FileNotFoundError when it is absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a device or socket"
+            raise RunError(f"{path}: is {kind}, not a regular file; a run writes it as a file")
+        if st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        chunks, left = [], min(st.st_size, limit)
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), st.st_size
+    finally:
+        os.close(fd)
+
+
 def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
     """(the objects of every complete line, notices about lines skipped).
 
     A last line without its newline is a write in progress or a crash mid-write: skipped and
-    reported. A malformed line elsewhere is reported with its line number and skipped too.
+    reported. A malformed line elsewhere is reported with its line number and skipped too. A file
+    over MAX_JSONL_BYTES is read from its last MAX_JSONL_BYTES (the first, cut line dropped), and
+    says so; anything but a regular file is RunError.
     """
-    if not path.exists():
+    try:
+        raw, size = read_capped(path, MAX_JSONL_BYTES + 1)  # + the byte before: does the window start a line?
+    except FileNotFoundError:
         return [], []
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
     notes, rows = [], []
+    if size > len(raw):
+        raw = raw[raw.find(b"\n") + 1 :]  # the cut line's rest (nothing when the window starts a line)
+        notes.append(f"{path}: {size >> 20} MiB, over the {MAX_JSONL_BYTES >> 20} MiB read: only its last lines are shown")
+    lines = raw.decode(errors="replace").split("\n")
     if lines and lines[-1] != "":
         notes.append(f"{path}: skipped a partial last line ({len(lines[-1])} bytes, still being written or cut by a crash)")
     for i, line in enumerate(lines[:-1], 1):
@@ -47,6 +86,9 @@ def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
             continue
         except RecursionError:  # e.g. "[[[[..." thousands deep: not a metrics line either
             notes.append(f"{path}, line {i}: skipped, nested too deep to be a metrics line")
+            continue
+        except ValueError as e:  # an integer of more digits than Python converts
+            notes.append(f"{path}, line {i}: skipped ({e})")
             continue
         if isinstance(obj, dict):
             rows.append(obj)
@@ -136,9 +178,12 @@ def load_run_or_error(path: Path, name: str) -> RunData | None:
 def read_config(path: Path) -> dict:
     """A run's resolved config.yaml as a mapping ({} when absent); RunError when it is not one."""
     try:
-        text = path.read_text(errors="replace")
+        raw, size = read_capped(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return {}
+    if size > len(raw):
+        raise RunError(f"{path}: {size >> 20} MiB, not a run's config (a resolved config is a few KB)")
+    text = raw.decode(errors="replace")
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -5,6 +5,8 @@ import http.client
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -118,6 +120,88 @@ def test_report_of_a_damaged_run_is_one_line(mixed_runs, tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and err.startswith("hybridrl: error: ") and why in err, err
     assert main(["report", str(mixed_runs / "odd_sections"), "--out", str(tmp_path / "r.html")]) == 0
+
+
+@pytest.fixture()
+def hostile_runs(tmp_path):
+    """Run folders holding what a shared machine's users can put under the names a run writes."""
+    import os
+
+    runs = tmp_path / "runs"
+    _write_run(runs / "good", steps=4)
+    os.mkfifo(_write_run(runs / "fifo", config=None) / "metrics.jsonl.tmp")
+    os.replace(runs / "fifo" / "metrics.jsonl.tmp", runs / "fifo" / "metrics.jsonl")  # a FIFO: no writer, ever
+    (runs / "zero").mkdir()
+    (runs / "zero" / "metrics.jsonl").symlink_to("/dev/zero")  # endless bytes
+    os.mkfifo(_write_run(runs / "fifo_config", config=None) / "config.yaml")
+    os.mkfifo(_write_run(runs / "fifo_samples") / "samples.jsonl")
+    (_write_run(runs / "dir_samples") / "samples.jsonl").mkdir()
+    return runs
+
+
+def _hybridrl(*args, **kw) -> subprocess.Popen:
+    """`python -m hybridrl ARGS` in a process of its own with 2 GiB of address space: were a read
+    to block or run away, the test fails on its timeout or a MemoryError, never hangs or swaps."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.Popen([sys.executable, "-m", "hybridrl", *map(str, args)], preexec_fn=limit, text=True, **kw)
+
+
+def test_fifos_and_devices_in_run_folders_never_block_the_dashboard(hostile_runs):
+    """A FIFO named metrics.jsonl (or config.yaml, samples.jsonl) and a metrics.jsonl linked to
+    /dev/zero: each such run is listed with the reason, the others are served, /healthz and
+    /metrics answer at once."""
+    proc = _hybridrl("dashboard", hostile_runs, "--port", "0", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = proc.stdout.readline().split()[2]  # "hybridrl dashboard: http://127.0.0.1:PORT/ (6 run(s) ..."
+        for _ in range(2):  # the second scan re-reads nothing that did not change
+            status, body = _get(url + "api/data")
+            assert status == 200
+            runs = {r["name"]: r for r in json.loads(body)["runs"]}
+            assert sorted(runs) == ["dir_samples", "fifo", "fifo_config", "fifo_samples", "good", "zero"]
+            assert runs["good"]["error"] is None and runs["good"]["series"]["step"] == [1, 2, 3, 4]
+            assert "metrics.jsonl: is a FIFO, not a regular file" in runs["fifo"]["error"]
+            assert "metrics.jsonl: is a device or socket, not a regular file" in runs["zero"]["error"]
+            assert "config.yaml: is a FIFO" in runs["fifo_config"]["error"]
+            assert "samples.jsonl: is a FIFO" in runs["fifo_samples"]["error"]
+            assert "samples.jsonl: is a directory" in runs["dir_samples"]["error"]
+        t0 = time.monotonic()
+        assert _get(url + "healthz") == (200, b"ok\n") and time.monotonic() - t0 < 2.0
+        status, body = _get(url + "metrics")
+        assert status == 200 and 'hybridrl_run_readable{run="fifo"} 0.0' in body.decode().splitlines()
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_report_of_a_fifo_or_device_is_one_line(hostile_runs, tmp_path):
+    for name, why in (("fifo", "is a FIFO"), ("zero", "is a device or socket"), ("fifo_config", "config.yaml: is a FIFO")):
+        proc = _hybridrl("report", hostile_runs / name, "--out", tmp_path / "r.html", stderr=subprocess.PIPE)
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 2 and err.count("\n") == 1 and err.startswith("hybridrl: error: ") and why in err, err
+
+
+def test_a_jsonl_file_over_the_cap_is_read_from_its_end(tmp_path, monkeypatch):
+    from hybridrl.tracking import runlog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "x": 0.25}) + "\n" for s in range(100, 300)))  # 25 bytes a line
+    monkeypatch.setattr(runlog, "MAX_JSONL_BYTES", 1000)
+    rows, notes = runlog.read_jsonl(path)
+    assert [r["step"] for r in rows] == list(range(260, 300))  # the last 40 lines, whole
+    monkeypatch.setattr(runlog, "MAX_JSONL_BYTES", 1010)
+    assert [r["step"] for r in runlog.read_jsonl(path)[0]] == list(range(260, 300))  # a cut line is dropped
+    assert len(notes) == 1 and "over the 0 MiB read: only its last lines are shown" in notes[0]
+    monkeypatch.setattr(runlog, "MAX_CONFIG_BYTES", 10)
+    (tmp_path / "config.yaml").write_text("trainer:\n  total_training_steps: 3\n")
+    with pytest.raises(runlog.RunError, match="not a run's config"):
+        runlog.read_config(tmp_path / "config.yaml")
 
 
 def test_host_header_is_checked_on_loopback():

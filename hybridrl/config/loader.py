@@ -8,9 +8,12 @@ launch script in one round instead of one error per run.
 import copy
 import dataclasses
 import difflib
+import errno
 import importlib.util
 import math
+import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -239,11 +242,46 @@ def _vllm_fallback(tree: dict) -> list[str]:
     ]
 
 
+_MAX_YAML_DEPTH = 64  # [ and { levels; a config nests a handful
+_MAX_YAML_BYTES = 16 << 20
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of [ and { in `text` (quotes not told apart: a bound, not a parser)."""
+    depth = most = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth = depth + 1 if m.group() in "[{" else max(0, depth - 1)
+        most = max(most, depth)
+    return most
+
+
+def _read_bytes(path: str | Path) -> bytes:
+    """A config file's bytes: a regular file only (a FIFO would wait for a writer for ever, a device
+    never end), opened without blocking, at most _MAX_YAML_BYTES."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
+            raise OSError(errno.EINVAL, f"it is {kind}, not a file")
+        if st.st_size > _MAX_YAML_BYTES:
+            raise OSError(errno.EFBIG, f"{st.st_size >> 20} MiB, more than a config holds ({_MAX_YAML_BYTES >> 20} MiB at most)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(_MAX_YAML_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def _read_yaml(path: str | Path, errors: list[str]) -> dict:
     try:
-        data = Path(path).read_bytes()
+        data = _read_bytes(path)
     except OSError as e:
-        fix = "check the path" if isinstance(e, FileNotFoundError) else "check its permissions"
+        if isinstance(e, FileNotFoundError):
+            fix = "check the path"
+        elif e.errno in (errno.EINVAL, errno.EFBIG, errno.EISDIR):
+            fix = "give a YAML file"
+        else:
+            fix = "check its permissions"
         errors.append(f"cannot read config file {str(path)!r}: {e.strerror or e}; {fix}")
         return {}
     try:
@@ -252,8 +290,14 @@ def _read_yaml(path: str | Path, errors: list[str]) -> dict:
         line = data[: e.start].count(b"\n") + 1
         errors.append(f"{path}:{line}: not valid UTF-8 (byte {data[e.start]:#04x}); re-save the file as UTF-8")
         return {}
+    if _flow_depth(text) > _MAX_YAML_DEPTH:  # PyYAML recurses per level and slows down long before it fails
+        errors.append(f"{path}: not valid YAML (brackets nested more than {_MAX_YAML_DEPTH} deep)")
+        return {}
     try:
         tree = yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        errors.append(f"{path}: not valid YAML (nested too deep)")
+        return {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -408,11 +452,32 @@ def _brief(value: Any) -> str:
 # --------------------------------------------------------------------------- unknown keys
 
 
+_MAX_UNKNOWN_LEAVES = 32  # each suggestion compares the key with every config key
+
+
+def _leaves_over(tree: dict, limit: int) -> bool:
+    """Whether the nested mapping holds more than `limit` leaves (counted until it is known)."""
+    stack, n = [tree], 0
+    while stack:
+        for v in stack.pop().values():
+            if isinstance(v, dict) and v:
+                stack.append(v)
+            else:
+                n += 1
+                if n > limit:
+                    return True
+    return False
+
+
 def _unknown_key(path: str, value: Any, section: str | None = None) -> list[str]:
     """One message per unknown leaf; an unknown section is reported by the keys under it,
     which are what the suggestion can match (`actr.ppo_epochs` -> `actor.ppo_epochs`), and
     failing that by the section itself (`datta.x` -> `data`)."""
     if isinstance(value, dict) and value:
+        if _leaves_over(value, _MAX_UNKNOWN_LEAVES):  # a whole foreign tree: one line, not a guess per key
+            close = suggest_keys(path)
+            hint = f"; did you mean '{close[0]}'?" if close else " (all keys: docs/config.md, or `hybridrl explain`)"
+            return [f"unknown section '{path}' (over {_MAX_UNKNOWN_LEAVES} keys under it){hint}"]
         return [m for k, v in value.items() for m in _unknown_key(f"{path}.{k}", v, section or path)]
     close = suggest_keys(path) or (suggest_keys(section) if section else [])
     if not close:

@@ -43,18 +43,35 @@ def has_hydra(tree: Any) -> bool:
     return isinstance(tree, str) and "${" in tree
 
 
+# A defaults tree composes each file once per entry that names it: a file named twice in every
+# level's list would grow exponentially (2^depth reads). verl's trainer tree composes ~30 files.
+MAX_COMPOSED = 256
+
+
 def compose(path: Path, read: Callable[[Path], dict], errors: list[str]) -> dict:
-    """The file at `path` with its defaults list (and theirs) merged in, as one tree."""
+    """The file at `path` with its defaults list (and theirs) merged in, as one tree. Entries are
+    read inside the primary file's directory (the config root: `/group` is relative to it, as in
+    Hydra); one leading outside it, a file that is not a regular file (a FIFO, a directory), the
+    same file twice in one list, or more than MAX_COMPOSED files in all are errors."""
     out: dict = {}
-    _compose(Path(path), read, errors, package=[], into=out, seen=())
+    path = Path(path)
+    _compose(path, read, errors, package=[], into=out, seen=(), tree_state={"root": path.parent.resolve(), "files": 0})
     return out
 
 
-def _compose(path: Path, read, errors: list[str], package: list[str], into: dict, seen: tuple) -> None:
+def _compose(path: Path, read, errors: list[str], package: list[str], into: dict, seen: tuple, tree_state: dict) -> None:
     if path.resolve() in seen:
         errors.append(f"{path}: its defaults list includes itself (through {' -> '.join(p.name for p in seen)})")
         return
+    tree_state["files"] += 1
+    if tree_state["files"] > MAX_COMPOSED:
+        if tree_state["files"] == MAX_COMPOSED + 1:
+            errors.append(f"{path}: the defaults lists compose more than {MAX_COMPOSED} files (one included over and over?)")
+        return
     seen = (*seen, path.resolve())
+    if path.exists() and not path.is_file():  # a FIFO would block the read, a directory fail it
+        errors.append(f"{path}: not a regular file; a defaults entry names a YAML file")
+        return
     header = _PACKAGE_HEADER.search(path.read_text(errors="replace")[:2000]) if path.exists() else None
     if header:
         package = [] if header.group(1) == "_global_" else header.group(1).split(".")
@@ -65,6 +82,7 @@ def _compose(path: Path, read, errors: list[str], package: list[str], into: dict
         return
     if "_self_" not in defaults:
         defaults = [*defaults, "_self_"]
+    named: set[tuple] = set()  # (file, package): one file may go to two packages (optim@actor, optim@critic)
     for entry in defaults:
         if entry == "_self_":
             merge(_at(into, package), tree)
@@ -72,18 +90,30 @@ def _compose(path: Path, read, errors: list[str], package: list[str], into: dict
         for group, option, optional, where in _entries(entry, path, package, errors):
             if option is None:
                 continue
-            file = (path.parent / group / f"{option}.yaml") if group else (path.parent / f"{option}.yaml")
+            base = tree_state["root"] / group.lstrip("/") if group.startswith("/") else path.parent / group
+            file = base / f"{option}.yaml"
+            if not file.resolve().is_relative_to(tree_state["root"]):
+                errors.append(
+                    f"{path}: defaults entry {entry!r} names {file}, outside the config directory {tree_state['root']} "
+                    "(entries are read inside it; `/group` starts at it)"
+                )
+                continue
+            if (file.resolve(), tuple(where)) in named:
+                errors.append(f"{path}: defaults entry {entry!r} names {file} a second time in this list; name it once")
+                continue
+            named.add((file.resolve(), tuple(where)))
             if not file.exists():
                 if not optional:
                     errors.append(f"{path}: defaults entry {entry!r} names {file}, which does not exist")
                 continue
-            _compose(file, read, errors, where, into, seen)
+            _compose(file, read, errors, where, into, seen, tree_state)
 
 
 def _entries(entry: Any, path: Path, package: list[str], errors: list[str]):
     """(group dir or "", option, optional, package) for one defaults entry."""
-    if isinstance(entry, str):  # a config of this directory, into this file's package
-        return [("", entry, False, package)]
+    if isinstance(entry, str):  # a config of this directory (`/name`: of the root), into this file's package
+        group, _, name = entry.rpartition("/")
+        return [(group or ("/" if entry.startswith("/") else ""), name, False, package)]
     if not (isinstance(entry, dict) and len(entry) == 1):
         errors.append(f"{path}: defaults entry {entry!r} is not `group: option`, `group@package: option` or a name")
         return []
@@ -95,8 +125,10 @@ def _entries(entry: Any, path: Path, package: list[str], errors: list[str]):
         where = [p for p in pkg.split(".")[1:] if p]
     elif pkg:
         where = [*package, *pkg.split(".")]
+    elif group.startswith("/"):  # an absolute group: its path from the root
+        where = [p for p in group.split("/") if p not in ("", "..", ".")]
     else:  # Hydra's default package: the group's path
-        where = [*package, *[p for p in group.split("/") if p not in ("..", ".")]]
+        where = [*package, *[p for p in group.split("/") if p not in ("", "..", ".")]]
     options = option if isinstance(option, list) else [option]
     return [(group, o, optional, where) for o in options]
 
@@ -129,6 +161,10 @@ def resolve_interpolations(tree: dict, defaults: dict, errors: list[str]) -> Non
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    deep = [f"{key}: `${{...}}` nested {n} deep (at most {MAX_NESTING})" for key, n in _nesting(tree, "") if n > MAX_NESTING]
+    if deep:  # OmegaConf's parser recurses (and backtracks) through each level
+        errors.extend(deep)
+        return
     context = _plain(defaults)
     merge(context, copy.deepcopy(tree))
     try:
@@ -138,7 +174,28 @@ def resolve_interpolations(tree: dict, defaults: dict, errors: list[str]) -> Non
         msg = " ".join(str(e).splitlines()[0].split())
         errors.append(f"{key + ': ' if key else ''}cannot resolve an interpolation: {msg}")
         return
+    except RecursionError:  # interpolations that name each other thousands of times over
+        errors.append("cannot resolve the interpolations: they refer to each other too deeply")
+        return
     _copy_back(tree, resolved)
+
+
+MAX_NESTING = 32  # `${a:${b:...}}` levels in one value; verl's configs nest 2
+
+
+def _nesting(tree: Any, prefix: str):
+    """(key, deepest `${` nesting of its text) for every text value in `tree`."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, str) and "${" in v:
+            depth = most = 0
+            for m in re.finditer(r"\$\{|\}", v):
+                depth = depth + 1 if m.group() == "${" else max(0, depth - 1)
+                most = max(most, depth)
+            yield key, most
+        elif isinstance(v, (dict, list)):
+            yield from _nesting(v, f"{key}.")
 
 
 def _plain(d: Any) -> Any:

@@ -70,7 +70,8 @@ def test_a_fifo_or_directory_as_the_config_file_itself(tmp_path):
 def test_interpolations_and_brackets_nested_thousands_deep(tmp_path):
     deep = "${oc.select:x," * 3000 + "y" + "}" * 3000
     path = _tree(tmp_path, {"main.yaml": "defaults:\n  - _self_\ntrainer:\n  project_name: p\n"})
-    assert "trainer.experiment_name: `${...}` nested 3000 deep (at most 32)" in _error(path, [f"trainer.experiment_name='{deep}'"])
+    msg = _error(path, [f"trainer.experiment_name='{deep}'"])
+    assert "trainer.experiment_name: `${...}` nested 3000 deep (at most 32)" in msg
     (tmp_path / "main.yaml").write_text(f"trainer:\n  experiment_name: '{deep}'\n")
     assert "not valid YAML (brackets nested more than 64 deep)" in _error(tmp_path / "main.yaml")
     (tmp_path / "main.yaml").write_text("trainer:\n  x: " + "[" * 3000 + "]" * 3000 + "\n")

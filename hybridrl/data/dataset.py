@@ -17,6 +17,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.chat_template import check_chat_template
 from hybridrl.data.converters import read_rows
 from hybridrl.data.errors import DataError
 
@@ -48,6 +49,7 @@ def render_prompt(tokenizer, prompt, tools: list[dict] | None = None) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         # No template (a base model): join the contents, the common fallback.
         return "\n".join(m["content"] for m in prompt)
+    check_chat_template(tokenizer)  # once per template: it must not hang or flood the run (data/chat_template.py)
     kwargs = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False, **kwargs)
 

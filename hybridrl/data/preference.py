@@ -26,6 +26,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.chat_template import check_chat_template
 from hybridrl.data.converters import read_rows
 from hybridrl.data.dataset import (
     TRUNCATION_MODES,
@@ -230,6 +231,7 @@ def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
         raise DataError(f"{where} is a list of chat messages but the prompt is plain text; use one format for both")
     if getattr(tok, "chat_template", None) is None:
         return "\n".join(m["content"] for m in messages)
+    check_chat_template(tok)
     full = tok.apply_chat_template(prompt + messages, tokenize=False)
     if not full.startswith(prompt_text):
         raise DataError(

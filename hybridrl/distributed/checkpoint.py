@@ -20,10 +20,13 @@ Anything else is refused with a `CheckpointError` ("... is not a valid checkpoin
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
 import pickle
+import re
+import stat
 import warnings
 from pathlib import Path
 
@@ -41,6 +44,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hybridrl.distributed.fsdp import dp_rank, dp_size
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder layer's parameters, in any model family
 
 
 class CheckpointError(ValueError):
@@ -101,7 +106,7 @@ class SafeFileSystemReader(FileSystemReader):
             return self._checked
         path = Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 metadata = _MetadataUnpickler(f).load()
         except CheckpointError:
             raise
@@ -168,6 +173,13 @@ def check_model_config(model: nn.Module, role_dir: Path) -> None:
                 f"{role_dir} is not a valid checkpoint: its config.json makes {name} {tuple(tensor.shape)}, "
                 f"but the saved weights are {tuple(size)}"
             )
+    layers = {int(m.group(1)) for name in model.state_dict() if (m := _LAYER.search(name))}
+    saved_layers = {int(m.group(1)) for name in saved if (m := _LAYER.search(name))}
+    if saved_layers and max(saved_layers) >= len(layers):
+        raise CheckpointError(
+            f"{role_dir} is not a valid checkpoint: its config.json builds {len(layers)} layers, "
+            f"but the saved weights hold {max(saved_layers) + 1}"
+        )
     built = sum(p.numel() for p in model.parameters())
     stored = sum(math.prod(v.size) for v in saved.values() if getattr(v, "size", None) is not None)
     if built > stored + 1024:  # names may differ (a critic's value head), the sizes may not
@@ -197,9 +209,79 @@ def load_plain(file: str | Path):
     """A small `torch.save`d file of tensors and plain values (scheduler, RNG states), read with
     `weights_only=True`; a CheckpointError when it is missing or holds anything else."""
     try:
-        return torch.load(file, weights_only=True, map_location="cpu")
+        with open_regular(file) as f:
+            return torch.load(f, weights_only=True, map_location="cpu")
     except Exception as e:
         raise CheckpointError(f"{file} is not a valid checkpoint file: {_reason(e)}") from None
+
+
+def open_regular(path: str | Path):
+    """`path` opened for reading in binary, when it is a regular file (after links): opened without
+    blocking and checked on the descriptor, so a FIFO (which waits for a writer for ever) or a
+    device (/dev/zero never ends) is an OSError instead of a hang."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"{_kind(mode)}, not a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a device"
+
+
+def check_files(directory: str | Path, max_entries: int = 100_000) -> None:
+    """Every entry under a checkpoint directory is a regular file or a directory inside it: a FIFO
+    or device under a name a loader opens would block it or never end, and a link out (a
+    chat_template.jinja -> /etc/shadow) would copy another file into an exported model."""
+    directory = Path(directory)
+    inside = directory.resolve()
+    for n, p in enumerate(directory.rglob("*")):
+        if n >= max_entries:
+            raise CheckpointError(f"{directory} is not a valid checkpoint: more than {max_entries} files")
+        where = p.relative_to(directory)
+        if p.is_symlink() and not p.resolve().is_relative_to(inside):
+            raise CheckpointError(f"{directory} is not a valid checkpoint: {where} is a link to {os.readlink(p)}, outside it")
+        try:
+            mode = p.stat().st_mode
+        except OSError as e:  # a dangling link
+            raise CheckpointError(f"{directory} is not a valid checkpoint: {where}: {e.strerror}") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise CheckpointError(f"{directory} is not a valid checkpoint: {where} is {_kind(mode)}, not a file")
+
+
+def load_scheduler_state(file: str | Path) -> dict:
+    """A saved LR scheduler's state (`scheduler.pt`), checked to be what `LambdaLR.load_state_dict`
+    takes (counts and learning rates), so that a malformed file is a CheckpointError at load and
+    not a TypeError at the next optimizer step."""
+    state = load_plain(file)
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    problem = None
+    if not isinstance(state, dict):
+        problem = f"holds a {type(state).__name__}, not a scheduler's state"
+    elif "last_epoch" not in state or "base_lrs" not in state:
+        problem = "no last_epoch or base_lrs: not a scheduler's state"
+    else:
+        for key in ("last_epoch", "_step_count"):
+            if key in state and not (isinstance(state[key], int) and not isinstance(state[key], bool)):
+                problem = f"{key} is {str(state[key])[:40]!r}, not a count"
+        for key in ("base_lrs", "_last_lr"):
+            if key in state and not (isinstance(state[key], list) and all(number(v) for v in state[key])):
+                problem = f"{key} is {str(state[key])[:40]!r}, not a list of learning rates"
+    if problem:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: {problem}")
+    return state
 
 
 def _single() -> bool:
@@ -236,7 +318,9 @@ def _reason(e: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         first = next(iter(failures.values()))
         e = first[0] if isinstance(first, tuple) else first
-    lines = str(e).strip().splitlines()
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Class validation error for validator ...:" then the reason
+        return f"{lines[0]} {lines[1]}"
     return lines[0] if lines else type(e).__name__
 
 
@@ -277,7 +361,7 @@ def load_optimizer(model: nn.Module, optimizer, scheduler, path: str | Path) -> 
     state = get_optimizer_state_dict(model, optimizer)
     _load(state, path / "optim")
     set_optimizer_state_dict(model, optimizer, state)
-    scheduler.load_state_dict(load_plain(path / "scheduler.pt"))
+    scheduler.load_state_dict(load_scheduler_state(path / "scheduler.pt"))
 
 
 def save_hf(model: nn.Module, path: str | Path, tokenizer=None) -> None:
@@ -295,49 +379,42 @@ def save_hf(model: nn.Module, path: str | Path, tokenizer=None) -> None:
 def check_role_config(role_dir: str | Path, backbone_only: bool = False) -> None:
     """`check_model_config` for the model `role_dir/config.json` describes, built on the meta device
     (`backbone_only`: a critic's, which has no LM head)."""
+    check_model_config(_meta_model(Path(role_dir), backbone_only), Path(role_dir))
+
+
+def _meta_model(role_dir: Path, backbone_only: bool = False) -> nn.Module:
+    """The model `role_dir/config.json` describes, on the meta device (nothing allocated); a reward
+    model (algorithm.name=rm) is a sequence classifier. CheckpointError when the config does not
+    build one (an unknown model_type, config.json a directory, no layers, ...)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    role_dir = Path(role_dir)
     try:
+        if not (role_dir / "config.json").is_file():
+            raise ValueError("config.json is missing or not a file")
         config = AutoConfig.from_pretrained(role_dir)
+        layers = getattr(config, "num_hidden_layers", 1)
+        if not (isinstance(layers, int) and layers >= 1):
+            raise ValueError(f"num_hidden_layers is {layers!r}")
         classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         auto = AutoModel if backbone_only else AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
         with torch.device("meta"):
-            model = auto.from_config(config, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise CheckpointError(
-            f"{role_dir} is not a valid checkpoint: its config.json does not build a model ({_reason(e)})"
-        ) from None
-    check_model_config(model, role_dir)
-
-
-def _refuse_links_out(role_dir: Path) -> None:
-    """A symbolic link in the checkpoint that leads outside it (a chat_template.jinja -> /etc/shadow)
-    would copy that file into the exported model: refused."""
-    inside = role_dir.resolve()
-    for p in role_dir.rglob("*"):
-        if p.is_symlink() and not p.resolve().is_relative_to(inside):
-            raise CheckpointError(
-                f"{role_dir} is not a valid checkpoint: {p.relative_to(role_dir)} is a link to {os.readlink(p)}, outside it"
-            )
+            return auto.from_config(config, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 (transformers and huggingface_hub raise many kinds for a bad config)
+        why = _reason(e)
+        raise CheckpointError(f"{role_dir} is not a valid checkpoint: its config.json does not build a model ({why})") from None
 
 
 def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write `role_dir` (config + DCP weights) as a plain HF directory: config.json,
     model.safetensors (in `dtype`; training keeps fp32 masters), tokenizer. Runs in one
     process; needs no GPU and no process group."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     role_dir, out = Path(role_dir), Path(out)
     if not is_sharded_checkpoint(role_dir):
         raise FileNotFoundError(f"{role_dir} is not a sharded hybridrl checkpoint directory (no model/.metadata)")
-    _refuse_links_out(role_dir)
-    config = AutoConfig.from_pretrained(role_dir)
-    # A reward model (algorithm.name=rm) is saved as a sequence classifier and exported as one.
-    classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
-    with torch.device("meta"):  # no random init: every weight comes from the checkpoint
-        model = auto.from_config(config, dtype=torch.float32)
+    check_files(role_dir)
+    model = _meta_model(role_dir)  # on the meta device: every weight comes from the checkpoint
     check_model_config(model, role_dir)
     model.to_empty(device="cpu")
     model.tie_weights()
@@ -346,5 +423,9 @@ def export_hf(role_dir: str | Path, out: str | Path, dtype: torch.dtype = torch.
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     if (role_dir / "tokenizer_config.json").exists():
-        AutoTokenizer.from_pretrained(role_dir).save_pretrained(out)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(role_dir)
+        except Exception as e:  # noqa: BLE001 (tokenizer.json not JSON, a vocabulary that does not parse, ...)
+            raise CheckpointError(f"{role_dir} is not a valid checkpoint: its tokenizer does not load ({_reason(e)})") from None
+        tokenizer.save_pretrained(out)
     return out

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hybridrl.distributed.checkpoint import CheckpointError, load_plain
+from hybridrl.distributed.checkpoint import CheckpointError, load_plain, open_regular
 
 LATEST = "latest"
+_MAX_STATE_BYTES = 1 << 20  # a trainer_state.json is a few hundred bytes
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -42,7 +43,8 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / LATEST
     if pointer.exists():
         try:
-            name = pointer.read_text().strip()
+            with open_regular(pointer) as f:
+                name = f.read(4096).decode().strip()
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{pointer} cannot be read ({e})") from None
         # `latest` names one of root's own step directories; anything else (an absolute path, `..`,
@@ -103,8 +105,14 @@ def _prune(root: Path, keep: int) -> None:
 def load_trainer_state(path: Path) -> dict:
     file = path / "trainer_state.json"
     try:
-        state = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        with open_regular(file) as f:
+            text = f.read(_MAX_STATE_BYTES + 1)
+        if len(text) > _MAX_STATE_BYTES:
+            raise ValueError(f"over {_MAX_STATE_BYTES >> 10} KiB, not a trainer state")
+        state = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{file} is not a valid checkpoint file: nested too deep") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: JSON errors, a 5,000-digit number
         raise CheckpointError(f"{file} is not a valid checkpoint file: {e}") from None
     problem = _trainer_state_problem(state)
     if problem:
@@ -134,13 +142,16 @@ def _trainer_state_problem(state) -> str | None:
 def check_resumable(path: Path) -> Path:
     """Read what resume reads before any worker starts, so a corrupt or crafted checkpoint is one
     CheckpointError: trainer_state.json, rng.pt, and each role's config.json against its weights."""
-    from hybridrl.distributed.checkpoint import check_role_config, is_sharded_checkpoint
+    from hybridrl.distributed.checkpoint import check_files, check_role_config, is_sharded_checkpoint, load_scheduler_state
 
+    check_files(path)  # no FIFO or device under a name a loader opens, no link out of it
     load_trainer_state(path)
     load_plain(path / "rng.pt")
     for role in ("actor", "ref", "critic"):
         if is_sharded_checkpoint(path / role):
             check_role_config(path / role, backbone_only=role == "critic")
+        if (path / role / "scheduler.pt").exists():
+            load_scheduler_state(path / role / "scheduler.pt")
     return path
 
 

@@ -287,3 +287,96 @@ def test_resume_checks_the_role_configs_first(tmp_path):
     config["vocab_size"] = 2**33
     (step / "actor" / "config.json").write_text(json.dumps(config))
     _refused(lambda: ckpt.check_resumable(step), "config.json")
+
+
+# -- crafted checkpoints: one CheckpointError line from resume (check_resumable) and from export
+#    (hybridrl export, and hybridrl eval, which exports first), never a traceback or a hang ------
+def _step(tmp_path):
+    """A complete step directory: the actor (weights, optimizer, scheduler, a tokenizer), trainer
+    state and RNG states."""
+    import json
+
+    from hybridrl.models.tiny import build_tokenizer
+
+    _saved(tmp_path)
+    build_tokenizer().save_pretrained(tmp_path / "actor")
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": 1, "data": {"epoch": 0, "position": 4}}))
+    torch.save(ckpt.rng_state(), tmp_path / "rng.pt")
+    assert ckpt.check_resumable(tmp_path) == tmp_path
+    return tmp_path
+
+
+def _config(step, **changes):
+    import json
+
+    file = step / "actor" / "config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+def _fifo(path):
+    import os
+
+    path.unlink()
+    os.mkfifo(path)
+
+
+CRAFTED = {
+    "deep_trainer_state": (lambda s: (s / "trainer_state.json").write_text("[" * 100_000 + "]" * 100_000), "nested too deep"),
+    "huge_int_trainer_state": (lambda s: (s / "trainer_state.json").write_text('{"global_step": 1' + "0" * 5000 + "}"), "digits"),
+    "unknown_model_type": (lambda s: _config(s, model_type="no_such_model"), "does not build a model"),
+    "config_json_a_directory": (
+        lambda s: ((s / "actor" / "config.json").unlink(), (s / "actor" / "config.json").mkdir()),
+        "config.json is missing or not a file",
+    ),
+    "zero_layers": (lambda s: _config(s, num_hidden_layers=0), "num_hidden_layers"),
+    "zero_layers_and_types": (lambda s: _config(s, num_hidden_layers=0, layer_types=[]), "num_hidden_layers is 0"),
+    "scheduler_wrong_types": (
+        lambda s: torch.save({"last_epoch": "x", "base_lrs": [1e-3], "_step_count": [1]}, s / "actor" / "scheduler.pt"),
+        "scheduler.pt is not a valid checkpoint file: _step_count is '[1]', not a count",
+    ),
+    "scheduler_not_a_scheduler": (lambda s: torch.save([1, 2], s / "actor" / "scheduler.pt"), "holds a list"),
+    "scheduler_junk": (lambda s: (s / "actor" / "scheduler.pt").write_bytes(b"junk"), "scheduler.pt is not a valid checkpoint"),
+    "fifo_metadata": (lambda s: _fifo(s / "actor" / "model" / ".metadata"), "model/.metadata is a FIFO, not a file"),
+    "fifo_rng": (lambda s: _fifo(s / "rng.pt"), "rng.pt is a FIFO, not a file"),
+    "fifo_trainer_state": (lambda s: _fifo(s / "trainer_state.json"), "trainer_state.json is a FIFO, not a file"),
+    "device_config": (
+        lambda s: ((s / "actor" / "config.json").unlink(), (s / "actor" / "config.json").symlink_to("/dev/zero")),
+        "config.json is a link to /dev/zero, outside it",
+    ),
+}
+EXPORT_TOO = {"unknown_model_type", "config_json_a_directory", "zero_layers", "zero_layers_and_types", "fifo_metadata", "device_config"}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_checkpoint_is_one_line_from_resume_and_export(tmp_path, case):
+    step = _step(tmp_path)
+    craft, match = CRAFTED[case]
+    craft(step)
+    _refused(lambda: ckpt.check_resumable(step), match)
+    if case in EXPORT_TOO:  # what export and eval read
+        _refused(lambda: dckpt.export_hf(step / "actor", tmp_path / "hf"), match)
+
+
+def test_a_tokenizer_that_does_not_load_is_refused_by_export(tmp_path):
+    step = _step(tmp_path)
+    (step / "actor" / "tokenizer.json").write_text("not json {")
+    _refused(lambda: dckpt.export_hf(step / "actor", tmp_path / "hf"), "its tokenizer does not load")
+
+
+def test_weights_of_more_layers_than_the_config_builds_are_refused(tmp_path):
+    """A config.json cut to fewer layers than the saved weights would load a model missing layers."""
+    two = tiny_qwen2(48, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+    dckpt.save_model(two, tmp_path / "actor", two.config)
+    _config(tmp_path, num_hidden_layers=1, layer_types=["full_attention"])
+    _refused(lambda: dckpt.export_hf(tmp_path / "actor", tmp_path / "hf"), "builds 1 layers, but the saved weights hold 2")
+
+
+def test_a_fifo_latest_pointer_is_one_line(tmp_path):
+    import os
+
+    root = tmp_path / "checkpoints"
+    ckpt.finish_save(root, ckpt.begin_save(root, 1), 1, {"global_step": 1}, keep=None)
+    (root / ckpt.LATEST).unlink()
+    os.mkfifo(root / ckpt.LATEST)
+    with pytest.raises(dckpt.CheckpointError, match="latest cannot be read .*a FIFO, not a file"):
+        ckpt.latest_checkpoint(root)

@@ -33,6 +33,7 @@ import torch
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.chat_template import check_chat_template
 from hybridrl.rollout.agent.parser import ToolCall, parse_tool_calls
 from hybridrl.rollout.agent.tool import Tool, ToolResult
 
@@ -119,6 +120,7 @@ class MessageRenderer:
         self.tokenizer = tokenizer
         self.templated = getattr(tokenizer, "chat_template", None) is not None
         if self.templated:
+            check_chat_template(tokenizer)
             base = tokenizer.apply_chat_template(self.BASE, tokenize=False)
             eos_texts = [tokenizer.decode([i]) for i in eos_token_ids]
             ends = [(base.rfind(t), t) for t in eos_texts if t and base.rfind(t) >= 0]

@@ -344,7 +344,14 @@ CRAFTED = {
         "config.json is a link to /dev/zero, outside it",
     ),
 }
-EXPORT_TOO = {"unknown_model_type", "config_json_a_directory", "zero_layers", "zero_layers_and_types", "fifo_metadata", "device_config"}
+EXPORT_TOO = {
+    "unknown_model_type",
+    "config_json_a_directory",
+    "zero_layers",
+    "zero_layers_and_types",
+    "fifo_metadata",
+    "device_config",
+}
 
 
 @pytest.mark.parametrize("case", sorted(CRAFTED))

@@ -146,4 +146,14 @@ def _run_name_problems(cfg: Any, problem: type) -> list:
                     (key,),
                 )
             )
+        elif any(ord(c) < 32 or ord(c) == 127 for c in value):  # a newline would split every log line naming it
+            out.append(problem(f"{key}={value[:60]!r} holds a control character (a newline, a tab); use a plain name", (key,)))
+        elif len(value.encode("utf-8", "surrogatepass")) > 255:
+            out.append(
+                problem(
+                    f"{key} is {len(value.encode('utf-8', 'surrogatepass'))} bytes long ({value[:40]!r}...); a directory "
+                    "name holds at most 255: use a shorter name",
+                    (key,),
+                )
+            )
     return out

@@ -52,7 +52,14 @@ def _files(key: str, value) -> list[str]:
         if suffix not in DATA_SUFFIXES:
             out.append(f"{key}: {f!r} has unsupported type {suffix or '(none)'!r}; use .jsonl or .parquet")
         elif not Path(f).is_file():
-            state = "is a directory" if Path(f).is_dir() else "does not exist"
+            exists = Path(f).exists()
+            state = (
+                "is a directory"
+                if Path(f).is_dir()
+                else "is not a regular file (a FIFO or a device)"
+                if exists
+                else "does not exist"
+            )
             out.append(f"{key}: {f!r} {state}; check the path (relative paths start from {os.getcwd()})")
         elif Path(f).stat().st_size == 0:
             out.append(f"{key}: {f!r} is empty (0 bytes); give a file with at least one row")

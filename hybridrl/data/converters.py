@@ -66,8 +66,10 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     suffix = _suffix(path)
     if not os.path.exists(path):
         raise DataFileNotFound(f"{name}: data file not found; check the path (relative paths start from {os.getcwd()})")
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
         raise DataError(f"{name}: is a directory, not a data file; give the .jsonl or .parquet file inside it")
+    if not os.path.isfile(path):  # a FIFO would block the read, a device never end it
+        raise DataError(f"{name}: is not a regular file (a FIFO or a device); give a .jsonl or .parquet file")
     if suffix == ".parquet":
         return _read_parquet(name)
     try:
@@ -100,6 +102,10 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             raise DataError(
                 f"{name}:{lineno}: invalid JSON ({e.msg}, column {e.colno}); each line must be one JSON object"
             ) from None
+        except RecursionError:
+            raise DataError(f"{name}:{lineno}: JSON nested too deep to be a row; each line must be one JSON object") from None
+        except ValueError as e:  # an integer of more digits than Python converts (4,300)
+            raise DataError(f"{name}:{lineno}: {e}; write such a number as a string") from None
     return rows
 
 

@@ -9,6 +9,7 @@ with its file and index.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,23 @@ def row_field(row: dict, key: str):
             return None
         node = node[part]
     return node
+
+
+def check_ground_truth(value: Any, where: str) -> None:
+    """DataError when a ground truth (a value, or lists and mappings of them) holds NaN or an
+    infinity (no answer compares equal to NaN: every reward would silently be 0) or text that is
+    not valid Unicode (a lone surrogate)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise DataError(f"{where} holds {v}, which no answer can equal; give the answer as a finite number or a string")
+        if isinstance(v, str):
+            check_text(v, where)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, np.ndarray)):
+            stack.extend(v.tolist() if isinstance(v, np.ndarray) else v)
 
 
 def _check_prompt(prompt, where: str):
@@ -170,6 +188,7 @@ def load_prompt_records(
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
             if ground_truth is None and require_ground_truth(source):
                 raise DataError(f"{where}: missing reward_model.ground_truth, which the {source!r} scorer needs")
+            check_ground_truth(ground_truth, f"{where}: reward_model.ground_truth")
             text = check_text(render_prompt(tokenizer, prompt, tools), where)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length and filter_overlong:

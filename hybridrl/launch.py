@@ -10,7 +10,9 @@ What a run needs checked before any model work, and how a failure reads, said on
   paths, model directory, reward file, a full or read-only disk), or None for a bug in hybridrl;
 - `train_in_process(...)`: the Python API's run, in the caller's process: the checks above, the
   objects it was given written under the run's `inputs/`, a reward function object tried once
-  (`check_reward_object`), training, and the process left as it was found (`restored_process_state`).
+  (`check_reward_object`), training, and the process left as it was found (`restored_process_state`);
+- `stop_on_signals()`: SIGTERM and SIGHUP end the run as Ctrl-C does (`SignalStop`): the loggers
+  and workers are closed, a message names the signal and the checkpoint to resume from.
 
 Only the standard library is imported at the top: `import hybridrl` and the CLI's report and
 dashboard commands stay free of torch.
@@ -25,11 +27,50 @@ import os
 import random
 import signal
 import sys
+import threading
 
 
 class UsageError(ValueError):
     """An argument that cannot be used: of a command line, or of the Python API (a model object without
     save_pretrained, rows that are not rows, a reward function that fails on the first row)."""
+
+
+class SignalStop(KeyboardInterrupt):
+    """The run was asked to stop by a signal (SIGTERM from a scheduler or `kill`, SIGHUP from a closed
+    terminal). A KeyboardInterrupt, so that it unwinds exactly as Ctrl-C does: no handler of
+    ordinary errors swallows it, and every finally block (loggers, workers, Ray) runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's status for a process ended by that signal
+
+
+def _raise_stop(signum, frame) -> None:
+    raise SignalStop(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM and SIGHUP raise SignalStop in the main thread while the block runs (where they
+    would otherwise kill the process at once: no message, loggers not closed); handlers set
+    before are put back after. Off the main thread (a notebook's worker thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in before.items():
+        if handler in (signal.SIG_DFL, None):
+            signal.signal(sig, _raise_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def trainer_class(cfg):
@@ -243,7 +284,8 @@ def train_in_process(cfg, make_trainer, *, write_inputs, reward_fn=None, in_memo
             check_reward_file(cfg)
         else:
             check_reward_object(reward_fn, cfg)
-        fit_with_restarts(cfg, make_trainer)
+        with stop_on_signals():  # SIGTERM / SIGHUP: SignalStop, which unwinds like Ctrl-C
+            fit_with_restarts(cfg, make_trainer)
 
 
 def preflight(cfg) -> None:

@@ -17,10 +17,12 @@ import tempfile
 from pathlib import Path
 
 from hybridrl.launch import (  # the launch path the Python API shares (hybridrl/launch.py)
+    SignalStop,
     UsageError,
     check_reward_file,
     checkpoint_note,
     input_problems,
+    stop_on_signals,
     trainer_class,
     user_error_message,
 )
@@ -86,7 +88,8 @@ def cmd_train(args) -> int:
 
     check_reward_file(cfg)
     try:
-        fit_with_restarts(cfg, trainer_class(cfg))
+        with stop_on_signals():  # SIGTERM / SIGHUP end the run as Ctrl-C does, with a message
+            fit_with_restarts(cfg, trainer_class(cfg))
     except (NonFiniteError, WorkerDiedError, DynamicSamplingError) as e:
         print(f"hybridrl train: stopped: {e}", file=sys.stderr)
         return 1
@@ -487,11 +490,12 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.fn(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
-        print(f"hybridrl: interrupted{checkpoint_note(getattr(args, 'cfg', None))}", file=sys.stderr)
-        return 130  # the shell's status for a SIGINT
+        how = str(e) if isinstance(e, SignalStop) else "interrupted"
+        print(f"hybridrl: {how}{checkpoint_note(getattr(args, 'cfg', None))}", file=sys.stderr)
+        return e.exit_code if isinstance(e, SignalStop) else 130  # the shell's status for a SIGINT
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException

@@ -445,6 +445,8 @@ def init_ray(cfg) -> None:
     # A local cluster lives and dies with this run: its files in a temp dir of its own (removed
     # at exit, so /tmp/ray/session_* does not pile up), and SIGTERM/SIGHUP stop it like an exit.
     temp_dir = tempfile.mkdtemp(prefix="hybridrl-ray-")
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     ray.init(
         **{
             "include_dashboard": False,
@@ -455,10 +457,11 @@ def init_ray(cfg) -> None:
         }
     )
     atexit.register(_stop_local_ray, temp_dir)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                signal.signal(sig, _exit_on_signal)
+    # ray.init installs its own SIGTERM handlers, and the core worker's (C++) one ends the process
+    # with SIGABRT and a stack dump: put back the handler the run had (hybridrl.launch.stop_on_signals
+    # raises SignalStop, which unwinds like Ctrl-C), or one that exits with 128 + the signal.
+    for sig, handler in before.items():
+        signal.signal(sig, _exit_on_signal if handler in (signal.SIG_DFL, None) else handler)
 
 
 def _extra_init_kwargs(cfg) -> dict:

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -159,10 +160,15 @@ class JsonlLogger:
 
 
 class TensorBoardLogger:
+    # The event writer's thread sleeps up to flush_secs between flushes (120 s by default); a close
+    # after Ctrl-C was seen waiting that out (85-115 s). A short period bounds it, and `close` waits
+    # CLOSE_S at most: every step already flushed its events, so nothing logged is lost.
+    FLUSH_S, CLOSE_S = 5, 5.0
+
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(log_dir))
+        self.writer = SummaryWriter(str(log_dir), flush_secs=self.FLUSH_S)
 
     def log(self, metrics: dict, step: int) -> None:
         for k, v in metrics.items():
@@ -171,7 +177,11 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self):
-        self.writer.close()
+        closing = threading.Thread(target=self.writer.close, name="hybridrl-tensorboard-close", daemon=True)
+        closing.start()
+        closing.join(self.CLOSE_S)
+        if closing.is_alive():
+            print(f"[hybridrl] TensorBoard: its event writer did not close within {self.CLOSE_S:g} s; left behind", flush=True)
 
 
 class WandbLogger:

@@ -6,6 +6,7 @@ algorithm and this file as the plumbing. `build_run` is the one way to build a r
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,10 @@ class RunContext:
 
     def finish(self) -> None:
         """Close the loggers and stop the workers; safe to call twice."""
+        stopping = sys.exc_info()[1]
+        if isinstance(stopping, KeyboardInterrupt) and not self.closed:  # Ctrl-C, or SIGTERM/SIGHUP (SignalStop)
+            why = str(stopping) or "interrupted"
+            print(f"[hybridrl] {why}: closing the loggers and stopping the workers (Ctrl-C again quits at once)", flush=True)
         if not self.closed:
             self.tracker.close()
             self.closed = True

@@ -81,8 +81,10 @@ def is_run(path: Path) -> bool:
     if not (metrics.exists() or ckpts.exists()):
         return False
     if metrics.exists() or metrics.is_symlink():
-        for n, line in enumerate(_metrics_lines(metrics) if _regular(metrics) else ["not a file"]):
-            if n >= 100:
+        if not _regular(metrics):
+            return False
+        for n, line in enumerate(_metrics_lines(metrics)):
+            if n >= 100:  # the first lines tell
                 break
             try:
                 if line.strip() and "step" not in json.loads(line):
@@ -131,7 +133,7 @@ def claim(path: Path, overwrite: bool) -> Path | None:
         raise RunDirError(
             f"{path} already holds a run ({', '.join(found)}); to continue it set trainer.resume_mode=auto, "
             "to start another give it a new trainer.experiment_name (or trainer.default_local_dir), or set "
-            f"trainer.overwrite=true to move the old run aside to {path.resolve()}.old-<timestamp> (nothing is deleted)"
+            f"trainer.overwrite=true to move the old run aside to {os.path.abspath(path)}.old-<timestamp> (nothing is deleted)"
         )
     aside = _move_aside(path)
     print(f"[hybridrl] trainer.overwrite=true: moved the previous run in {path} to {aside}", flush=True)
@@ -139,8 +141,8 @@ def claim(path: Path, overwrite: bool) -> Path | None:
 
 
 def _move_aside(path: Path) -> Path:
-    full = path.resolve()
-    if Path.cwd().resolve().is_relative_to(full):
+    full = Path(os.path.abspath(path))  # `.` has no name to rename; a link stays a link (not resolved)
+    if Path.cwd().resolve().is_relative_to(full.resolve()):
         raise RunDirError(
             f"{path} holds a run to move aside, but it is the current directory (or holds it): run from another "
             "directory, or give the new run another trainer.default_local_dir"
@@ -180,9 +182,9 @@ def find_resume(cfg) -> Path | None:
     return check_resumable(path) if path else None
 
 
-# Locks this process holds: {resolved dir: [open lock file, depth, holder thread id, its name]}. The API and the
-# CLI's supervisor both take the lock in one thread (re-entered); another thread of the process is
-# another run (two `hybridrl.grpo` in two threads) and is refused, as another process would be.
+# Locks this process holds: {resolved dir: [open lock file, depth, holder thread id, its name]}. The
+# API and the CLI's supervisor both take the lock in one thread (re-entered); another thread of the
+# process is another run (two `hybridrl.grpo` in two threads) and is refused, as another process is.
 _held: dict[Path, list] = {}
 _held_guard = threading.Lock()
 

@@ -54,6 +54,7 @@ def _probe(tokenizer) -> str | None:
     if pid == 0:  # the child: render, report, leave without running any of the parent's exit code
         try:
             os.close(read)
+            _quiet()
             _limit_memory()
             try:
                 text = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, tokenize=False)
@@ -83,6 +84,18 @@ def _probe(tokenizer) -> str | None:
     if verdict.startswith("ok ") and int(verdict[3:]) > MAX_CHARS:
         return f"renders a {len(PROBE)}-message conversation to {int(verdict[3:]):,} characters"
     return None
+
+
+def _quiet() -> None:
+    """In the child: nothing it renders prints through the parent's streams or log handlers, whose
+    locks another thread of the parent may have held at the fork (the child would wait for ever)."""
+    import logging
+    import sys
+    import warnings
+
+    logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the child leaves with os._exit)
 
 
 def _limit_memory() -> None:

@@ -17,15 +17,23 @@ from hybridrl.launch import SignalStop, stop_on_signals
 
 
 def test_stop_on_signals_raises_in_the_main_thread_and_restores_the_handlers():
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
-        with pytest.raises(SignalStop) as e:
-            with stop_on_signals():
-                os.kill(os.getpid(), sig)
-                time.sleep(5)  # the handler runs between bytecodes: the sleep is cut short
-        assert e.value.signum == sig and e.value.exit_code == code and str(e.value) == f"stopped by {sig.name}"
-        assert isinstance(e.value, KeyboardInterrupt)  # unwinds as Ctrl-C does: no `except Exception` swallows it
-    assert {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)} == before
+    # From the default handlers, as a fresh process has them (an earlier test in this process may have
+    # left Ray's driver handlers, which stop_on_signals rightly keeps).
+    outer = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for s in outer:
+            signal.signal(s, signal.SIG_DFL)
+        for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+            with pytest.raises(SignalStop) as e:
+                with stop_on_signals():
+                    os.kill(os.getpid(), sig)
+                    time.sleep(5)  # the handler runs between bytecodes: the sleep is cut short
+            assert e.value.signum == sig and e.value.exit_code == code and str(e.value) == f"stopped by {sig.name}"
+            assert isinstance(e.value, KeyboardInterrupt)  # unwinds as Ctrl-C does: no `except Exception` swallows it
+        assert {s: signal.getsignal(s) for s in outer} == dict.fromkeys(outer, signal.SIG_DFL)
+    finally:
+        for s, handler in outer.items():
+            signal.signal(s, handler)
 
 
 def test_a_tensorboard_writer_that_does_not_close_is_left_after_a_bound(tmp_path, capsys):

@@ -35,11 +35,12 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def unsupported_reason(config) -> str | None:
-    """Why the native model cannot run this HF config, or None when it can."""
+def unsupported_reason(config, architectures=ARCHITECTURES) -> str | None:
+    """Why the native model cannot run this HF config, or None when it can (`architectures`: the
+    ones the caller's decoder class builds)."""
     arch = (getattr(config, "architectures", None) or ["?"])[0]
-    if arch not in ARCHITECTURES:
-        return f"architecture {arch} is not one of {', '.join(ARCHITECTURES)}"
+    if arch not in architectures:
+        return f"architecture {arch} is not one of {', '.join(architectures)}"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act={config.hidden_act} (only silu)"
     rope = _rope_parameters(config)
@@ -137,13 +138,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, intermediate_size: int | None = None):
         super().__init__()
-        h, i, bias = config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False)
+        h, bias = config.hidden_size, getattr(config, "mlp_bias", False)
+        i = intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.gate_up = None  # (weight, bias) of the fused projection, see fuse_projections
+
+    def fuse(self, on: bool = True) -> None:
+        """gate and up as one matmul (`DecoderLM.fuse_projections`)."""
+        self.gate_up = _fuse([self.gate_proj, self.up_proj]) if on else None
 
     def forward(self, x):
         if self.gate_up is not None:
@@ -172,12 +178,14 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, family: str):
+    def __init__(self, config, family: str, mlp: nn.Module | None = None):
+        """`mlp`: the layer's feed-forward module (default the dense `MLP`; a mixture of experts
+        in `hybridrl.models.moe_decoder`)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, family)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = mlp if mlp is not None else MLP(config)
 
     def forward(self, residual, h, cos, sin, layer: int, attend: Attend, next_norm: RMSNorm):
         """(residual stream, its input-normed value) -> the same after this layer, normed by `next_norm`."""
@@ -186,10 +194,10 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config, family: str):
+    def __init__(self, config, family: str, make_mlp: Callable[[int], nn.Module | None] = lambda i: None):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, family) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, family, make_mlp(i)) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -198,12 +206,11 @@ class DecoderLM(nn.Module):
 
     def __init__(self, config, max_positions: int | None = None):
         super().__init__()
-        reason = unsupported_reason(config)
+        reason = self.unsupported_reason(config)
         if reason:
             raise ValueError(f"the native model does not support this config: {reason}")
         self.config = config
-        family = ARCHITECTURES[config.architectures[0]]
-        self.model = Backbone(config, family)
+        self.model = Backbone(config, self.family(config), self.make_mlp)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tied:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -216,13 +223,34 @@ class DecoderLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    # What a subclass (another family: `hybridrl.models.moe_decoder`) changes.
+    unsupported_reason = staticmethod(unsupported_reason)
+
+    @staticmethod
+    def family(config) -> str:
+        """The attention variant of `config`'s architecture (ARCHITECTURES)."""
+        return ARCHITECTURES[config.architectures[0]]
+
+    def make_mlp(self, layer: int) -> nn.Module | None:
+        """Layer `layer`'s feed-forward module; None = the dense `MLP`."""
+        return None
+
+    def load_expert(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copy a weight the model holds under another layout (a mixture of experts' per-expert
+        checkpoint names); False: none here."""
+        return False
+
+    def prefill_bytes_per_token(self) -> int:
+        """Activation bytes a prefilled token needs beside the cache (the engine's workspace estimate)."""
+        return 12 * self.config.hidden_size + 6 * self.config.intermediate_size
+
     def fuse_projections(self, on: bool = True) -> None:
         """q/k/v and gate/up as one matmul each (fewer kernel launches per decode step). Off when
         the parameters are replaced by other tensors (the engine aliasing the trainer's)."""
         for layer in self.model.layers:
-            a, m = layer.self_attn, layer.mlp
+            a = layer.self_attn
             a.qkv = _fuse([a.q_proj, a.k_proj, a.v_proj]) if on else None
-            m.gate_up = _fuse([m.gate_proj, m.up_proj]) if on else None
+            layer.mlp.fuse(on)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -263,13 +291,18 @@ def causal_attend(layer: int, q, k, v, cos, sin) -> torch.Tensor:
 
 
 def build_from_hf_config(
-    config, dtype: torch.dtype, device, max_positions: int | None = None, shard: Callable[[DecoderLM], None] | None = None
+    config,
+    dtype: torch.dtype,
+    device,
+    max_positions: int | None = None,
+    shard: Callable[[DecoderLM], None] | None = None,
+    cls: type[DecoderLM] = DecoderLM,
 ) -> DecoderLM:
-    """An uninitialized-weights DecoderLM in `dtype` on `device` (weights come from load_weights).
-    `shard(model)` may replace modules on the meta device before any memory is allocated (the
-    rollout engine's tensor parallelism, `hybridrl.rollout.native.tp.apply_tp`)."""
+    """An uninitialized-weights `cls` (a DecoderLM) in `dtype` on `device` (weights come from
+    load_weights). `shard(model)` may replace modules on the meta device before any memory is
+    allocated (the rollout engine's tensor parallelism, `hybridrl.rollout.native.tp.apply_tp`)."""
     with torch.device("meta"):
-        model = DecoderLM(config, max_positions)
+        model = cls(config, max_positions)
         if shard is not None:
             shard(model)
     model = model.to_empty(device=device).to(dtype)

@@ -79,13 +79,62 @@ def tiny_qwen2(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None =
     return model if dtype is None else model.to(dtype)
 
 
-def write_tiny_model_dir(out: str | Path, **config_overrides) -> Path:
-    """Write tokenizer + config.json (no weights) to `out`; load with `model.random_init=true`."""
+def tiny_qwen3_moe_config(vocab_size: int, **overrides) -> dict:
+    """A Qwen3-MoE config (8 experts, 2 per token, 2 sparse layers) of the tiny Qwen2's size:
+    the mixture-of-experts tests and the MoE quickstart (docs/models.md)."""
+    cfg = dict(
+        vocab_size=vocab_size,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=32,
+        intermediate_size=64,  # dense MLP layers (mlp_only_layers), if any
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        router_aux_loss_coef=0.001,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        torch_dtype="float32",
+    )
+    cfg.update(overrides)
+    return cfg
+
+
+def tiny_qwen3_moe(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None = None, **overrides):
+    """`tiny_qwen2` for `tiny_qwen3_moe_config`: a seeded `Qwen3MoeForCausalLM` in memory."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(**tiny_qwen3_moe_config(vocab_size, **overrides))
+    if attn is not None:
+        cfg._attn_implementation = attn
+    model = Qwen3MoeForCausalLM(cfg)
+    return model if dtype is None else model.to(dtype)
+
+
+CONFIGS = {"qwen2": tiny_qwen2_config, "qwen3_moe": tiny_qwen3_moe_config}  # write_tiny_model_dir's families
+
+
+def write_tiny_model_dir(out: str | Path, family: str = "qwen2", **config_overrides) -> Path:
+    """Write tokenizer + config.json (no weights) to `out`; load with `model.random_init=true`.
+    `family`: qwen2 (dense) or qwen3_moe (mixture of experts)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.save_pretrained(out)
-    cfg = tiny_qwen2_config(**{"vocab_size": len(tok), **config_overrides})
+    cfg = CONFIGS[family](**{"vocab_size": len(tok), **config_overrides})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 

@@ -9,7 +9,10 @@ and the resharder (which sends each rank only the slices it needs). Megatron's s
   size; their biases are whole on every rank and must be added once, after the all-reduce;
 - vocabulary-parallel, split on dim 0: `embed_tokens` and `lm_head`, in blocks of
   ceil(V / tp) rows (the last rank's block may be shorter; the engine pads it);
-- everything else (the RMSNorm weights, Qwen3's q/k norms) is replicated.
+- a mixture of experts' fused expert weights (`mlp.experts.gate_up_proj` (E, 2I, H) and
+  `mlp.experts.down_proj` (E, H, I), models/moe.py) split on dim 0, by whole experts: E / tp
+  consecutive experts per rank; Qwen2-MoE's shared expert splits as a dense MLP;
+- everything else (the RMSNorm weights, Qwen3's q/k norms, the MoE router) is replicated.
 
 With fewer key/value heads than TP ranks (GQA, e.g. 2 KV heads at TP=4), each KV head is
 replicated on tp / n_kv consecutive ranks: rank r holds KV head r * n_kv // tp.
@@ -24,6 +27,7 @@ import torch
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 VOCAB = ("embed_tokens", "lm_head")
+EXPERTS = ("experts",)  # module of the fused expert weights (gate_up_proj, down_proj)
 
 
 class Slice(NamedTuple):
@@ -51,15 +55,26 @@ def check_tp(config, tp: int) -> str | None:
     if tp == 1:
         return None
     heads, kv, _ = _dims(config)
-    inter = config.intermediate_size
-    ok = [t for t in range(1, heads + 1) if heads % t == 0 and inter % t == 0 and (kv % t == 0 or t % kv == 0)]
+    split = {"intermediate_size": config.intermediate_size}  # sizes each rank takes 1/tp of
+    if getattr(config, "num_experts", 0):  # a mixture of experts (E / tp whole experts per rank)
+        split = {"num_experts": config.num_experts}
+        if getattr(config, "mlp_only_layers", None) or (getattr(config, "decoder_sparse_step", 1) or 1) > 1:
+            split["intermediate_size"] = config.intermediate_size  # its dense layers
+        if getattr(config, "shared_expert_intermediate_size", 0):
+            split["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
+
+    def fits(t: int) -> bool:
+        return heads % t == 0 and (kv % t == 0 or t % kv == 0) and all(v % t == 0 for v in split.values())
+
+    ok = [t for t in range(1, heads + 1) if fits(t)]
     hint = f"; sizes that work for this model: {', '.join(map(str, ok))}"
     if heads % tp:
         return f"{heads} attention heads are not divisible by tensor_model_parallel_size={tp}{hint}"
     if kv % tp and tp % kv:
         return f"{kv} key/value heads and tensor_model_parallel_size={tp}: one must divide the other{hint}"
-    if inter % tp:
-        return f"intermediate_size {inter} is not divisible by tensor_model_parallel_size={tp}{hint}"
+    for key, v in split.items():
+        if v % tp:
+            return f"{key} {v} is not divisible by tensor_model_parallel_size={tp}{hint}"
     return None
 
 
@@ -70,6 +85,9 @@ def tp_slice(name: str, shape: tuple[int, ...], config, tp_rank: int, tp_size: i
         return None
     module, kind = _module(name)
     heads, kv, head_dim = _dims(config)
+    if module in EXPERTS:
+        per = shape[0] // tp_size
+        return Slice(0, tp_rank * per, (tp_rank + 1) * per)
     if module in VOCAB:
         block = -(-shape[0] // tp_size)
         return Slice(0, min(tp_rank * block, shape[0]), min((tp_rank + 1) * block, shape[0]))

@@ -109,7 +109,7 @@ def build_rollout(
     cuda = next(model.parameters()).device.type == "cuda"
     name = pick_engine(rollout.name, cuda=cuda, multi_turn=multi_turn)
     if name == "native":
-        from hybridrl.models.llama import unsupported_reason
+        from hybridrl.models.native import unsupported_reason
 
         reason = unsupported_reason(model.config)
         if reason is not None:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from hybridrl.data.batch import to_device
 from hybridrl.models import tp_shards
-from hybridrl.models.llama import build_from_hf_config
+from hybridrl.models.native import build_from_hf_config
 from hybridrl.rollout.native import triton_kernels
 from hybridrl.rollout.native.attention import DecodeAttention, ExtendAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
@@ -143,6 +143,8 @@ class ModelRunner:
             if name == "lm_head.weight" and self.model.tied:
                 continue  # tied: the embedding is the head
             p = params.get(name)
+            if p is None and self.model.load_expert(name, t):  # a per-expert checkpoint weight (MoE)
+                continue
             if p is None:
                 raise KeyError(f"load_weights: the native model has no parameter {name!r}")
             if self.tp:
@@ -205,7 +207,7 @@ class ModelRunner:
         cfg = self.hf_config
         vocab = tp_shards.vocab_block(cfg.vocab_size, self.tp.size) if self.tp else cfg.vocab_size
         decode = self.max_num_seqs * vocab * 16
-        prefill = self.max_num_batched_tokens * (12 * cfg.hidden_size + 6 * cfg.intermediate_size)
+        prefill = self.max_num_batched_tokens * self.model.prefill_bytes_per_token()
         return decode + prefill + WORKSPACE_SLACK
 
     def wake(self) -> None:

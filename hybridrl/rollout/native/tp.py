@@ -10,6 +10,9 @@ it (the resharder sends exactly those pieces):
   holds only the rank's KV heads (with fewer KV heads than ranks, each is replicated);
 - o_proj and down_proj become row-parallel (`RowParallelLinear`): a partial product, one
   all-reduce over the TP group, then the (whole) bias once — two all-reduces per layer;
+- a mixture of experts (models/moe_decoder.py) keeps E / tp whole experts per rank and the
+  router whole; the rank's assignments and the shared expert's slice give a partial output,
+  all-reduced once per layer;
 - the embedding becomes vocabulary-parallel (`VocabParallelEmbedding`): each rank looks up the
   ids in its block of ceil(V / tp) rows, zeros the others, and one all-reduce sums the blocks;
   the LM head produces the rank's block of logits (the last block padded to the same width).
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models import tp_shards
+from hybridrl.models.moe_decoder import Experts, MoeMLP
 from hybridrl.rollout.native.sampling import gumbel_noise, mask_unsampled, row_keys, sample
 
 
@@ -116,10 +120,10 @@ def apply_tp(model, tp: TensorParallel) -> None:
         a.k_proj = _linear(a.k_proj, out=local_kv * d)
         a.v_proj = _linear(a.v_proj, out=local_kv * d)
         a.o_proj = RowParallelLinear(a.n_heads * d, a.o_proj.out_features, a.o_proj.bias is not None, tp)
-        inter = m.gate_proj.out_features // tp.size
-        m.gate_proj = _linear(m.gate_proj, out=inter)
-        m.up_proj = _linear(m.up_proj, out=inter)
-        m.down_proj = RowParallelLinear(inter, m.down_proj.out_features, m.down_proj.bias is not None, tp)
+        if isinstance(m, MoeMLP):
+            _shard_experts(m, tp)
+        else:
+            _shard_mlp(m, tp, RowParallelLinear)
     V, hidden = cfg.vocab_size, cfg.hidden_size
     block = tp_shards.vocab_block(V, tp.size)
     start = min(tp.rank * block, V)
@@ -129,6 +133,31 @@ def apply_tp(model, tp: TensorParallel) -> None:
     model.n_kv_heads = local_kv
     model.tp = tp
     model.vocab_start, model.vocab_valid = start, min(V, start + block) - start
+
+
+def _shard_mlp(m, tp: TensorParallel, row) -> None:
+    """A dense MLP's gate/up column-parallel, its down_proj `row` (RowParallelLinear, or a plain
+    linear whose partial sum the caller reduces)."""
+    inter = m.gate_proj.out_features // tp.size
+    m.gate_proj = _linear(m.gate_proj, out=inter)
+    m.up_proj = _linear(m.up_proj, out=inter)
+    if row is RowParallelLinear:
+        m.down_proj = RowParallelLinear(inter, m.down_proj.out_features, m.down_proj.bias is not None, tp)
+    else:
+        m.down_proj = nn.Linear(inter, m.down_proj.out_features, bias=False)
+
+
+def _shard_experts(m: MoeMLP, tp: TensorParallel) -> None:
+    """A mixture of experts: E / tp whole experts per rank (`tp_shards`), the router replicated,
+    a shared expert split like a dense MLP without its own all-reduce; the layer all-reduces
+    the sum of both partial outputs once."""
+    e = m.experts
+    n = e.gate_up_proj.shape[0] // tp.size
+    inter, hidden = e.down_proj.shape[-1], e.down_proj.shape[1]
+    m.experts = Experts(n, hidden, inter, first=tp.rank * n)
+    if m.shared_expert is not None:
+        _shard_mlp(m.shared_expert, tp, nn.Linear)
+    m.tp = tp
 
 
 def _linear(lin: nn.Linear, out: int) -> nn.Linear:

@@ -28,6 +28,11 @@ RESPONSE_TEXT = "response_text"  # non-tensor str: decoded response, special tok
 ROLLOUT_POLICY_VERSION = "rollout_policy_version"  # (B,) int64, policy updates applied before the sample was generated
 ROLLOUT_TOKEN_VERSION = "rollout_token_version"  # (B, T) int64, partial rollouts: the pool's weights version per token
 ROLLOUT_METRICS = "rollout_metrics"  # meta dict: the engine's metrics for the step (kv_cache_usage, ...)
+# mixtures of experts, router replay (actor.router_replay.mode R3: the engine's; R2: the old-log-prob
+# pass's): (B, T, L, k) int16, the k experts each token of prompts | responses was routed to in each
+# of the L sparse layers; -1 where none (padding, a prompt's tokens taken from the prefix cache)
+ROUTED_EXPERTS = "routed_experts"
+NO_EXPERT = -1  # ROUTED_EXPERTS' filler
 
 # -- written by reward / actor / reference / critic -------------------------------------------
 TOKEN_LEVEL_SCORES = "token_level_scores"  # (B, R) the scalar score on the last response token

@@ -151,6 +151,7 @@ def _common_width(outputs: list[Batch]) -> list[Batch]:
             width = max(x.tensors[k].shape[1] for x in outputs)
             t = tensors[k]
             fill = pad_id if not t.is_floating_point() and t.dtype != torch.bool else 0
+            fill = K.NO_EXPERT if k == K.ROUTED_EXPERTS else fill  # (B, P + R, L, k): P is the same on every rank
             extra = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), fill)
             tensors[k] = torch.cat([t, extra], dim=1)
         padded.append(Batch(tensors, o.non_tensors, o.meta))

@@ -1,9 +1,9 @@
 """`parallelize`: a freshly loaded model made ready for training passes on its device, in one call.
 
-The order follows torchtitan's: hooks and compiled layers first (activation checkpointing, the
-packed-attention hook, torch.compile of the decoder layers), then FSDP2 around them (`place`):
-fully_shard adds its own hooks to the blocks, and compiled blocks run them eagerly (dynamo skips
-FSDP hooks). Model files stay free of all of it.
+The order follows torchtitan's: hooks and compiled layers first (a mixture of experts' sparse
+blocks, activation checkpointing, the packed-attention hook, torch.compile of the decoder
+layers), then FSDP2 around them (`place`): fully_shard adds its own hooks to the blocks, and
+compiled blocks run them eagerly (dynamo skips FSDP hooks). Model files stay free of all of it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hybridrl.distributed.fsdp import place
+from hybridrl.models import moe_block
 from hybridrl.models.packing import enable_packing
 from hybridrl.models.prepare import compile_decoder_layers
 
@@ -38,6 +39,7 @@ def parallelize(
     `model` that gets checkpointing, packing and compilation (the critic's backbone; default `model`).
     """
     hooked = model if hooks_on is None else hooks_on
+    moe_block.adopt(hooked)  # a mixture of experts: its sparse blocks (routing replay, grouped GEMMs, the aux loss)
     if checkpointing:
         # Non-reentrant: recomputation sees the same kwargs (the packed row's boundaries), and
         # it works when the inputs do not require grad (LoRA's frozen embeddings).

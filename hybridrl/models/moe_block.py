@@ -86,9 +86,9 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, hf_block: nn.Module, state: MoeState, index: int):
         super().__init__()
-        self.gate, self.experts = hf_block.gate, hf_block.experts  # router weight (E, H); gate_up_proj, down_proj
-        self.shared_expert = getattr(hf_block, "shared_expert", None)
-        self.shared_expert_gate = getattr(hf_block, "shared_expert_gate", None)
+        self.shared_expert = self.shared_expert_gate = None  # Qwen2-MoE's, set below
+        for name, child in hf_block.named_children():  # in HF's order: parameters() lists them as HF's model does
+            setattr(self, name, child)  # gate: router weight (E, H); experts: gate_up_proj, down_proj
         self.state, self.index = state, index  # index: among the sparse layers (the L of replay tensors)
         self.norm_topk_prob = bool(getattr(state.config, "norm_topk_prob", False))
         self.bound: RoutingPass | None = None

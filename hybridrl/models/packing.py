@@ -70,6 +70,10 @@ class Packed:
     # `prompt_take` (N,) the unshared position whose attention output each packed token takes.
     prompt_gather: torch.Tensor | None = None
     prompt_take: torch.Tensor | None = None
+    # With `pack(..., token_index=True)`: (b, T) the packed position of each token of the padded
+    # (prompts | completions) layout, -1 on padding; a repeated prompt's tokens point at its first
+    # row's. Per-token side data (an MoE's recorded routing) packs and unpacks through it.
+    token_index: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -111,9 +115,10 @@ def first_of_prompt(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> torch.T
     return first.scatter_reduce(0, inverse, torch.arange(b, device=prompts.device), "amin")[inverse]
 
 
-def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = False) -> Packed:
+def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = False, token_index: bool = False) -> Packed:
     """Strip the padding of left-padded prompts (b, P) and right-padded responses (b, R); with
-    `share_prompts`, rows with the same prompt carry its tokens once (see the module docstring)."""
+    `share_prompts`, rows with the same prompt carry its tokens once (see the module docstring);
+    with `token_index`, `Packed.token_index` is filled."""
     seq = torch.cat([prompts, responses], dim=1)  # (b, T)
     keep = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)  # (b, T)
     lens = keep.sum(1)  # (b,)
@@ -123,15 +128,18 @@ def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = F
     cu = F.pad(lens.cumsum(0), (1, 0))  # (b + 1,)
     positions = keep.long().cumsum(1) - 1  # (b, T)
     rows, cols = response_mask.bool().nonzero(as_tuple=True)  # (M,), row-major
-    own, gather, take = keep, None, None  # the tokens each row puts into the packed row
+    own, gather, take, index = keep, None, None, None  # the tokens each row puts into the packed row
     if share_prompts:
         first = first_of_prompt(prompts, prompt_mask)
         leader = first == torch.arange(len(first), device=first.device)
         if not bool(leader.all()):
-            own, target, gather, take = _shared_layout(keep, lens, first, leader, rows, cols, prompts.shape[1])
+            own, target, gather, take, index = _shared_layout(keep, lens, first, leader, rows, cols, prompts.shape[1])
     if gather is None:
         # Response token j of sequence i sits at cu[i] + prompt_len[i] + j; the output one before predicts it.
         target = cu[rows] + prompt_lens[rows] + cols - 1
+    if token_index and index is None:
+        index = torch.full(keep.shape, -1, dtype=torch.long, device=keep.device)
+        index[keep] = torch.arange(int(lens.sum()), device=keep.device)
     return Packed(
         input_ids=seq[own][None],
         position_ids=positions[own][None],
@@ -144,13 +152,15 @@ def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = F
         shape=tuple(responses.shape),
         prompt_gather=gather,
         prompt_take=take,
+        token_index=index if token_index else None,
     )
 
 
 def _shared_layout(keep, lens, first, leader, rows, cols, P: int):
     """Where rows repeat prompts: (the tokens each row puts into the packed row (b, T): a prompt
-    at its first row only; target_index (M,); prompt_gather (V,); prompt_take (N,)). Attention
-    runs on the unshared row, `keep`'s tokens in row-major order."""
+    at its first row only; target_index (M,); prompt_gather (V,); prompt_take (N,); the packed
+    position of every token (b, T), -1 on padding). Attention runs on the unshared row, `keep`'s
+    tokens in row-major order."""
     b, T = keep.shape
     own = keep.clone()
     own[:, :P] &= leader[:, None]
@@ -160,7 +170,7 @@ def _shared_layout(keep, lens, first, leader, rows, cols, P: int):
     virtual = torch.full((b, T), -1, dtype=torch.long, device=keep.device)  # unshared position
     virtual[keep] = torch.arange(int(lens.sum()), device=keep.device)
     # The token before response column c sits at column P + c - 1 (the last prompt token for c = 0).
-    return own, index[rows, P + cols - 1], index[keep], virtual[own]
+    return own, index[rows, P + cols - 1], index[keep], virtual[own], index.masked_fill(~keep, -1)
 
 
 # -- the attention hook ----------------------------------------------------------------------

@@ -28,9 +28,11 @@ from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
 from hybridrl.distributed.replicate import average_gradients
 from hybridrl.models import graphs as decoder_graphs
+from hybridrl.models import moe_block
 from hybridrl.models.packing import base_model
 from hybridrl.tracking import perf
 from hybridrl.workers.forward import pack_on_host
+from hybridrl.workers.moe_passes import MoEPasses
 from hybridrl.workers.optim import (
     build_optimizer,
     build_scheduler,
@@ -112,6 +114,13 @@ def dp_micro_batches(batch: Batch, split: Split) -> tuple[list[Batch], list[int]
         micros, order = micro_batches(batch, **asdict(split), min_parts=most)
 
 
+def token_shares(micros: list[Batch]) -> list[float]:
+    """Each micro-batch's share of the real tokens of an optimizer step's micro-batches on this rank."""
+    counts = [float(sequence_lengths(m).sum()) if K.RESPONSE_MASK in m else float(len(m)) for m in micros]
+    total = sum(counts) or 1.0
+    return [c / total for c in counts]
+
+
 def mini_batch_norms(mini: Batch) -> dict[str, float]:
     """The loss normalizers of one optimizer step: response tokens and sequences of the whole
     mini-batch, passed to every micro-batch's loss so that the sum over micro-batches is the
@@ -164,6 +173,7 @@ class TrainEngine:
         self.shared = 0  # token positions not computed since the last reset, their prompt shared
         self.graphs = None  # the CUDA graphs of the packed passes (actor.use_cuda_graph), if on
         self.accumulation: dict[str, bool] = {}  # fsdp.accumulation's options for each optimizer step
+        self.moe = MoEPasses(None)  # a mixture of experts' routing in the passes (replay, aux loss); set by place
 
     # -- setup -----------------------------------------------------------------------------------
     def place(
@@ -205,6 +215,7 @@ class TrainEngine:
             hooks_on=hooks_on,
         )
         self.share_prompts = share_prompts and self.packing is not None
+        self.moe = MoEPasses(moe_block.state_of(self.model))
         if train:
             self.model.train()
         else:
@@ -245,14 +256,17 @@ class TrainEngine:
         return self.forward(self, self.model if model is None else model, micro, **kw)
 
     @torch.no_grad()
-    def infer(self, batch: Batch, split: Split, fn: Callable | None = None) -> torch.Tensor:
+    def infer(self, batch: Batch, split: Split, fn: Callable | None = None):
         """`fn(micro)` (default: the forward, `run`) of every micro-batch (moved to the device), on
         the host and concatenated in the batch's row order (token-budget micro-batches come
-        reordered). The caller picks the train/eval mode."""
+        reordered); a tuple of such tensors when `fn` returns tuples. The caller picks the
+        train/eval mode."""
         micros, order = dp_micro_batches(batch, self._split(split))
         # One copy to the host at the end: a copy per micro-batch would make the host wait for
         # each pass before it could prepare the next one, and the device would idle meanwhile.
         outs = [(fn or self.run)(pack_on_host(self, micro, self.device)) for micro in micros]
+        if outs and isinstance(outs[0], tuple):
+            return tuple(restore_order(torch.cat(parts).cpu(), order) for parts in zip(*outs))
         return restore_order(torch.cat(outs).cpu(), order)
 
     def _split(self, split: Split) -> Split:
@@ -305,10 +319,11 @@ class TrainEngine:
         """`backward` with its micro-batches' metrics still on the device, and the norms."""
         norms = objective.norms(mini)
         micros, _ = dp_micro_batches(mini, self._split(split))
-        parts = []
+        parts, shares = [], token_shares(micros) if self.moe.active else [1.0] * len(micros)
         with accumulation(self.model, len(micros), **self.accumulation) as before:
             for i, micro in enumerate(micros):
                 before(i)
+                self.moe.aux_share = shares[i]  # the micro-batch's weight in the MoE load-balancing loss
                 loss, m = objective(self.run, pack_on_host(self, micro, self.device), norms)
                 loss.backward()
                 parts.append(m)

@@ -23,8 +23,10 @@ SEQ_KEYS = (K.PROMPTS, K.PROMPT_MASK, K.RESPONSES, K.RESPONSE_MASK)  # a sequenc
 
 
 def seq_keys(batch: Batch) -> tuple[str, ...]:
-    """SEQ_KEYS, plus RESPONSE_ATTENTION_MASK for multi-turn batches (tool tokens are context)."""
-    return SEQ_KEYS + ((K.RESPONSE_ATTENTION_MASK,) if K.RESPONSE_ATTENTION_MASK in batch else ())
+    """SEQ_KEYS, plus RESPONSE_ATTENTION_MASK for multi-turn batches (tool tokens are context) and
+    ROUTED_EXPERTS when the batch carries a mixture of experts' routing (router replay)."""
+    extra = (K.RESPONSE_ATTENTION_MASK, K.ROUTED_EXPERTS)
+    return SEQ_KEYS + tuple(k for k in extra if k in batch)
 
 
 def context_mask(micro: Batch, key: str = K.RESPONSES) -> torch.Tensor:
@@ -56,7 +58,7 @@ def pack_on_host(engine, micro: Batch, device) -> Batch:
     out = micro.to(device)
     if engine.packing and K.PROMPTS in micro and K.RESPONSES in micro:
         share = _shares(engine)
-        packed = pack(*_sequences(micro, K.RESPONSES), share_prompts=share)
+        packed = pack(*_sequences(micro, K.RESPONSES), share_prompts=share, token_index=engine.moe.active)
         out.meta[PACKED] = ((K.RESPONSES, share), packed.to(device))
     return out
 
@@ -69,7 +71,7 @@ def _pack(engine, micro: Batch, key: str):
     if ready is not None and ready[0] == (key, _shares(engine)):
         packed = ready[1]
     else:
-        packed = pack(*_sequences(micro, key), share_prompts=_shares(engine))
+        packed = pack(*_sequences(micro, key), share_prompts=_shares(engine), token_index=engine.moe.active)
     engine.slots += packed.attn_tokens
     engine.shared += packed.attn_tokens - packed.num_tokens
     return packed
@@ -93,14 +95,17 @@ def log_probs(
     argmax hits (b, R); packed (padding-free, fused LM head) when the engine packs. `temperature`
     scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""
     seqs = _sequences(micro, key)
+    real = torch.cat([seqs[1], seqs[3]], dim=1)  # (b, T) real tokens of prompts | completions
     with _autocast(engine):
         if engine.packing:
             packed = _pack(engine, micro, key)
             # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
-            return run_as_forward(
-                model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy, sp_group=sp_group()
-            )
-        logits = response_logits(model, *seqs, temperature=temperature)  # (b, R, V)
+            with engine.moe.pass_(micro, packed.token_index, real, replayable=key == K.RESPONSES):
+                return run_as_forward(
+                    model, packed_log_probs, packed, temperature=temperature, with_entropy=with_entropy, sp_group=sp_group()
+                )
+        with engine.moe.pass_(micro, None, real, replayable=key == K.RESPONSES):
+            logits = response_logits(model, *seqs, temperature=temperature)  # (b, R, V)
     engine.slots += micro[K.PROMPTS].numel() + micro[key].numel()
     with nullcontext() if entropy_grad else torch.no_grad():  # a (b, R, V) float32 graph only when needed
         entropy = entropy_from_logits(logits) if with_entropy else None
@@ -120,6 +125,19 @@ def token_log_probs(engine, model, batch: Batch, split, temperature: float) -> t
     rollout's `temperature`, in the batch's row order, zero outside the response; no gradients."""
     fn = lambda micro: engine.run(micro, model, temperature=temperature)[0].float()  # noqa: E731
     return engine.infer(batch.select(seq_keys(batch)), split, fn) * batch[K.RESPONSE_MASK]
+
+
+def log_probs_and_routes(engine, model, batch: Batch, split, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_log_probs` of a mixture of experts and the routing its passes used (router replay
+    R2 records the old-log-prob pass's): ROUTED_EXPERTS (B, T, L, k) int16, -1 on padding."""
+
+    def fn(micro):
+        with engine.moe.recording() as rec:
+            log_prob = engine.run(micro, model, temperature=temperature)[0].float()
+        return log_prob, rec.routes
+
+    log_prob, routes = engine.infer(batch.select(seq_keys(batch)), split, fn)
+    return log_prob * batch[K.RESPONSE_MASK], routes
 
 
 def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tensor:

@@ -43,6 +43,7 @@ TRAINER_MODES = ("sync", "one_step_off", "async")  # hybridrl.trainer.async_roll
 
 # Names with no registry of their own: the config is where they are defined.
 ROLLOUT_NAMES = ("auto", "native", "hf", "vllm")
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # verl's actor.router_replay.mode (workers/moe_passes.py)
 KL_CTRL_TYPES = ("fixed", "adaptive")
 LR_SCHEDULERS = ("constant", "cosine")
 RESUME_MODES = ("auto", "disable", "resume_path")

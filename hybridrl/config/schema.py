@@ -29,6 +29,7 @@ from .names import (
     PACKED_ATTN_BACKENDS,
     RESUME_MODES,
     ROLLOUT_NAMES,
+    ROUTER_REPLAY_MODES,
     TOOL_CALL_FORMATS,
     TRAINER_MODES,
     TRUNCATE_SIDES,
@@ -205,6 +206,16 @@ class FSDPConfig:
         "(no communication while they accumulate; each rank holds the full fp32 gradient, 4 bytes a parameter, "
         "during the step). The same gradient up to the order of float additions.",
     )
+    expert_parallel_size: int = option(
+        1,
+        "Mixtures of experts (Qwen3-MoE, Qwen2-MoE): each group of this many consecutive data-parallel ranks "
+        "splits every sparse layer's experts between its ranks (E / this whole experts each) and sends each "
+        "token to the rank of its experts (all-to-all), instead of FSDP-sharding them; the dense parts stay "
+        "FSDP2-sharded. The same loss and gradients as 1 (docs/models.md). verl's VeOmni engine key; its "
+        "Megatron actor.megatron.expert_model_parallel_size is read as this. Actor only (the reference "
+        "uses the actor's); needs fsdp_size=-1, no sequence parallelism, no LoRA, no param_offload.",
+        check=AT_LEAST_1,
+    )
 
 
 @dataclass
@@ -221,6 +232,22 @@ class PolicyLossConfig:
     clip_cov_ub: float = option(5.0, "clip_cov: upper bound of the covariance of a token that may be detached.")
     kl_cov_ratio: float = option(0.0002, "kl_cov: share of the tokens (largest covariance) that get the KL penalty.")
     ppo_kl_coef: float = option(0.1, "kl_cov: weight of the |logp - logp_old| penalty on those tokens.")
+
+
+@dataclass
+class RouterReplayConfig:
+    """Mixtures of experts: which routing the actor's forward passes use (verl's router_replay; docs/models.md)."""
+
+    mode: str = option(
+        "disabled",
+        "disabled: every pass routes with the router's own top-k. R3: the rollout engine records the experts of "
+        "every token (native engine) and the old-log-prob and update passes replay them, so the trainer's "
+        "probabilities follow the routing the samples were drawn with (training/rollout_probs_diff_* shrink). "
+        "R2: the old-log-prob pass records its routing and the update passes replay it (the update sees pi_old's "
+        "routing while the weights move). The router's weights still learn: only the choice of the k experts is "
+        "replayed. The reference policy always routes itself.",
+        choices=ROUTER_REPLAY_MODES,
+    )
 
 
 @dataclass
@@ -281,6 +308,7 @@ class ActorConfig:
     )
     optim: OptimConfig = option(OptimConfig, "Actor optimizer.")
     fsdp_config: FSDPConfig = option(FSDPConfig, "Sharding of the policy over several devices.")
+    router_replay: RouterReplayConfig = option(RouterReplayConfig, "Mixtures of experts: router replay (R2/R3).")
     ulysses_sequence_parallel_size: int = option(
         1,
         "Ulysses sequence parallelism: each sequence batch is split over this many devices (heads split around "

@@ -13,7 +13,7 @@ from difflib import get_close_matches
 from typing import Any
 
 from .batch_plan import PLAN_INPUTS, BatchPlan, RolePlan, batch_problems, plan_batches
-from .checks import algorithm, modes, parallel, reward, rollout
+from .checks import algorithm, modes, moe, parallel, reward, rollout
 from .checks_files import file_problems
 from .extensions import registered_choices
 from .problem import Problem, get, suggest
@@ -58,7 +58,7 @@ def find_problems(cfg: Config) -> list[Problem]:
     r = resolve(copy.deepcopy(cfg))  # inherited values, as the run will see them
     problems = _range_problems(r) + _choice_problems(r) + _requirement_problems(r) + parallel.token_budget_problems(cfg)
     problems += reward.reward_model_problems(r) + modes.async_problems(r) + rollout.multi_turn_problems(r)
-    problems += rollout.forced_length_problems(r)
+    problems += rollout.forced_length_problems(r) + moe.moe_problems(r)
     problems += algorithm.algorithm_problems(cfg, r) + rollout.tp_problems(r) + reward.remote_problems(r)
     problems += file_problems(r, Problem)  # names and files the config points at (checks_files.py)
     if not any(p.keys[0] in PLAN_INPUTS for p in problems):  # the batch rules need positive sizes

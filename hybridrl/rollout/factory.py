@@ -43,6 +43,7 @@ class EngineArgs:
     named_weights: Any = None
     tp_group: Any = None  # this rank's tensor-parallel group (None: no TP)
     tp: int = 1  # its size
+    record_routing: bool = False  # a mixture of experts' routing per token (router replay R3; native only)
 
     @property
     def tp1_only(self) -> dict[str, bool]:

@@ -163,6 +163,7 @@ IGNORED: dict[str, str] = {
     },
     **{f"data.{k}": _VISION for k in ("image_patch_size", "image_key", "video_key", "return_multi_modal_inputs")},
     f"{_A}.freeze_vision_tower": _VISION,
+    f"{_R}.enable_rollout_routing_replay": "the native engine records the routing when actor.router_replay.mode=R3",
     f"{_A}.tau_pos": "used only by loss_mode=sapo",
     f"{_A}.tau_neg": "used only by loss_mode=sapo",
     # trainer plumbing
@@ -217,13 +218,13 @@ NEEDS: dict[str, Need] = {
     "*.optim.optimizer": Need(("AdamW", "adamw"), "optimizers other than AdamW"),
     "*.optim.num_cycles": Need((0.5,), "cosine schedules other than a half cycle"),
     "*.optim.override_optimizer_config": Need((None, {}), "optimizer overrides"),
-    "*.router_replay.mode": Need(("disabled",), "MoE router replay"),
-    "*.router_replay.*": Need((None,), "MoE router replay"),
+    # actor.router_replay.mode is ours (schema); the reference always routes itself
+    "*.router_replay.mode": Need(("disabled",), "router replay in the reference (it routes itself)"),
+    "*.router_replay.*": Need((None,), "router-replay files (hybridrl replays from the batch)"),
     f"{_A}.loss_scale_factor": Need((None,), "a loss scale factor"),
     f"{_R}.ignore_eos": Need((False,), "generation past the end-of-sequence token"),
     f"{_R}.over_sample_rate": Need((0, 0.0), "over-sampled rollouts"),
     f"{_R}.skip_rollout": Need((False,), "replaying dumped rollouts"),
-    f"{_R}.enable_rollout_routing_replay": Need((False,), "MoE routing replay"),
     f"{_R}.quantization": Need((None,), "quantized rollout"),
     f"{_R}.mtp": Need((None,), "multi-token-prediction speculative decoding"),
     f"{_M}.hf_config_path": Need((None,), "a model config from another directory"),
@@ -261,6 +262,8 @@ NEEDS: dict[str, Need] = {
 # --------------------------------------------------------------------------- renamed and normalized
 
 RENAMED: dict[str, str] = {
+    # verl's Megatron expert parallelism: hybridrl's FSDP2 actor splits the experts the same way
+    f"{_A}.megatron.expert_model_parallel_size": f"{_A}.fsdp_config.expert_parallel_size",
     f"{_R}.checkpoint_engine.update_weights_bucket_megabytes": f"{_R}.update_weights_bucket_megabytes",
     "*.optim.warmup_steps_ratio": "lr_warmup_steps_ratio",  # hybridrl's earlier spelling (not verl's)
     "*.optim.clip_grad": "../grad_clip",  # verl's new location of the role's gradient clipping

@@ -37,6 +37,7 @@ from hybridrl.rollout.base import eos_token_ids as default_eos_ids
 from hybridrl.rollout.lengths import row_limits
 from hybridrl.rollout.native.cache import KVCache
 from hybridrl.rollout.native.record import RunRecord
+from hybridrl.rollout.native.routing import RouteHistory
 from hybridrl.rollout.native.rows import RunningRows
 from hybridrl.rollout.native.runner import ModelRunner, canonical_name
 from hybridrl.rollout.native.scheduler import Group, Scheduler
@@ -74,6 +75,7 @@ class NativeRolloutEngine:
         resume_wait_steps: int = RESUME_WAIT_STEPS,
         prefix_caching: bool = False,
         chunked_prefill: bool = False,
+        record_routing: bool = False,
     ):
         """`tp`: this rank's tensor-parallel group (None or size 1: the whole model on this device).
         `decode_steps_per_sync`: decode steps launched together (one CUDA graph replay) before the
@@ -86,7 +88,9 @@ class NativeRolloutEngine:
         one generate call (scheduler.py); single-device engines only (ignored with `tp`).
         `chunked_prefill`: a prompt longer than `max_num_batched_tokens` is prefilled in chunks of
         that many tokens, one chunk between decode steps, so running sequences go on decoding
-        (single-device engines only)."""
+        (single-device engines only).
+        `record_routing`: a mixture of experts records each token's experts in every sparse layer
+        (ROUTED_EXPERTS, for router replay R3; routing.py)."""
         device = torch.device(device)
         self.tokenizer = tokenizer
         # from_hf_model passes the HF engine's set (config + generation config + tokenizer)
@@ -110,6 +114,7 @@ class NativeRolloutEngine:
             if decode_steps_per_sync is not None
             else (DECODE_STEPS_CUDA if device.type == "cuda" else 1),
             vocab_limit=vocab_limit(tokenizer),
+            record_routing=record_routing,
         )
         if (prefix_caching or chunked_prefill) and tp is not None and tp.size > 1:
             raise ValueError("prefix_caching and chunked_prefill run on single-device engines, not with tp")
@@ -148,6 +153,7 @@ class NativeRolloutEngine:
             named_weights=args.named_weights,
             max_model_len=args.max_model_len,
             tp=TensorParallel.of(args.tp_group) if args.tp > 1 else None,
+            record_routing=args.record_routing,
             **{k: getattr(args.rollout, k) for k in keys},
             **args.tp1_only,
         )
@@ -272,6 +278,8 @@ class Generation:
         eos = engine.eos_token_ids if not engine.ignore_eos and forced is None else []
         self.record = RunRecord(total, max_new, engine.pad_token_id, eos, engine.tokenizer, hooks, forced)
         self.rows = RunningRows(self.runner, self.sched, engine.max_num_seqs)
+        self.routes = RouteHistory(total, longest, self.runner.routes.shape) if self.runner.routes is not None else None
+        self.runner.route_history = self.routes
         self.runner.start_run()
         self.prefilling: deque = deque()  # [group, sequences, block copies, prompt tokens cached] of long prompts
         self.prefill_chunks = 0
@@ -319,9 +327,11 @@ class Generation:
         if B == 0:
             return None
         rows.grow(B, self.engine.block_size)
+        routed_at = rows.cached[:B].copy() if self.routes is not None else None  # the input tokens' positions
         host, event = self.runner.decode(B, self.mode)
         rows.advance(B, self.runner.decode_steps)
-        return list(self.sched.running), rows.out_row[:B].copy(), host, event
+        routes = (self.runner.last_routes, routed_at) if self.routes is not None else None
+        return list(self.sched.running), rows.out_row[:B].copy(), host, event, routes
 
     def postprocess(self, launched) -> bool:
         """Read the previous step's tokens (the device runs `launched` meanwhile); hand ended turns
@@ -368,6 +378,9 @@ class Generation:
             metrics["rollout/prefix_cache_hit_rate"] = self.sched.hit_rate
         if self.engine.prefill_chunk:
             metrics["rollout/prefill_chunks"] = float(self.prefill_chunks)
+        if self.routes is not None:
+            real = out[K.RESPONSE_ATTENTION_MASK] if K.RESPONSE_ATTENTION_MASK in out else out[K.RESPONSE_MASK]
+            out[K.ROUTED_EXPERTS] = self.routes.assemble(out[K.PROMPT_MASK], real)
         if self.turns is not None:
             out, agent_metrics = self.turns.finish(out, elapsed)
             metrics.update(agent_metrics)
@@ -396,11 +409,12 @@ class Generation:
             copies = [c for _, _, group_copies in part for c in group_copies]
             tables, samples = [group_seqs[0].blocks for _, group_seqs, _ in part], [len(g.out_rows) for g, _, _ in part]
             seeds = [s.seed for s in seqs]
+            rows_of = [g.out_rows for g, _, _ in part]
             if part is fresh:
-                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], tables, samples, copies, seeds, self.mode)
+                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], tables, samples, copies, seeds, self.mode, rows_of)
             else:
                 tokens, starts = [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part]
-                tok, lp = self.runner.extend(tokens, starts, tables, seeds, self.mode, samples, copies)
+                tok, lp = self.runner.extend(tokens, starts, tables, seeds, self.mode, samples, copies, route_rows=rows_of)
             self._start(seqs, tok, lp)
 
     def _prefill_chunk(self) -> None:
@@ -411,13 +425,15 @@ class Generation:
         end = min(len(g.prompt), done + self.engine.prefill_chunk)
         self.prefill_chunks += 1
         if end < len(g.prompt):
-            self.runner.extend([g.prompt[done:end]], [done], [seqs[0].blocks], [seqs[0].seed], self.mode, sample=False)
+            self.runner.extend(
+                [g.prompt[done:end]], [done], [seqs[0].blocks], [seqs[0].seed], self.mode, sample=False, route_rows=[g.out_rows]
+            )
             entry[3] = end
             return
         self.prefilling.popleft()
         self.sched.prefilling_rows -= len(seqs)
         tok, lp = self.runner.extend(
-            [g.prompt[done:]], [done], [seqs[0].blocks], [s.seed for s in seqs], self.mode, [len(seqs)], copies
+            [g.prompt[done:]], [done], [seqs[0].blocks], [s.seed for s in seqs], self.mode, [len(seqs)], copies, route_rows=[g.out_rows]
         )
         self.sched.register(g, seqs[0].blocks)
         self._start(seqs, tok, lp)
@@ -440,11 +456,13 @@ class Generation:
 
     def _collect(self, launched) -> None:
         """Read a launched step's tokens: record them, finish the sequences that ended."""
-        seqs, out_rows, host, event = launched
+        seqs, out_rows, host, event, routes = launched
         if event is not None:
             event.synchronize()
         B = len(seqs)
         live = np.nonzero(~self.record.done[out_rows])[0]  # rows that ended earlier ran wasted steps
+        if routes is not None:
+            self.routes.store_decode(routes[0], out_rows[live], live, routes[1][live])
         toks = host[0, :, :B].numpy().astype(np.int64).T[live]  # (rows, steps)
         lps = host[1, :, :B].numpy().T[live]
         ended = live[self.record.record_steps(out_rows[live], toks, lps)]

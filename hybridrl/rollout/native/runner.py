@@ -16,6 +16,7 @@ that code runs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Iterable
@@ -30,6 +31,7 @@ from hybridrl.models.native import build_from_hf_config
 from hybridrl.rollout.native import triton_kernels
 from hybridrl.rollout.native.attention import DecodeAttention, ExtendAttention, PrefillAttention
 from hybridrl.rollout.native.cache import KVCache, blocks_for
+from hybridrl.rollout.native.routing import RouteBuffers, RouteHistory
 from hybridrl.rollout.native.sampling import sample
 from hybridrl.rollout.native.tp import TensorParallel, apply_tp, sample_sharded
 
@@ -73,8 +75,10 @@ class ModelRunner:
         tp: TensorParallel | None = None,
         decode_steps: int = 1,
         vocab_limit: int | None = None,
+        record_routing: bool = False,
     ):
-        """`vocab_limit`: the tokenizer's length; ids at or past it (the embedding's padding rows) are never sampled."""
+        """`vocab_limit`: the tokenizer's length; ids at or past it (the embedding's padding rows) are never sampled.
+        `record_routing`: a mixture of experts records the experts of every token it runs (routing.py)."""
         self.device, self.dtype, self.hf_config = device, dtype, hf_config
         self.vocab_limit = vocab_limit if vocab_limit is not None and vocab_limit < hf_config.vocab_size else None
         if not (isinstance(decode_steps, int) and 1 <= decode_steps <= 64):
@@ -96,6 +100,17 @@ class ModelRunner:
             for p in (self.model.model.embed_tokens.weight, self.model.lm_head_weight):
                 p.zero_()
         self.model.fuse_projections()
+        self.routes: RouteBuffers | None = None  # router replay R3: what each pass routed (routing.py)
+        self.route_history: RouteHistory | None = None  # the generate call's, set by it
+        if record_routing:
+            n_sparse = getattr(self.model, "n_sparse", 0)
+            if not n_sparse:
+                arch = (getattr(hf_config, "architectures", None) or ["?"])[0]
+                raise ValueError(
+                    f"router replay R3 records a mixture of experts' routing, and {arch} has no sparse layers; "
+                    "set actor_rollout_ref.actor.router_replay.mode=disabled"
+                )
+            self.routes = RouteBuffers(n_sparse, hf_config.num_experts_per_tok, max_num_seqs, decode_steps, device)
         fast = triton_kernels.available(device)
         self.use_graphs = device.type == "cuda" and fast and not enforce_eager
         self.use_triton = fast and device.type == "cuda"
@@ -270,12 +285,14 @@ class ModelRunner:
         copies: list[tuple[int, int]],
         seeds: list[int],
         mode,
+        route_rows: list[list[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt forward pass of one admitted group per prompt (its K/V into `blocks`, the
         prompt's block table), then the first token of each of its `samples` sequences.
         `copies`: (source, destination) blocks to copy once the prompt's K/V are written (each
         sample's own copy of the partial last block). Returns device tensors (tokens, log-probs)
-        with one entry per sequence, the samples of a prompt adjacent."""
+        with one entry per sequence, the samples of a prompt adjacent. `route_rows`: the output
+        rows of each prompt (recording the routing, `routes`)."""
         dev, bs = self.device, self.block_size
         lens = [len(p) for p in prompts]
         G, T = len(prompts), max(lens)
@@ -293,7 +310,8 @@ class ModelRunner:
             self.attn.rope_tables,
         )
         positions = torch.arange(T, device=dev).expand(G, T)
-        hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        with self._routes_of_pass(G, T, lens, [0] * G, route_rows):
+            hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
         logits = self.model.logits(last).repeat_interleave(torch.tensor(samples, device=dev), dim=0)  # (sequences, V)
         self.cache.copy_blocks([s for s, _ in copies], [d for _, d in copies])
@@ -314,6 +332,7 @@ class ModelRunner:
         samples: list[int] | None = None,
         copies: list[tuple[int, int]] | None = None,
         sample: bool = True,
+        route_rows: list[list[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Append `tokens[i]` to sequence i, which has `starts[i]` tokens cached in blocks
         `tables[i]` (already long enough for the new ones): their K/V go into the cache, and the
@@ -324,7 +343,8 @@ class ModelRunner:
         sample their first tokens from row i's logits (with their own seeds: `seeds` has one per
         sequence), and `copies` are (source, destination) blocks copied once the K/V are written,
         as in `prefill`. `sample=False` (a chunk of a long prompt that is not its last): only the
-        K/V are written; returns None."""
+        K/V are written; returns None. `route_rows`: the output rows of each sequence (recording
+        the routing, `routes`)."""
         dev, bs = self.device, self.block_size
         lens = [len(t) for t in tokens]
         G, T = len(tokens), max(lens)
@@ -343,7 +363,8 @@ class ModelRunner:
         valid_t = torch.from_numpy(np.flatnonzero(valid_np)).to(dev)
         context = int((starts_np + lens_np).max())
         attn = ExtendAttention(self.cache, slots_t, valid_t, torch.from_numpy(table).to(dev), positions, context)
-        hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
+        with self._routes_of_pass(G, T, lens, starts, route_rows):
+            hidden = self.model.hidden_states(ids.to(dev), positions, attn)  # (G, T, hidden)
         if not sample:
             return None
         last = hidden[torch.arange(G, device=dev), torch.tensor(lens, device=dev) - 1]  # (G, hidden)
@@ -358,6 +379,19 @@ class ModelRunner:
         tok, lp = torch.empty(k, dtype=torch.long, device=dev), torch.empty(k, device=dev)
         self._sample_into(logits, torch.tensor(seeds, device=dev), pos_t, mode, tok, lp)
         return tok, lp
+
+    @contextlib.contextmanager
+    def _routes_of_pass(self, G: int, T: int, lens: list[int], starts: list[int], route_rows):
+        """Around a prefill/extend forward: its routing into the call's history (when recorded)."""
+        if self.routes is None or route_rows is None:
+            yield
+            return
+        buf = self.model.route_sink.buf = self.routes.pass_buffer(G * T, self.device)
+        try:
+            yield
+        finally:
+            self.model.route_sink.buf = None
+        self.route_history.store_pass(buf.view(G, T, *buf.shape[1:]), lens, starts, route_rows)
 
     def start_rows(
         self, r: slice, first_tokens: torch.Tensor, positions: np.ndarray, seeds: list[int], tables: list[list[int]]
@@ -409,6 +443,8 @@ class ModelRunner:
         host = self.host_out[self.step_count % 2][: 2 * N * B].view(2, N, B)
         host[0].copy_(self.steps_tok[:N, :B], non_blocking=True)
         host[1].copy_(self.steps_lp[:N, :B], non_blocking=True)
+        if self.routes is not None:  # the launch's routing, read with its tokens (`last_routes`)
+            self.last_routes = self.routes.copy_out(N, B, self.step_count % 2)
         event = torch.cuda.Event() if self.device.type == "cuda" else None
         if event is not None:
             event.record()
@@ -420,11 +456,15 @@ class ModelRunner:
         rows past n_active (batch padding) keep their position."""
         active = (self.row_ids[:Bp] < self.n_active).long()
         for s in range(self.decode_steps):
+            if self.routes is not None:  # step s's routing (a CUDA graph bakes the buffer in)
+                self.model.route_sink.buf = self.routes.steps[s, :Bp]
             self._decode_forward(Bp, mode)
             self.steps_tok[s, :Bp] = self.out_tok[:Bp]
             self.steps_lp[s, :Bp] = self.out_lp[:Bp]
             self.buf_ids[:Bp] = self.out_tok[:Bp]  # the next step's input
             self.buf_pos[:Bp] += active
+        if self.routes is not None:
+            self.model.route_sink.buf = None
 
     def _decode_forward(self, Bp: int, mode) -> None:
         """One token for rows [0, Bp): reads the row buffers, writes out_tok / out_lp."""

@@ -98,6 +98,12 @@ class SparseMoeBlock(nn.Module):
         """The pass this block's next forward belongs to (a decoder-layer pre-hook calls it)."""
         self.bound, self.fresh = routing, True
 
+    @torch.compiler.disable
+    def bind_current(self, layer, args) -> None:
+        """The decoder layer's forward pre-hook: bind the model's pass in progress. A bound method,
+        so that a deep copy of the model (the reference) hooks its own blocks."""
+        self.bind(self.state.current)
+
     @torch.compiler.disable  # data-dependent routing: runs eagerly inside a compiled layer
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
@@ -162,7 +168,7 @@ def adopt(model: nn.Module) -> MoeState | None:
     state = MoeState(_config_of(model), len(sparse))
     for i, layer in enumerate(sparse):
         layer.mlp = SparseMoeBlock(layer.mlp, state, i)
-        layer.register_forward_pre_hook(_binder(layer.mlp))
+        layer.register_forward_pre_hook(layer.mlp.bind_current)
     return state
 
 
@@ -171,14 +177,6 @@ def _config_of(model: nn.Module):
         if hasattr(m, "config") and hasattr(m.config, "num_experts"):
             return m.config
     raise ValueError(f"{type(model).__name__} has sparse blocks but no config with num_experts")
-
-
-def _binder(block: SparseMoeBlock):
-    @torch.compiler.disable
-    def bind(module, args):
-        block.bind(block.state.current)
-
-    return bind
 
 
 def state_of(model: nn.Module) -> MoeState | None:

@@ -63,11 +63,12 @@ def engine_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def pick_engine(name: str, *, cuda: bool, multi_turn: bool = False) -> str:
-    """`rollout.name` with `auto` resolved: native on a GPU or multi-turn, hf otherwise."""
+def pick_engine(name: str, *, cuda: bool, multi_turn: bool = False, record_routing: bool = False) -> str:
+    """`rollout.name` with `auto` resolved: native on a GPU, for multi-turn rollouts or to record a
+    mixture of experts' routing (router replay R3), hf otherwise."""
     if name != "auto":
         return name
-    return "native" if cuda or multi_turn else "hf"
+    return "native" if cuda or multi_turn or record_routing else "hf"
 
 
 def tp_problem(name: str, tp: int, asked: str | None = None) -> str | None:
@@ -99,16 +100,18 @@ def build_rollout(
     named_weights=None,
     tp_group=None,
     partial_rollout: bool = False,
+    record_routing: bool = False,
 ):
     """The engine `rollout` (a RolloutConfig) asks for, over the trainer's `model`, wrapped in
     `AgentRollout` when `rollout.multi_turn.enable`. `partial_rollout`: the caller will pass `Hooks(weight_swap=...)`.
+    `record_routing`: router replay R3 (the native engine records a mixture of experts' routing).
     See `EngineArgs` for the rest."""
     import torch
 
     tp = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
     multi_turn = rollout.multi_turn.enable
     cuda = next(model.parameters()).device.type == "cuda"
-    name = pick_engine(rollout.name, cuda=cuda, multi_turn=multi_turn)
+    name = pick_engine(rollout.name, cuda=cuda, multi_turn=multi_turn, record_routing=record_routing)
     if name == "native":
         from hybridrl.models.native import unsupported_reason
 
@@ -124,13 +127,18 @@ def build_rollout(
     problem = tp_problem(name, tp, rollout.name if rollout.name != name else None)
     if problem:
         raise ValueError(problem)
+    if record_routing and name != "native":
+        raise ValueError(
+            f"actor_rollout_ref.actor.router_replay.mode=R3 replays the routing the native engine records; this rollout "
+            f"runs rollout.name={name}; set actor_rollout_ref.rollout.name=native"
+        )
     if partial_rollout and (name != "native" or multi_turn):
         runs = "multi-turn rollouts" if multi_turn else f"rollout.name={name}"
         raise ValueError(
             f"async_training.partial_rollout needs the native engine, single-turn, and this rollout runs {runs}; "
             "set actor_rollout_ref.rollout.name=native"
         )
-    args = EngineArgs(rollout, max_model_len, autocast_dtype, named_weights, tp_group, tp)
+    args = EngineArgs(rollout, max_model_len, autocast_dtype, named_weights, tp_group, tp, record_routing)
     engine = engine_class(name).from_config(model, tokenizer, args)
     if multi_turn:  # generate runs multi-turn trajectories with tools / interactions (rollout/agent/)
         from hybridrl.rollout.agent.rollout import AgentRollout

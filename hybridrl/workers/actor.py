@@ -30,7 +30,7 @@ from hybridrl.rollout.factory import build_rollout
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import summed_log_probs, token_log_probs
+from hybridrl.workers.forward import log_probs_and_routes, summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
 from hybridrl.workers.reference import Reference
@@ -91,6 +91,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             cuda_graph=a.use_cuda_graph,
             fsdp_config=a.fsdp_config,
         )
+        self.engine.moe.replay = self._replay_mode() != "disabled"  # a mixture of experts: router replay R2/R3
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
         self.need_ref = need_ref
@@ -112,7 +113,19 @@ class ActorRolloutRefWorker(ProfiledWorker):
             autocast_dtype=self.engine.amp,
             named_weights=self.sync.start_weights(),
             tp_group=tp_group,
+            record_routing=self._replay_mode() == "R3",
         )
+
+    def _replay_mode(self) -> str:
+        """actor.router_replay.mode; a dense model refuses R2/R3 (there is no routing to replay)."""
+        mode = self.arr.actor.router_replay.mode
+        if mode != "disabled" and not self.engine.moe.active:
+            arch = (getattr(self.model.config, "architectures", None) or ["?"])[0]
+            raise ValueError(
+                f"actor_rollout_ref.actor.router_replay.mode={mode} replays a mixture of experts' routing, and {arch} "
+                "has no sparse layers; set router_replay.mode=disabled"
+            )
+        return mode
 
     @register(Dispatch.ALL)
     def freeze_reference(self) -> None:
@@ -175,14 +188,20 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
         split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
         with eval_mode(self.model):
-            batch[K.OLD_LOG_PROBS] = token_log_probs(self.engine, self.model, batch, split, self.temperature)
+            if self._replay_mode() == "R2":  # the update replays this pass's routing (ROUTED_EXPERTS)
+                batch[K.OLD_LOG_PROBS], batch[K.ROUTED_EXPERTS] = log_probs_and_routes(
+                    self.engine, self.model, batch, split, self.temperature
+                )
+            else:  # R3: replays the engine's routing, which the batch carries
+                batch[K.OLD_LOG_PROBS] = token_log_probs(self.engine, self.model, batch, split, self.temperature)
         return batch
 
     @register(Dispatch.DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """Adds REF_LOG_PROBS from the frozen reference policy (the LoRA base, adapters off)."""
         split = log_prob_split(self.arr.ref, self.plan.ref_log_prob_micro_batch, "ref")
-        with eval_mode(self.model), self.reference.passes(self.engine) as (engine, model):
+        # the reference routes itself (with LoRA it runs on the policy's engine, adapters off)
+        with eval_mode(self.model), self.reference.passes(self.engine) as (engine, model), engine.moe.replaying(False):
             batch[K.REF_LOG_PROBS] = token_log_probs(engine, model, batch, split, self.temperature)
         return batch
 
@@ -218,6 +237,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
                 metrics[k].extend(v)
         out = self.engine.summarize(metrics)
         out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
+        out.update(self.engine.moe.metrics())  # a mixture of experts: moe/aux_loss, moe/expert_load_max_over_mean, ...
         return out
 
     @register(Dispatch.DP)

@@ -10,10 +10,12 @@ from contextlib import contextmanager
 import torch
 
 from hybridrl.distributed.fsdp import copy_weights, is_sharded
+from hybridrl.models import moe_block
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.prepare import compile_decoder_layers, drop_compiled
 from hybridrl.workers import forward
 from hybridrl.workers.engine import TrainEngine
+from hybridrl.workers.moe_passes import MoEPasses
 
 
 class Reference:
@@ -61,6 +63,7 @@ class Reference:
             compile_decoder_layers(ref)
         self.engine.model, self.engine.packing = ref, policy.packing  # the copy has the policy's hooks
         self.engine.share_prompts = policy.share_prompts
+        self.engine.moe = MoEPasses(moe_block.state_of(ref))  # its own sparse blocks, routing themselves
         self.engine.freeze()
         if self.arr.actor.use_cuda_graph:
             self.engine.enable_graphs()

@@ -57,6 +57,7 @@ class RolloutWorker(ProfiledWorker):
             max_model_len=data.max_prompt_length + data.max_response_length,
             autocast_dtype=amp,
             partial_rollout=partial,
+            record_routing=self.cfg.actor_rollout_ref.actor.router_replay.mode == "R3",
         )
         self.params = dict(self.model.named_parameters())
         if partial:

@@ -4,7 +4,7 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from hybridrl.data import keys as K
 from hybridrl.data.dataset import PromptRecord, collate_prompts
@@ -30,6 +30,7 @@ SHAPE = dict(
     pad_token_id=0,
     bos_token_id=1,
 )
+MOE = dict(SHAPE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 CONFIGS = {
     "llama": lambda: LlamaConfig(**SHAPE, rope_theta=500000.0, tie_word_embeddings=False),
     "qwen2": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=False),
@@ -42,6 +43,9 @@ CONFIGS = {
     # an embedding with rows past the tokenizer (as Qwen2.5's 151,936 for 151,665 tokens): the
     # engines must never draw them (hf_model makes them win almost every draw if they could)
     "qwen2-padded": lambda: Qwen2Config(**{**SHAPE, "vocab_size": PADDED_VOCAB}, tie_word_embeddings=False),
+    # mixtures of experts (models/moe_decoder.py): 8 experts, 2 a token; Qwen2-MoE with a shared expert
+    "qwen3_moe": lambda: Qwen3MoeConfig(**MOE, head_dim=16, tie_word_embeddings=False),
+    "qwen2_moe": lambda: Qwen2MoeConfig(**MOE, shared_expert_intermediate_size=48, tie_word_embeddings=False),
 }
 TEXTS = ["1+2=", "13+41=", "7*8=", "(2+3)*4=", "99-1="]
 
@@ -53,8 +57,8 @@ def hf_model(family="qwen2", seed=0):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # unit-scale weights: the default init (std 0.02) repeats the last token forever
         for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 1.0 if "embed" in name else p.shape[1] ** -0.5)
+            if p.dim() >= 2:  # matrices and each expert's: N(0, 1 / fan_in)
+                p.normal_(0, 1.0 if "embed" in name else p.shape[-1] ** -0.5)
             elif name.endswith(".bias") and family == "llama-bias":  # HF initializes biases to zero
                 p.normal_(0, 0.5)
         if family == "qwen2-padded":  # padding logits of std ~5.7 against ~1: one of 15 beats every real id

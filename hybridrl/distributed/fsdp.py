@@ -85,7 +85,12 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def place(
-    model: nn.Module, device: torch.device, param_offload: bool = False, forward_methods: tuple[str, ...] = (), mesh=None
+    model: nn.Module,
+    device: torch.device,
+    param_offload: bool = False,
+    forward_methods: tuple[str, ...] = (),
+    mesh=None,
+    expert_parallel: int = 1,
 ) -> nn.Module:
     """The model on its device: moved there on one rank, FSDP2-sharded over several, or replicated
     on every rank when the active layout shards nothing (fsdp_size=1: `distributed/replicate.py`).
@@ -94,6 +99,8 @@ def place(
     critic's `response_values`); FSDP gathers the root's weights around them too.
     `mesh`: the DeviceMesh to shard over; default the active layout's (`layout.fsdp_mesh`:
     1-D over all ranks, or 2-D replicate x shard = HSDP when fsdp_size is below the world).
+    `expert_parallel` > 1: a mixture of experts' experts split over groups of that many ranks
+    (`expert_parallel.apply_expert_parallel`), FSDP2 sharding the rest.
     """
     if world_size() == 1:
         return model.to(device)
@@ -106,7 +113,12 @@ def place(
     if not (param_offload and device.type == "cuda"):
         model.to(device)
     broadcast_from_rank0(model, device)
-    model = apply_fsdp(model, device, param_offload=param_offload, mesh=mesh)
+    ignored = None
+    if expert_parallel > 1:
+        from hybridrl.distributed.expert_parallel import apply_expert_parallel
+
+        ignored = set(apply_expert_parallel(fsdp_root(model), expert_parallel, device))
+    model = apply_fsdp(model, device, param_offload=param_offload, mesh=mesh, ignored_params=ignored)
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     for name in forward_methods:
@@ -125,7 +137,9 @@ def broadcast_from_rank0(model: nn.Module, device: torch.device) -> None:
                 t.data.copy_(buf)
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None, mesh=None) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, device: torch.device, *, param_offload: bool = False, blocks_of=None, mesh=None, ignored_params=None
+) -> nn.Module:
     """Shard `model` with FSDP2 over `mesh` (default: the active layout's): each transformer
     block, then the root.
 
@@ -133,6 +147,7 @@ def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = 
     master weights stay fp32. CPU (gloo): everything fp32. `param_offload` keeps the sharded
     parameters (and so their gradients and the optimizer step) in CPU memory; each block's
     parameters are copied to the device for its forward/backward (FSDP2's CPUOffloadPolicy).
+    `ignored_params`: parameters FSDP leaves as they are (expert-parallel experts).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -142,7 +157,7 @@ def apply_fsdp(model: nn.Module, device: torch.device, *, param_offload: bool = 
     else:
         mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if param_offload and device.type == "cuda" else OffloadPolicy()
-    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
+    kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload, "ignored_params": ignored_params}
     for block in (blocks_of or _blocks)(model):
         fully_shard(block, **kw)
     fully_shard(fsdp_root(model), **kw)
@@ -248,15 +263,34 @@ def clip_grad_norm_on_device(params: list[torch.Tensor], max_norm: float) -> tor
     """clip_grad_norm without reading the norm on the host: a 0-dim tensor on the gradients'
     device (a non-finite norm leaves non-finite gradients: the caller must not step on them).
     Plain (non-DTensor) gradients are whole: one device's, or a replicated model's after
-    `replicate.average_gradients` (identical on every rank), so their local norm is the global one."""
+    `replicate.average_gradients` (identical on every rank), so their local norm is the global one.
+    DTensor gradients of several meshes (expert-parallel experts beside FSDP's shards) are normed
+    per mesh and combined."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=params[0].device if params else "cpu")
+    meshes: dict = {}
+    for g in grads:
+        meshes.setdefault(getattr(g, "device_mesh", None), []).append(g)
+    if len(meshes) > 1:
+        return _clip_over_meshes(list(meshes.values()), grads, max_norm)
     total = torch.nn.utils.get_total_norm(grads, 2.0)
     if math.isfinite(max_norm):
         torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
     if hasattr(total, "full_tensor"):  # DTensor grads: combine the ranks' partial norms
         total = total.full_tensor()
+    return total
+
+
+def _clip_over_meshes(groups: list[list[torch.Tensor]], grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    norms = []
+    for gs in groups:
+        n = torch.nn.utils.get_total_norm(gs, 2.0)
+        norms.append(n.full_tensor() if hasattr(n, "full_tensor") else n)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    if math.isfinite(max_norm):
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coef)
     return total
 
 

@@ -90,6 +90,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             param_offload=a.fsdp_config.param_offload,
             cuda_graph=a.use_cuda_graph,
             fsdp_config=a.fsdp_config,
+            expert_parallel=a.fsdp_config.expert_parallel_size,
         )
         self.engine.moe.replay = self._replay_mode() != "disabled"  # a mixture of experts: router replay R2/R3
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)

@@ -26,6 +26,7 @@ from hybridrl.distributed import checkpoint as dckpt
 from hybridrl.distributed.fsdp import accumulation, clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
+from hybridrl.distributed.expert_parallel import reduce_expert_gradients
 from hybridrl.distributed.replicate import average_gradients
 from hybridrl.models import graphs as decoder_graphs
 from hybridrl.models import moe_block
@@ -191,13 +192,15 @@ class TrainEngine:
         share_prompts: bool = False,
         cuda_graph: bool = False,
         fsdp_config=None,
+        expert_parallel: int = 1,
     ):
         """Take `model` (loaded on the host): hooks, compiled layers and FSDP2 (`parallelize`);
         in train mode, or frozen (eval mode, no gradients) with `train=False`. `share_prompts`:
         packed passes compute a prompt that several rows repeat once. `cuda_graph`: its packed passes
         replay CUDA graphs (`models/graphs.py`) where they can. `fsdp_config`: the role's
         FSDPConfig, whose reduce_grads_once / reshard_after_forward shape each update's
-        micro-batch loop (`fsdp.accumulation`)."""
+        micro-batch loop (`fsdp.accumulation`). `expert_parallel`: a mixture of experts' experts
+        split over groups of that many ranks (distributed/expert_parallel.py)."""
         if fsdp_config is not None:
             self.accumulation = {
                 "reduce_grads_once": fsdp_config.reduce_grads_once,
@@ -213,6 +216,7 @@ class TrainEngine:
             param_offload=param_offload,
             forward_methods=forward_methods,
             hooks_on=hooks_on,
+            expert_parallel=expert_parallel,
         )
         self.share_prompts = share_prompts and self.packing is not None
         self.moe = MoEPasses(moe_block.state_of(self.model))
@@ -338,6 +342,7 @@ class TrainEngine:
         if self.graphs is not None:
             self.graphs.settle()  # every backward of this step has run
         average_gradients(self.model)  # replicated (fsdp_size=1): one all-reduce per step; else no-op
+        reduce_expert_gradients(self.model)  # expert-parallel experts: one device's gradient; else no-op
         if optimizer is not None:
             extra = self.extra[optimizer]
             grad_norm, stepped = clip_grad_norm(list(self.model.parameters()), extra.max_norm), True

@@ -40,6 +40,7 @@ class Reference:
             param_offload=self.arr.ref.fsdp_config.param_offload,
             train=False,
             cuda_graph=self.arr.actor.use_cuda_graph,
+            expert_parallel=self.arr.actor.fsdp_config.expert_parallel_size,  # split as the policy's
         )
 
     def load(self, path: str, random_init: bool = False) -> None:

@@ -154,3 +154,15 @@ def _as_object_array(values) -> np.ndarray:
     for i, v in enumerate(values):
         arr[i] = v
     return arr
+
+
+def pad_sequence_layout(t: torch.Tensor, prompt_width: int, to_prompt: int, to_response: int, fill) -> torch.Tensor:
+    """A (B, P + R, ...) tensor aligned with left-padded prompts | right-padded responses (P =
+    `prompt_width`), padded with `fill` to (B, to_prompt + to_response, ...): on the left of the
+    prompt part, on the right of the response part (ROUTED_EXPERTS when batches are concatenated)."""
+
+    def fill_(width: int) -> torch.Tensor:
+        return t.new_full((t.shape[0], width, *t.shape[2:]), fill)
+
+    prompt, response = t[:, :prompt_width], t[:, prompt_width:]
+    return torch.cat([fill_(to_prompt - prompt_width), prompt, response, fill_(to_response - response.shape[1])], 1)

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from hybridrl.data.batch import to_device
+from hybridrl.models.moe import is_moe
 
 PAD_SEQ = 256  # longest padding sequence (a power of two, so `max_len`'s bucket covers it)
 MAX_GRAPHS = 12  # shapes captured per model; beyond that, passes of new shapes run eagerly
@@ -389,6 +390,8 @@ def why_not(model, decoder, device: torch.device, backend: str | None) -> str | 
         return "gradient checkpointing"
     if getattr(config, "attention_dropout", 0.0) or getattr(config, "hidden_dropout", 0.0):
         return "dropout"
+    if is_moe(config):
+        return "a mixture of experts (each pass's routing decides its shapes and may be replayed)"
     return None
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.data import keys as K
-from hybridrl.data.batch import Batch
+from hybridrl.data.batch import Batch, pad_sequence_layout
 from hybridrl.rewards.manager import ScoreResult
 from hybridrl.rewards.managers import overlong_penalty
 from hybridrl.tracking.progress import ticker
@@ -219,9 +219,13 @@ def concat_padded(batches: list[Batch]) -> Batch:
         return batches[0]
     pad_id = batches[0].meta[K.PAD_TOKEN_ID]
     padded = []
+    widths = [max(x[k].shape[1] for x in batches) for k in (K.PROMPTS, K.RESPONSES)]
     for b in batches:
         tensors = {}
         for key, t in b.tensors.items():
+            if key == K.ROUTED_EXPERTS:  # (B, P + R, L, k): a mixture of experts' routing (router replay R3)
+                tensors[key] = pad_sequence_layout(t, b[K.PROMPTS].shape[1], *widths, K.NO_EXPERT)
+                continue
             width = max(x.tensors[key].shape[1] for x in batches) if t.dim() == 2 else 0
             extra = width - t.shape[1] if t.dim() == 2 else 0
             value = pad_id if key in (K.PROMPTS, K.RESPONSES) else 0

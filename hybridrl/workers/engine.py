@@ -23,10 +23,10 @@ from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.data.token_batching import micro_batches, restore_order, sequence_lengths
 from hybridrl.distributed import checkpoint as dckpt
+from hybridrl.distributed.expert_parallel import reduce_expert_gradients
 from hybridrl.distributed.fsdp import accumulation, clip_grad_norm, dp_max_min, dp_normalizer
 from hybridrl.distributed.layout import active
 from hybridrl.distributed.parallelize import parallelize
-from hybridrl.distributed.expert_parallel import reduce_expert_gradients
 from hybridrl.distributed.replicate import average_gradients
 from hybridrl.models import graphs as decoder_graphs
 from hybridrl.models import moe_block

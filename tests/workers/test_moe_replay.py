@@ -82,7 +82,8 @@ def test_replayed_routing_is_the_recorded_routing_after_the_router_moved(packed,
 def test_recorded_routing_is_the_same_packed_shared_unshared_and_padded():
     batch = grpo_batch(seed=4)
     model = tiny_moe(VOCAB)
-    got = [record(engine_of(copy.deepcopy(model), packed=p, share=s), batch)[1] for p, s in ((True, True), (True, False), (False, False))]
+    layouts = ((True, True), (True, False), (False, False))
+    got = [record(engine_of(copy.deepcopy(model), packed=p, share=s), batch)[1] for p, s in layouts]
     assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
 
 

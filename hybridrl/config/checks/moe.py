@@ -47,7 +47,8 @@ def _expert_parallel_problems(cfg: Config) -> list[Problem]:
         out.append(suggest(key, arr.ref.fsdp_config.expert_parallel_size, f"is not read: the reference uses {_EP}", 1))
     critic_ep = cfg.critic.model.fsdp_config.expert_parallel_size
     if critic_ep != 1:
-        out.append(suggest("critic.model.fsdp_config.expert_parallel_size", critic_ep, "is not read: a critic's experts stay FSDP-sharded", 1))
+        key = "critic.model.fsdp_config.expert_parallel_size"
+        out.append(suggest(key, critic_ep, "is not read: a critic's experts stay FSDP-sharded", 1))
     ep = arr.actor.fsdp_config.expert_parallel_size
     if not isinstance(ep, int) or ep <= 1:
         return out
@@ -56,9 +57,8 @@ def _expert_parallel_problems(cfg: Config) -> list[Problem]:
     if world % ep:
         out.append(suggest(_EP, ep, f"must divide the actor's {world} ranks (trainer.nnodes x devices per node)", 1))
     if sp > 1:
-        out.append(
-            suggest(f"{_A}.ulysses_sequence_parallel_size", sp, f"and {_EP}={ep} do not combine (the all-to-all splits tokens by rank)", 1)
-        )
+        why = f"and {_EP}={ep} do not combine (the all-to-all splits tokens by rank)"
+        out.append(suggest(f"{_A}.ulysses_sequence_parallel_size", sp, why, 1))
     if f.fsdp_size not in (-1, world):
         out.append(suggest(f"{_A}.fsdp_config.fsdp_size", f.fsdp_size, f"must be -1 (FSDP over all ranks) with {_EP}={ep}", -1))
     if f.param_offload:

@@ -432,8 +432,9 @@ class Generation:
             return
         self.prefilling.popleft()
         self.sched.prefilling_rows -= len(seqs)
+        seeds = [s.seed for s in seqs]
         tok, lp = self.runner.extend(
-            [g.prompt[done:]], [done], [seqs[0].blocks], [s.seed for s in seqs], self.mode, [len(seqs)], copies, route_rows=[g.out_rows]
+            [g.prompt[done:]], [done], [seqs[0].blocks], seeds, self.mode, [len(seqs)], copies, route_rows=[g.out_rows]
         )
         self.sched.register(g, seqs[0].blocks)
         self._start(seqs, tok, lp)

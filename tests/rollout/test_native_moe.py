@@ -132,3 +132,25 @@ def test_tp_sizes_that_split_experts_unevenly_fail_clearly():
     cfg.num_experts = 6
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by tensor_model_parallel_size=4; sizes .*: 1, 2"):
         NativeRolloutEngine(cfg, TOK, max_model_len=64, tp=TensorParallel(None, 0, 4))
+
+
+def test_lora_policy_merged_into_the_engine_samples_what_the_trainer_scores():
+    """LoRA on a mixture of experts (peft's all-linear: attention and, Qwen2-MoE, the shared expert;
+    the router and the fused experts are no nn.Linear, as in HF): the merged weights the engine
+    loads give the trainer's packed log-probs of the adapted policy."""
+    from hybridrl.models import lora
+
+    model = lora.apply_lora(hf_model("qwen2_moe"), 4, 8, "all-linear")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    adapted = {n.split(".base_layer")[0] for n, _ in model.named_parameters() if ".base_layer." in n}
+    assert any("shared_expert." in n for n in adapted) and not any(n.endswith(("mlp.gate", "experts")) for n in adapted)
+    engine = NativeRolloutEngine(model.config, TOK, max_model_len=64, block_size=4)
+    engine.load_weights(lora.merged_named_parameters(model))
+    out = engine.generate(prompts(), SAMPLED, seeds=list(range(10)))
+    trainer = TrainEngine(torch.device("cpu"), "actor", forward.log_probs)
+    trainer.place(model, remove_padding=True, share_prompts=True, train=False)
+    want = forward.token_log_probs(trainer, trainer.model, out, Split(4), SAMPLED.temperature)
+    torch.testing.assert_close(out[K.ROLLOUT_LOG_PROBS], want, atol=1e-5, rtol=0)

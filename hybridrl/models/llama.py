@@ -35,10 +35,10 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def unsupported_reason(config, architectures=ARCHITECTURES) -> str | None:
+def unsupported_reason(config, architectures=ARCHITECTURES, arch: str | None = None) -> str | None:
     """Why the native model cannot run this HF config, or None when it can (`architectures`: the
-    ones the caller's decoder class builds)."""
-    arch = (getattr(config, "architectures", None) or ["?"])[0]
+    ones the caller's decoder class builds; `arch`: the config's, when the caller knows it better)."""
+    arch = arch or (getattr(config, "architectures", None) or ["?"])[0]
     if arch not in architectures:
         return f"architecture {arch} is not one of {', '.join(architectures)}"
     if getattr(config, "hidden_act", "silu") != "silu":

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 # HF architecture -> the attention family of `hybridrl.models.llama` its layers use
 MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2"}
+MOE_MODEL_TYPES = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 IMPLS = ("auto", "grouped", "loop")
 # torch >= 2.10 names it F.grouped_mm; torch._grouped_mm before (None: the loop only)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -39,9 +40,15 @@ def _accum(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def architecture(config) -> str:
+    """The config's HF architecture; a config built in memory has none: its model_type names it."""
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    return arch or MOE_MODEL_TYPES.get(getattr(config, "model_type", None), "?")
+
+
 def is_moe(config) -> bool:
     """The HF config describes one of the MoE architectures here."""
-    return (getattr(config, "architectures", None) or ["?"])[0] in MOE_ARCHITECTURES
+    return architecture(config) in MOE_ARCHITECTURES
 
 
 def sparse_layers(config) -> list[int]:

@@ -99,18 +99,18 @@ class MoeDecoderLM(llama.DecoderLM):
 
     @staticmethod
     def unsupported_reason(config) -> str | None:
-        arch = (getattr(config, "architectures", None) or ["?"])[0]
+        arch = moe.architecture(config)
         if arch not in moe.MOE_ARCHITECTURES:
             return f"architecture {arch} is not one of {', '.join(moe.MOE_ARCHITECTURES)}"
         if arch == "Qwen2MoeForCausalLM" and not getattr(config, "qkv_bias", True):
             return "Qwen2-MoE with qkv_bias=false"
         if not moe.sparse_layers(config):
             return "num_experts=0 (no sparse layer)"
-        return llama.unsupported_reason(config, moe.MOE_ARCHITECTURES)
+        return llama.unsupported_reason(config, moe.MOE_ARCHITECTURES, arch)
 
     @staticmethod
     def family(config) -> str:
-        return moe.MOE_ARCHITECTURES[config.architectures[0]]
+        return moe.MOE_ARCHITECTURES[moe.architecture(config)]
 
     @property
     def n_sparse(self) -> int:

@@ -66,7 +66,7 @@ def test_per_expert_checkpoint_names_load_into_the_fused_experts():
     ids=["plain", "multistep", "prefix_cache", "chunked"],
 )
 def test_recorded_routing_is_the_routing_the_trainer_computes(kw):
-    """Every token the engine ran through the model has its experts recorded (all but each
+    """Every token the engine ran through the model has its experts recorded (all but maybe each
     response's last token; prompt tokens taken from the prefix cache are not recomputed), and
     they are the trainer's own top-k at the same weights."""
     model = hf_model("qwen3_moe")

@@ -409,13 +409,20 @@ class Generation:
             copies = [c for _, _, group_copies in part for c in group_copies]
             tables, samples = [group_seqs[0].blocks for _, group_seqs, _ in part], [len(g.out_rows) for g, _, _ in part]
             seeds = [s.seed for s in seqs]
-            rows_of = [g.out_rows for g, _, _ in part]
+            rows_of = self.route_rows([g.out_rows for g, _, _ in part])
             if part is fresh:
-                tok, lp = self.runner.prefill([g.prompt for g, _, _ in part], tables, samples, copies, seeds, self.mode, rows_of)
+                tok, lp = self.runner.prefill(
+                    [g.prompt for g, _, _ in part], tables, samples, copies, seeds, self.mode, **rows_of
+                )
             else:
                 tokens, starts = [g.prompt[g.cached :] for g, _, _ in part], [g.cached for g, _, _ in part]
-                tok, lp = self.runner.extend(tokens, starts, tables, seeds, self.mode, samples, copies, route_rows=rows_of)
+                tok, lp = self.runner.extend(tokens, starts, tables, seeds, self.mode, samples, copies, **rows_of)
             self._start(seqs, tok, lp)
+
+    def route_rows(self, rows: list[list[int]]) -> dict:
+        """A prefill/extend pass's keyword for recording the routing (router replay R3): the
+        output rows of each of its rows; nothing when the call does not record."""
+        return {"route_rows": rows} if self.routes is not None else {}
 
     def _prefill_chunk(self) -> None:
         """The next chunk of the oldest long prompt being prefilled (an extend pass over the
@@ -425,16 +432,15 @@ class Generation:
         end = min(len(g.prompt), done + self.engine.prefill_chunk)
         self.prefill_chunks += 1
         if end < len(g.prompt):
-            self.runner.extend(
-                [g.prompt[done:end]], [done], [seqs[0].blocks], [seqs[0].seed], self.mode, sample=False, route_rows=[g.out_rows]
-            )
+            rows_of = self.route_rows([g.out_rows])
+            self.runner.extend([g.prompt[done:end]], [done], [seqs[0].blocks], [seqs[0].seed], self.mode, sample=False, **rows_of)
             entry[3] = end
             return
         self.prefilling.popleft()
         self.sched.prefilling_rows -= len(seqs)
-        seeds = [s.seed for s in seqs]
+        seeds, rows_of = [s.seed for s in seqs], self.route_rows([g.out_rows])
         tok, lp = self.runner.extend(
-            [g.prompt[done:]], [done], [seqs[0].blocks], seeds, self.mode, [len(seqs)], copies, route_rows=[g.out_rows]
+            [g.prompt[done:]], [done], [seqs[0].blocks], seeds, self.mode, [len(seqs)], copies, **rows_of
         )
         self.sched.register(g, seqs[0].blocks)
         self._start(seqs, tok, lp)
@@ -462,8 +468,8 @@ class Generation:
             event.synchronize()
         B = len(seqs)
         live = np.nonzero(~self.record.done[out_rows])[0]  # rows that ended earlier ran wasted steps
-        if routes is not None:
-            self.routes.store_decode(routes[0], out_rows[live], live, routes[1][live])
+        if routes is not None:  # every row: a finished row's wasted step ran its last token (a turn's EOS, cached)
+            self.routes.store_decode(routes[0], out_rows, np.arange(B), routes[1])
         toks = host[0, :, :B].numpy().astype(np.int64).T[live]  # (rows, steps)
         lps = host[1, :, :B].numpy().T[live]
         ended = live[self.record.record_steps(out_rows[live], toks, lps)]

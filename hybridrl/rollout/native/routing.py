@@ -10,9 +10,10 @@ sequence (prompt tokens first, then the response's), in a per-call host history 
 - decode steps: the model writes into `RouteBuffers.steps` (steps, rows, L, k) inside the CUDA
   graph; the launch copies it to a pinned host buffer with its tokens, and the step's routing is
   stored when its tokens are read, at the position of each row's input token.
-A response's last token never runs through the model (nothing is sampled after it) and prompt
-tokens taken from the prefix cache are not recomputed: their entries stay -1 (`K.NO_EXPERT`),
-and the trainer routes them itself. `assemble` lays the history out as ROUTED_EXPERTS
+A response's last token runs through the model only when it is an EOS read by the decode step
+already launched after it (a turn's EOS always runs, before the tool's tokens), and prompt tokens
+taken from the prefix cache are not recomputed: the entries of tokens that did not run stay -1
+(`K.NO_EXPERT`), and the trainer routes them itself. `assemble` lays the history out as ROUTED_EXPERTS
 (B, P + R, L, k), aligned with the output's prompts | responses.
 """
 

@@ -93,9 +93,8 @@ class Turns:
         self.turn_start[out_rows] = rec.lengths[out_rows]
         rec.limit[out_rows] = [self.agent.turn_limit(int(r), int(rec.lengths[r])) for r in rows]
         rec.done[out_rows] = self.left[out_rows] = self.notified[out_rows] = False
-        tok, lp = self.runner.extend(
-            inputs, starts, [s.blocks for s in seqs], [s.seed for s in seqs], mode, route_rows=[[r] for r in rows]
-        )
+        rows_of = {"route_rows": [[r] for r in rows]} if self.runner.route_history is not None else {}
+        tok, lp = self.runner.extend(inputs, starts, [s.blocks for s in seqs], [s.seed for s in seqs], mode, **rows_of)
         finished = rec.record(out_rows, tok.cpu().numpy(), lp.cpu().numpy())
         self.extend_passes, self.extend_rows = self.extend_passes + 1, self.extend_rows + len(rows)
         self.extend_s += time.perf_counter() - t

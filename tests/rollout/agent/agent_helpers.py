@@ -112,10 +112,10 @@ class ScriptedPolicy:
                 turns = self.plans.get(int(s), [])
                 self.current[int(s)] = turns.pop(0) if turns else [EOS]
 
-        def wrapped_prefill(prompts, blocks, samples, copies, seeds, mode):
+        def wrapped_prefill(prompts, blocks, samples, copies, seeds, mode, **kw):
             next_turn(seeds)
             self.rows = len(seeds)
-            return prefill(prompts, blocks, samples, copies, seeds, mode)
+            return prefill(prompts, blocks, samples, copies, seeds, mode, **kw)
 
         def wrapped_extend(tokens, starts, tables, seeds, mode, *rest, **kw):
             if kw.get("sample") is False:  # a chunk of a long prompt: nothing is sampled

@@ -44,42 +44,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rollout import copy_bandwidth, sync  # noqa: E402
+
 from hybridrl.data import keys as K  # noqa: E402
 from hybridrl.data.batch import Batch  # noqa: E402
+from hybridrl.models.tiny import QWEN3_30B_A3B, tiny_qwen3_moe_config  # noqa: E402
 
-QWEN3_30B_A3B = dict(
-    architectures=["Qwen3MoeForCausalLM"],
-    model_type="qwen3_moe",
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    moe_intermediate_size=768,
-    num_experts=128,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_hidden_layers=48,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    router_aux_loss_coef=0.001,
-)
-TINY = dict(
-    QWEN3_30B_A3B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=32,
-    num_experts=8,
-    num_experts_per_tok=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_hidden_layers=2,
-)
+QWEN3 = tiny_qwen3_moe_config(**QWEN3_30B_A3B)  # Qwen3-30B-A3B's shapes, 48 layers
+TINY = tiny_qwen3_moe_config(vocab_size=512)
 
 
 class _Tok:
@@ -89,26 +63,6 @@ class _Tok:
 
     def batch_decode(self, seqs, skip_special_tokens=True):
         return [" ".join(map(str, s.tolist())) for s in seqs]
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes/s of a device-to-device copy (read + write counted)."""
-    if device.type != "cuda":
-        return float("nan")
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    sync()
-    t = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    sync()
-    return 2 * 10 * x.numel() / (time.perf_counter() - t)
 
 
 def _engine(shape: dict, device, rows: int, max_len: int, record: bool):
@@ -157,7 +111,7 @@ def decode(a) -> dict:
     from hybridrl.rollout import SamplingParams
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape = dict(TINY if a.tiny else QWEN3_30B_A3B, **({"num_hidden_layers": a.layers} if a.layers else {}))
+    shape = dict(TINY if a.tiny else QWEN3, **({"num_hidden_layers": a.layers} if a.layers else {}))
     rows, plen, new = (8, 16, 8) if a.tiny else (a.rows, a.prompt_len, a.new_tokens)
     prompts = _prompts(rows, plen, shape["vocab_size"])
     s = SamplingParams(n=1, temperature=1.0, max_new_tokens=new)
@@ -208,7 +162,7 @@ def step(a) -> dict:
 
     work = Path(a.out) / "step_work"
     data = make_arith(str(work / "data"), n_train=512, n_test=8, n_sft=8, max_operand=99, seed=0)
-    moe_shape = dict(TINY if a.tiny else QWEN3_30B_A3B, num_hidden_layers=a.layers or (2 if a.tiny else 8))
+    moe_shape = dict(TINY if a.tiny else QWEN3, num_hidden_layers=a.layers or (2 if a.tiny else 8))
     variants = [("off", "qwen3_moe", "disabled"), ("R3", "qwen3_moe", "R3")]
     if not a.no_dense:
         variants.append(("dense", "qwen3", "disabled"))
@@ -217,7 +171,8 @@ def step(a) -> dict:
     for name, family, replay in variants:
         shape = {k: v for k, v in moe_shape.items() if k not in ("architectures", "model_type")}
         if family == "qwen3":  # the 8 active experts' SwiGLU width as one dense MLP
-            shape = {k: v for k, v in shape.items() if not k.startswith(("moe_", "num_experts", "norm_topk", "router_"))}
+            dense = ("moe_", "num_experts", "norm_topk", "router_", "decoder_sparse_step", "mlp_only_layers")
+            shape = {k: v for k, v in shape.items() if not k.startswith(dense)}
             shape.update(intermediate_size=moe_shape["num_experts_per_tok"] * moe_shape["moe_intermediate_size"])
             shape.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
             model = write_tiny_model_dir(work / "dense", **shape)

@@ -68,14 +68,19 @@ def tiny_qwen2(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None =
     """The tiny model in memory: a `Qwen2ForCausalLM` of `tiny_qwen2_config(vocab_size, **overrides)`
     with weights drawn after `torch.manual_seed(seed)`, cast to `dtype` when given; `attn` sets the
     attention implementation (e.g. "sdpa", which the packed passes need)."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    return _seeded(Qwen2Config, Qwen2ForCausalLM, tiny_qwen2_config(vocab_size, **overrides), seed, dtype, attn)
+
+
+def _seeded(config_cls, model_cls, cfg: dict, seed: int, dtype, attn: str | None):
+    import torch
+
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**tiny_qwen2_config(vocab_size, **overrides))
+    config = config_cls(**cfg)
     if attn is not None:
-        cfg._attn_implementation = attn
-    model = Qwen2ForCausalLM(cfg)
+        config._attn_implementation = attn
+    model = model_cls(config)
     return model if dtype is None else model.to(dtype)
 
 
@@ -113,15 +118,27 @@ def tiny_qwen3_moe_config(vocab_size: int, **overrides) -> dict:
 
 def tiny_qwen3_moe(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None = None, **overrides):
     """`tiny_qwen2` for `tiny_qwen3_moe_config`: a seeded `Qwen3MoeForCausalLM` in memory."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(seed)
-    cfg = Qwen3MoeConfig(**tiny_qwen3_moe_config(vocab_size, **overrides))
-    if attn is not None:
-        cfg._attn_implementation = attn
-    model = Qwen3MoeForCausalLM(cfg)
-    return model if dtype is None else model.to(dtype)
+    return _seeded(Qwen3MoeConfig, Qwen3MoeForCausalLM, tiny_qwen3_moe_config(vocab_size, **overrides), seed, dtype, attn)
+
+
+# Qwen3-30B-A3B's shapes (its config.json): `tiny_qwen3_moe_config(**QWEN3_30B_A3B)` is that model
+# with random weights (GPU tests and benchmarks; `num_hidden_layers` fewer where memory asks)
+QWEN3_30B_A3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_hidden_layers=48,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+)
 
 
 CONFIGS = {"qwen2": tiny_qwen2_config, "qwen3_moe": tiny_qwen3_moe_config}  # write_tiny_model_dir's families

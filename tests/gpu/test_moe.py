@@ -20,31 +20,13 @@ import torch
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
 from hybridrl.models import moe
+from hybridrl.models.tiny import QWEN3_30B_A3B, tiny_qwen3_moe_config
 from hybridrl.rollout import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-QWEN3_30B_A3B = dict(
-    architectures=["Qwen3MoeForCausalLM"],
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,
-    moe_intermediate_size=768,
-    num_experts=128,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_hidden_layers=2,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    router_aux_loss_coef=0.001,
-    eos_token_id=151645,
-    pad_token_id=151643,
-)
+# 2 layers of Qwen3-30B-A3B, its tokenizer's EOS and pad ids
+SHAPE = tiny_qwen3_moe_config(**{**QWEN3_30B_A3B, "num_hidden_layers": 2, "eos_token_id": 151645, "pad_token_id": 151643})
 
 
 class _Tok:
@@ -72,7 +54,7 @@ def hf():
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**QWEN3_30B_A3B)).float()
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**SHAPE)).float()
 
 
 def test_grouped_gemm_kernel_agrees_with_the_expert_loop_in_bf16():
@@ -100,6 +82,13 @@ def _trainer(model, replay: bool):
     return engine
 
 
+def _engine(hf, record: bool):
+    from hybridrl.rollout.native.engine import NativeRolloutEngine
+
+    kw = dict(device="cuda", dtype=torch.bfloat16, max_model_len=1024, max_num_seqs=256, ignore_eos=True)
+    return NativeRolloutEngine.from_hf_model(hf, _Tok(), share_weights=False, record_routing=record, **kw)
+
+
 def _probs_diff(out, old) -> tuple[float, float]:
     mask = out[K.RESPONSE_MASK].bool()
     diff = (out[K.ROLLOUT_LOG_PROBS].exp() - old.exp()).abs()[mask]
@@ -109,21 +98,10 @@ def _probs_diff(out, old) -> tuple[float, float]:
 def test_engine_log_probs_match_the_trainer_and_r3_shrinks_the_mismatch(hf):
     """One batch, generated once with the routing recorded; the trainer's old log-probs routing
     itself (replay off) and replaying the engine's routing (R3)."""
-    from hybridrl.rollout.native.engine import NativeRolloutEngine
     from hybridrl.workers import forward
     from hybridrl.workers.engine import Split
 
-    engine = NativeRolloutEngine.from_hf_model(
-        hf,
-        _Tok(),
-        share_weights=False,
-        device="cuda",
-        dtype=torch.bfloat16,
-        max_model_len=1024,
-        max_num_seqs=256,
-        record_routing=True,
-        ignore_eos=True,
-    )
+    engine = _engine(hf, record=True)
     out = engine.generate(_prompts(64, 256), SamplingParams(n=4, temperature=1.0, max_new_tokens=128), seeds=list(range(256)))
     assert engine.last_metrics["rollout/graph_captures"] >= 1
     recorded = out[K.ROUTED_EXPERTS][..., 0, 0] >= 0
@@ -146,21 +124,9 @@ def test_engine_log_probs_match_the_trainer_and_r3_shrinks_the_mismatch(hf):
 
 
 def test_decode_step_at_256_rows(hf):
-    from hybridrl.rollout.native.engine import NativeRolloutEngine
-
     times = {}
     for record in (False, True):
-        engine = NativeRolloutEngine.from_hf_model(
-            hf,
-            _Tok(),
-            share_weights=False,
-            device="cuda",
-            dtype=torch.bfloat16,
-            max_model_len=1024,
-            max_num_seqs=256,
-            record_routing=record,
-            ignore_eos=True,
-        )
+        engine = _engine(hf, record)
         prompts, s = _prompts(256, 256, seed=1), SamplingParams(n=1, temperature=1.0, max_new_tokens=128)
         engine.generate(prompts, s)  # captures the graphs
         engine.generate(prompts, s)

@@ -37,6 +37,21 @@ def build_tokenizer():
     return fast
 
 
+# what the tiny configs share: two layers of 4 query / 2 KV heads, the character tokenizer's ids
+_TINY = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=1,
+    torch_dtype="float32",
+)
+
+
 def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
     """A Qwen2 config small enough to train on two CPU cores in seconds.
 
@@ -48,17 +63,8 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
         model_type="qwen2",
         hidden_size=64,
         intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        torch_dtype="float32",
+        **_TINY,
     )
     cfg.update(overrides)
     return cfg
@@ -98,19 +104,10 @@ def tiny_qwen3_moe_config(vocab_size: int, **overrides) -> dict:
         num_experts_per_tok=2,
         norm_topk_prob=True,
         decoder_sparse_step=1,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=8,
-        max_position_embeddings=128,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
         router_aux_loss_coef=0.001,
         tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=1,
-        torch_dtype="float32",
+        **_TINY,
     )
     cfg.update(overrides)
     return cfg

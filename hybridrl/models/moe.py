@@ -30,7 +30,7 @@ import torch.nn.functional as F
 # HF architecture -> the attention family of `hybridrl.models.llama` its layers use
 MOE_ARCHITECTURES = {"Qwen3MoeForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2"}
 MOE_MODEL_TYPES = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
-IMPLS = ("auto", "grouped", "loop")
+IMPLS = ("auto", "grouped", "loop", "dense")
 # torch >= 2.10 names it F.grouped_mm; torch._grouped_mm before (None: the loop only)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -86,13 +86,17 @@ def route_weights(probs: torch.Tensor, ids: torch.Tensor, norm_topk_prob: bool) 
 
 
 def pick_impl(impl: str, x: torch.Tensor) -> str:
-    """`auto`: grouped GEMMs on CUDA in 16-bit (torch._grouped_mm's kernels), the loop elsewhere."""
+    """`auto`: on CUDA grouped GEMMs in 16-bit on sm80+ (the kernels grouped_mm has), else every
+    expert over every token, weighted 0 where not routed (`dense`: no host sync either, so a CUDA
+    graph can still capture it; the float32 engines of the tests); the loop on the CPU."""
     if impl not in IMPLS:
         raise ValueError(f"expert impl {impl!r}: choose one of {', '.join(IMPLS)}")
     if impl != "auto":
         return impl
-    grouped = x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _grouped_mm is not None
-    return "grouped" if grouped else "loop"
+    if not x.is_cuda:
+        return "loop"
+    kernel = _grouped_mm is not None and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    return "grouped" if kernel and x.dtype in (torch.bfloat16, torch.float16) else "dense"
 
 
 def grouped_swiglu(xs: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, impl: str) -> torch.Tensor:
@@ -147,14 +151,29 @@ def expert_forward(
     Assignments to other experts add nothing (the engine's TP ranks each hold some experts and
     all-reduce the partial sums)."""
     T, k = ids.shape
+    impl = pick_impl(impl, x)
+    if impl == "dense":
+        return _dense(x, ids, weights, gate_up, down, first).to(out_dtype or x.dtype)
     order, counts, inside = sort_by_expert(ids, first, gate_up.shape[0])
     # repeat_interleave then a permutation: the backward sums each token's k rows without atomics
     xs = x.repeat_interleave(k, dim=0)[order]  # (T*k, H), sorted by expert
-    ys = grouped_swiglu(xs, counts, gate_up, down, pick_impl(impl, x))  # (T*k, H)
+    ys = grouped_swiglu(xs, counts, gate_up, down, impl)  # (T*k, H)
     y = torch.empty_like(ys).index_copy(0, order, ys).view(T, k, -1)  # back in (token, slot) order
     acc = _accum(y.dtype)
     w = weights.to(acc) * inside.view(T, k)  # (T, k)
     return (y.to(acc) * w[..., None]).sum(1).to(out_dtype or x.dtype)
+
+
+def _dense(x, ids, weights, gate_up, down, first: int) -> torch.Tensor:
+    """`expert_forward` as E GEMMs over all T tokens, each expert's output weighted by the token's
+    weight for it (0 when not routed there): E / k times the FLOPs, fixed shapes."""
+    acc = _accum(x.dtype)
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=acc, device=x.device)
+    for e in range(gate_up.shape[0]):
+        w = (weights.to(acc) * (ids == first + e)).sum(-1)  # (T,)
+        gate, up = F.linear(x, gate_up[e]).chunk(2, dim=-1)
+        out += w[:, None] * F.linear(F.silu(gate) * up, down[e]).to(acc)
+    return out
 
 
 def load_balancing_loss(probs: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

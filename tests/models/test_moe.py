@@ -40,21 +40,23 @@ def _per_token(x, ids, w, gate_up, down):
 
 
 def test_grouped_gemm_and_the_expert_loop_agree_in_value_and_gradient():
+    """Also `dense` (every expert over every token, weighted 0 where not routed: CUDA graphs in float32)."""
     x, ids, w, gate_up, down = _assignments()
     outs, grads = {}, {}
-    for impl in ("grouped", "loop"):
+    for impl in ("grouped", "loop", "dense"):
         xs = [t.clone().requires_grad_(True) for t in (x, w, gate_up, down)]
         out = moe.expert_forward(xs[0], ids, xs[1], xs[2], xs[3], impl=impl)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
         outs[impl], grads[impl] = out.detach(), [t.grad for t in xs]
-    torch.testing.assert_close(outs["grouped"], outs["loop"], atol=1e-5, rtol=1e-5)
-    for a, b in zip(grads["grouped"], grads["loop"]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for impl in ("grouped", "dense"):
+        torch.testing.assert_close(outs[impl], outs["loop"], atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads[impl], grads["loop"]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert float(grads["loop"][2][-1].abs().sum()) == 0  # the expert no token chose gets no gradient
     torch.testing.assert_close(outs["loop"], _per_token(x, ids, w, gate_up, down), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["grouped", "loop"])
+@pytest.mark.parametrize("impl", ["grouped", "loop", "dense"])
 def test_experts_split_over_shards_sum_to_the_whole(impl):
     """The engine's TP ranks each hold E / tp whole experts: the partial outputs add up."""
     x, ids, w, gate_up, down = _assignments(E=6)

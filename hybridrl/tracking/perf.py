@@ -35,6 +35,10 @@ def model_shape(model) -> dict[str, int]:
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     skip = {id(embed.weight)} | ({id(head.weight)} if head is not None else set())
     dense = sum(p.numel() for p in base.parameters() if id(p) not in skip)
+    n_experts, top_k = getattr(cfg, "num_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+    if n_experts and top_k:  # a mixture of experts: a token runs k of the E experts of each sparse layer
+        experts = sum(p.numel() for name, p in base.named_parameters() if ".experts." in name)
+        dense -= int(experts * (1 - top_k / n_experts))
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     return {

@@ -24,6 +24,17 @@ def test_model_shape_excludes_embedding_and_head(tiny_model_dir):
     assert (shape["layers"], shape["d_attn"], shape["vocab"]) == (2, cfg.hidden_size, cfg.vocab_size)
 
 
+def test_a_mixture_of_experts_counts_the_active_experts_only():
+    """8 experts, 2 a token: 2 / 8 of the expert weights run per token (MFU of MoE updates)."""
+    from hybridrl.models.tiny import tiny_qwen3_moe
+
+    model = tiny_qwen3_moe(40)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    embed_head = sum(p.numel() for n, p in model.named_parameters() if "embed" in n or "lm_head" in n)
+    total = sum(p.numel() for p in model.parameters())
+    assert perf.model_shape(model)["dense"] == total - embed_head - experts + experts // 4
+
+
 def test_mfu_and_peaks():
     assert perf.mfu(989e12, 2.0, 989e12) == pytest.approx(0.5)
     assert perf.mfu(1.0, 1.0, None) is None

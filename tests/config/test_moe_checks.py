@@ -32,6 +32,10 @@ def test_defaults_and_accepted_values():
     [
         ([f"{A}.router_replay.mode=R4"], "router_replay.mode=R4 is not one of disabled, R2, R3"),
         (
+            [*GPUS4, f"{A}.router_replay.mode=R3", f"{A}.ulysses_sequence_parallel_size=2"],
+            "ulysses_sequence_parallel_size=2 and actor_rollout_ref.actor.router_replay.mode=R3 do not combine",
+        ),
+        (
             [f"{A}.router_replay.mode=R3", "actor_rollout_ref.rollout.name=hf"],
             "router_replay.mode=R3 replays the routing the native engine records; rollout.name=hf does not record it",
         ),

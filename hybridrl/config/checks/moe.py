@@ -27,6 +27,10 @@ def _replay_problems(cfg: Config) -> list[Problem]:
                 {"actor_rollout_ref.rollout.name": "native"},
             )
         )
+    if mode != "disabled" and role_sp(cfg, "actor") > 1:
+        key = f"{_A}.ulysses_sequence_parallel_size"
+        why = f"and {_MODE}={mode} do not combine (each rank runs a slice of the packed row; the routing covers it whole)"
+        out.append(suggest(key, role_sp(cfg, "actor"), why, 1))
     if mode == "R2" and (a.reuse_on_policy_log_prob or cfg.algorithm.rollout_correction.bypass_mode):
         key = f"{_A}.reuse_on_policy_log_prob" if a.reuse_on_policy_log_prob else "algorithm.rollout_correction.bypass_mode"
         out.append(

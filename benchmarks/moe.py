@@ -5,7 +5,11 @@ same active parameters).
 Commands (Qwen3-30B-A3B shapes, random weights: speed depends on shapes, not weights):
   one GPU, decode:  PYTHONPATH=. python benchmarks/moe.py decode --out $OUT                # 48 layers, 256 rows
   one GPU, step:    PYTHONPATH=. python benchmarks/moe.py step --layers 8 --out $OUT       # replay off and R3, + dense
-  4 GPUs, EP=4:     PYTHONPATH=. python benchmarks/moe.py step --layers 48 --gpus 4 --ep 4 --no-dense --out $OUT
+  4 GPUs, EP=4:     PYTHONPATH=. python benchmarks/moe.py step --layers 48 --gpus 4 --ep 4 --no-dense --out $OUT \
+                      --set actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
+                            actor_rollout_ref.actor.fsdp_config.optimizer_offload=true
+                    (48 layers: fp32 master experts, gradients and Adam of E/4 experts are ~116 GB a GPU;
+                    the engine at TP=4 holds a quarter of the bf16 weights; fewer --layers if it does not fit)
 CPU smoke test:     PYTHONPATH=. python benchmarks/moe.py decode --tiny --out /tmp/moe_bench
                     PYTHONPATH=. python benchmarks/moe.py step --tiny --out /tmp/moe_bench
 
@@ -207,6 +211,7 @@ def step(a) -> dict:
         }
         if a.ep > 1 and family != "qwen3":
             overrides["actor_rollout_ref.actor.fsdp_config.expert_parallel_size"] = a.ep
+        overrides.update(kv.split("=", 1) for kv in a.set)
         empty = work / "empty.yaml"
         empty.write_text("{}\n")
         cmd = [sys.executable, "-m", "hybridrl", "train", str(empty), *[f"{k}={v}" for k, v in overrides.items()]]
@@ -245,6 +250,7 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--ep", type=int, default=1, help="step: actor.fsdp_config.expert_parallel_size")
     p.add_argument("--no-dense", action="store_true", help="step: skip the dense model of the same active parameters")
+    p.add_argument("--set", nargs="*", default=[], help="step: more key=value overrides for every variant")
     a = p.parse_args()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     result = decode(a) if a.what == "decode" else step(a)

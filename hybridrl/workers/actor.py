@@ -29,7 +29,7 @@ from hybridrl.rollout.base import Hooks, SamplingParams
 from hybridrl.rollout.factory import build_rollout
 from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
-from hybridrl.workers.engine import Split, TrainEngine, eval_mode
+from hybridrl.workers.engine import Split, TrainEngine, eval_mode, perf_metrics, perf_start
 from hybridrl.workers.forward import summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
@@ -209,7 +209,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         batch = loss.select(batch)
         mini = self.plan.actor.per_device_mini_batch
         parts = loss.passes(batch, mini, lambda rest: self.compute_log_prob(rest)[K.OLD_LOG_PROBS])
-        start = self.engine.perf_start()
+        start = perf_start(self.engine)
         key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
         split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, key)
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -217,7 +217,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             for k, v in self.engine.update(part, loss, split, epochs=a.ppo_epochs, shuffle=a.shuffle, mini_size=mini).items():
                 metrics[k].extend(v)
         out = self.engine.summarize(metrics)
-        out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
+        out.update(perf_metrics(self.engine, batch, start, a.ppo_epochs, self.policy.train_passes))
         return out
 
     @register(Dispatch.DP)

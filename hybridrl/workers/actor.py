@@ -27,12 +27,12 @@ from hybridrl.distributed.layout import rollout_tp_group
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rollout.base import Hooks, SamplingParams
 from hybridrl.rollout.factory import build_rollout
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode, perf_metrics, perf_start
 from hybridrl.workers.forward import summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
+from hybridrl.workers.profiled import ProfiledWorker
 from hybridrl.workers.reference import Reference
 from hybridrl.workers.weight_sync import WeightSync
 

@@ -30,10 +30,10 @@ from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import run_as_forward
 from hybridrl.models.loading import ModelLoadError, check_dir, has_weights, load_tokenizer
 from hybridrl.models.packing import Packed, packed_hidden
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
 from hybridrl.workers.forward import autocast, context_mask, seq_keys
 from hybridrl.workers.objectives import BradleyTerryLoss
+from hybridrl.workers.profiled import ProfiledWorker
 
 
 class RewardModelError(ValueError):

@@ -20,7 +20,8 @@ LAYERS = (
     ("__main__", "main_ppo", "main_dapo", "sft_trainer"),  # `python -m hybridrl`, verl's module entry points
     ("cli", "__init__"),  # `hybridrl ...`; `import hybridrl` (the API's names, the registries handed to config)
     ("api",),  # the Python API (RLTrainer): builds the run the CLI builds
-    ("launch", "preflight"),  # the one launch path the CLI and the API share
+    ("launch",),  # the one launch path the CLI and the API share
+    ("preflight", "inputs"),  # what is checked before a run starts; the API's objects as what a config names
     ("trainer",),
     ("workers",),
     ("distributed",),
@@ -31,20 +32,15 @@ LAYERS = (
 )
 # The compatibility wing (verl / TRL vocabularies) imports the core and may import anything; only
 # the edge (the three top rows: command lines and the Python API) may import it.
-COMPAT = ("compat", "trl_compat")
+COMPAT = ("compat",)
 COMPAT_USERS = LAYERS[0] + LAYERS[1] + LAYERS[2]
 
-# Known offenders in the areas other branches are rewriting now: each is fixed by reward-stage/compat-wing
-# (or the sandbox's move to hybridrl/sandbox/), and its entry goes when that branch lands
-# (test_allow_lists_hold_only_live_entries fails once an entry is stale).
+# Known offenders in the areas other branches are rewriting now: each is fixed by reward-stage/compat-wing,
+# and its entry goes when that branch lands (test_allow_lists_hold_only_live_entries fails once an entry is stale).
 ALLOWED_LOOPS = {
     frozenset({"hybridrl/rewards/remote.py", "hybridrl/rewards/remote_process.py"}),  # fixed by reward-stage
-    frozenset({"hybridrl/api.py", "hybridrl/trl_compat.py"}),  # fixed by compat-wing
 }
-ALLOWED_EDGES = {
-    ("hybridrl/api.py", "hybridrl/trl_compat.py"),  # fixed by compat-wing (the API imports no compat code yet)
-    ("hybridrl/rewards/code_sandbox.py", "hybridrl/rollout/agent/sandbox.py"),  # fixed by the move to hybridrl/sandbox/
-}
+ALLOWED_EDGES: set[tuple[str, str]] = set()
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -4,7 +4,7 @@
 # learning is not speed. One device call, under 10 minutes on one H100/H200:
 #   bash benchmarks/gpu_gate.sh MODEL_DIR GSM8K_DIR OUT
 # MODEL_DIR: a local HF instruct model (Qwen2.5-Coder-0.5B-Instruct from ../shared/tools/get_models.sh;
-# benchmarks/gguf_to_hf.py makes it from the GGUF that travels); GSM8K_DIR: train.jsonl / test.jsonl.
+# benchmarks/lab/gguf_to_hf.py makes it from the GGUF that travels); GSM8K_DIR: train.jsonl / test.jsonl.
 # It runs, and fails on the first that fails:
 #   1. the GPU tests (tests/gpu: the sampler statistics at 151,936 entries, every hash value of the
 #      fused noise, the real model's draws against softmax, the engine's samples scored by the

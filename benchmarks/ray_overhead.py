@@ -2,7 +2,7 @@
 startup, the round trip of a `dp` call (split, send, receive, concatenate), and how long the
 controller takes to report a worker process killed mid-step.
 
-    python benchmarks/ray_overhead.py        # prints the rows of BENCHMARKS.md's Ray section
+    python benchmarks/ray_overhead.py        # prints the rows of BENCHMARKS.md's runtime-costs table
 """
 
 from __future__ import annotations

@@ -33,12 +33,13 @@ def __getattr__(name):
 
 def _wire_registries() -> None:
     """Config checks, `explain` and docs/config.md take the allowed estimator and policy-loss names
-    from the registries in hybridrl.algorithms (built-ins plus what `extensions` registered), and every
-    config is read in verl's dialect (its keys, Hydra files and command lines: hybridrl/compat/verl).
-    The config layer imports nothing above it, so the package hands both in here; torch is imported
-    only when a config is first checked, the wing when a config is first read."""
+    from the registries in hybridrl.algorithms (built-ins plus what `extensions` registered), apply a
+    few rules that live with rollout and models, and read every config in verl's dialect (its keys,
+    Hydra files and command lines: hybridrl/compat/verl). The config layer imports nothing above it,
+    so the package hands all three in here; torch is imported only when a config is first checked,
+    the wing when a config is first read."""
     from hybridrl.config.dialect import use_dialect
-    from hybridrl.config.extensions import use_registry
+    from hybridrl.config.extensions import use_registry, use_rule
 
     def verl_dialect():
         from hybridrl.compat.verl.dialect import VerlDialect
@@ -58,6 +59,11 @@ def _wire_registries() -> None:
     use_registry("algorithm.adv_estimator", estimators)
     use_registry("actor_rollout_ref.actor.policy_loss.loss_mode", policy_losses)
     use_dialect(verl_dialect)
+    # The features' own rules the checks apply (config/extensions.py `use_rule`), imported on first use.
+    use_rule("forced_response_lengths", "hybridrl.rollout.lengths:from_config")
+    use_rule("tp_shards", "hybridrl.models.tp_shards:check_tp")
+    use_rule("tool_config", "hybridrl.rollout.agent.tool_config:load_tool_config")
+    use_rule("interaction_config", "hybridrl.rollout.agent.interaction:load_interaction_config")
 
 
 _wire_registries()

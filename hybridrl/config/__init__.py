@@ -5,6 +5,7 @@ plan = plan_batches(cfg)      # per-device mini/micro batch sizes
 print(explain(cfg))           # the same, as a table
 """
 
+from .batch_plan import BatchPlan, RolePlan, plan_batches
 from .explain import explain, explain_text
 from .loader import config_from_dict, load_config, save_config, suggest_keys, to_dict
 from .schema import (
@@ -28,7 +29,7 @@ from .schema import (
     WarmupConfig,
     resolve,
 )
-from .validate import BatchPlan, Problem, RolePlan, find_problems, plan_batches, validate
+from .validate import Problem, find_problems, validate
 
 __all__ = [
     "ActorConfig",

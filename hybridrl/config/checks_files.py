@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from .extensions import feature_rule
+
 
 def file_problems(cfg: Any, problem: type) -> list:
     """Every problem found here, as `problem(message, keys)` (validate.Problem)."""
@@ -71,11 +73,8 @@ def _agent_config_problems(cfg: Any) -> list[str]:
     for key, path in (("tool_config_path", mt.tool_config_path), ("interaction_config_path", mt.interaction_config_path)):
         if not path or not os.path.isfile(path):
             continue  # missing: reported by validate
-        # Imported here, not at the top: the config layer reads these files the way the agent loop does.
-        if key == "tool_config_path":
-            from hybridrl.rollout.agent.tool_config import load_tool_config as load
-        else:
-            from hybridrl.rollout.agent.interaction import load_interaction_config as load
+        # The agent loop's own loaders (handed in: config/extensions.py): the files are read as the rollout reads them.
+        load = feature_rule("tool_config" if key == "tool_config_path" else "interaction_config")
         try:
             load(path)
         except ValueError as e:

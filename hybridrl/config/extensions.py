@@ -4,7 +4,8 @@ Advantage estimators and policy losses live in registries in hybridrl.algorithms
 by calling `register_adv_estimator` / `register_policy_loss` in a file listed in `extensions`.
 The config layer imports nothing from the layers above it, so it does not read those registries
 itself: whoever composes the package hands it a function per key that returns the names
-(`use_registry`; hybridrl/__init__.py does it once for the whole package). Validation, `explain`
+(`use_registry`; hybridrl/__init__.py does it once for the whole package), and the few rules of
+those layers that the checks apply (`use_rule`). Validation, `explain`
 and docs/config.md all take the allowed values from there, so a name registered by an extension
 is as selectable as a built-in one.
 """
@@ -29,6 +30,26 @@ def use_registry(key: str, names: Callable[[], Iterable[str]]) -> None:
 def registered_choices() -> dict[str, tuple[str, ...]]:
     """{config key: the names registered for it now}, for every key wired with `use_registry`."""
     return {key: tuple(names()) for key, names in _NAME_SOURCES.items()}
+
+
+# Rules a feature above this layer keeps once, beside itself, and the checks apply as the feature
+# does: the forced-length schedule (rollout/lengths.py), the TP shard spec (models/tp_shards.py), the
+# agent's tool and interaction files (rollout/agent/). Handed in like the registries, as
+# "module:function" paths imported on first use (hybridrl/__init__.py), so this layer imports nothing above it.
+_RULES: dict[str, str] = {}
+
+
+def use_rule(name: str, where: str) -> None:
+    """Let the config checks apply the function at `where` ("package.module:function") as `name`."""
+    _RULES[name] = where
+
+
+def feature_rule(name: str) -> Callable:
+    """The function handed in as `name`, imported now."""
+    if name not in _RULES:
+        raise RuntimeError(f"config rule {name!r} was not handed in (hybridrl/__init__.py wires the rules on import)")
+    module, function = _RULES[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def load_extensions(entries: Iterable[str]) -> None:

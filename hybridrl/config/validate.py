@@ -3,8 +3,8 @@
 Each key declares its own range rule and allowed names beside its field (`option(check=,
 choices=)` in schema.py, rules in rules.py, name sets in names.py); `_range_problems` and
 `_choice_problems` read them from there. A feature's rules that span several keys live with the
-feature in `checks/` (rollout, reward, parallel, modes, algorithm), and the batch plan with its
-fix search in batch_plan.py. This module runs them all, in one order, and adds the few rules
+feature in `checks/` (rollout, reward, parallel, modes, algorithm, and the batch sizes with their
+fix search in batch.py). This module runs them all, in one order, and adds the few rules
 every run shares (a model, prompts, where to resume).
 """
 
@@ -12,24 +12,14 @@ import copy
 from difflib import get_close_matches
 from typing import Any
 
-from .batch_plan import PLAN_INPUTS, BatchPlan, RolePlan, batch_problems, plan_batches
 from .checks import algorithm, modes, moe, parallel, reward, rollout
+from .checks.batch import PLAN_INPUTS, batch_problems
 from .checks_files import file_problems
 from .extensions import registered_choices
 from .problem import Problem, get, suggest
 from .schema import Config, resolve, show, walk
 
-__all__ = [
-    "CHOICES",
-    "BatchPlan",
-    "Problem",
-    "RolePlan",
-    "all_choices",
-    "config_notices",
-    "find_problems",
-    "plan_batches",
-    "validate",
-]
+__all__ = ["CHOICES", "Problem", "all_choices", "config_notices", "find_problems", "validate"]
 
 _ENTRIES = [e for e in walk(Config()) if not e.is_section]
 _DEFAULTS = {e.path: e.value for e in _ENTRIES}

@@ -102,7 +102,8 @@ def check_ground_truth(value: Any, where: str) -> None:
             stack.extend(v.tolist() if isinstance(v, np.ndarray) else v)
 
 
-def _check_prompt(prompt, where: str):
+def check_prompt(prompt, where: str):
+    """A prompt cell (a string or a list of chat messages) as the loaders keep it, or a `DataError` at `where`."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"{where}: the prompt is an empty string; remove the row or fill it in")
@@ -182,7 +183,7 @@ def load_prompt_records(
             prompt = row_field(row, prompt_key)
             if prompt is None:
                 raise DataError(f"{where}: missing the prompt field {prompt_key!r} (data.prompt_key); row has {sorted(row)}")
-            prompt = _check_prompt(prompt, where)
+            prompt = check_prompt(prompt, where)
             source = _data_source(row, reward_fn_key, where)
             reward_model = row.get("reward_model") or {}
             ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None

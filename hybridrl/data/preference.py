@@ -32,7 +32,7 @@ from hybridrl.data.dataset import (
     TRUNCATION_MODES,
     DataError,
     PromptLoader,
-    _check_prompt,
+    check_prompt,
     check_text,
     render_prompt,
     row_field,
@@ -120,7 +120,7 @@ def _parse_row(
                 f"{where}: 'messages' must be a list of chat messages ending with the assistant's, got {got}; "
                 "for plain text use 'prompt' and 'response'"
             )
-        messages = _check_prompt(row["messages"], f"{where}: 'messages'")
+        messages = check_prompt(row["messages"], f"{where}: 'messages'")
         if len(messages) < 2 or messages[-1]["role"] != "assistant":
             raise DataError(
                 f"{where}: 'messages' must end with an assistant message after at least one other "
@@ -139,7 +139,7 @@ def _parse_row(
                 "sft": f"SFT rows need 'messages', or {prompt_key!r} and {response_key!r}",
             }[kind]
             raise DataError(f"{where}: missing {', '.join(map(repr, missing))} ({hint}); row has {sorted(row)}")
-        prompt = _check_prompt(row_field(row, prompt_key), f"{where}: {prompt_key!r}")
+        prompt = check_prompt(row_field(row, prompt_key), f"{where}: {prompt_key!r}")
         fields = {
             "dpo": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
             "rm": {K.CHOSEN: "chosen", K.REJECTED: "rejected"},
@@ -226,7 +226,7 @@ def _completion_text(tok, prompt, prompt_text: str, value, where: str) -> str:
         return check_text(value, where)
     if not isinstance(value, (list, np.ndarray)) or len(value) == 0:
         raise DataError(f"{where} must be a string or a non-empty list of chat messages, got {value!r:.120}")
-    messages = _check_prompt(value, where)
+    messages = check_prompt(value, where)
     if isinstance(prompt, str):
         raise DataError(f"{where} is a list of chat messages but the prompt is plain text; use one format for both")
     if getattr(tok, "chat_template", None) is None:

@@ -108,6 +108,14 @@ def partition_by_prompt(
     return [sorted(i for u in part for i in units[u]) for part in parts]
 
 
+def first_of_prompt(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """For each row of left-padded prompts (b, P): the first row with the same prompt, (b,)."""
+    b = prompts.shape[0]
+    _, inverse = torch.unique(prompts.masked_fill(~prompt_mask.bool(), -1), dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1 if b else 0,), b, dtype=torch.long, device=prompts.device)
+    return first.scatter_reduce(0, inverse, torch.arange(b, device=prompts.device), "amin")[inverse]
+
+
 def micro_batches(
     batch: Batch,
     *,
@@ -127,8 +135,6 @@ def micro_batches(
         return batch.split(micro_size), list(range(len(batch)))
     lengths = sequence_lengths(batch).tolist()
     if share_prompts:
-        from hybridrl.models.packing import first_of_prompt
-
         prompt_lens = batch[K.PROMPT_MASK].sum(-1).tolist()
         first = first_of_prompt(batch[K.PROMPTS], batch[K.PROMPT_MASK]).tolist()
         groups = partition_by_prompt(lengths, prompt_lens, first, max_tokens, min_parts, what)

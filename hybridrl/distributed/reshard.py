@@ -150,6 +150,6 @@ def _lora_layers(base) -> dict:
 
 
 def _lora_delta(layer) -> torch.Tensor | None:
-    from hybridrl.models.lora import _delta
+    from hybridrl.models.lora import adapter_delta
 
-    return _delta(layer)
+    return adapter_delta(layer)

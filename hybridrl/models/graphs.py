@@ -375,14 +375,14 @@ class DecoderGraphs:
 
 def why_not(model, decoder, device: torch.device, backend: str | None) -> str | None:
     """Why the packed passes of `model` cannot be graphed, or None when they can."""
-    from hybridrl.distributed.fsdp import is_sharded
+    from torch.distributed.fsdp import FSDPModule
 
     config = decoder.config
     if device.type != "cuda":
         return "CUDA only"
     if backend != "varlen":
         return f"packed_attn_backend={backend} (graphs need varlen: use_remove_padding=true on an sm80+ GPU)"
-    if is_sharded(model):
+    if any(isinstance(m, FSDPModule) for m in model.modules()):  # fully_shard'ed (under a LoRA wrapper too)
         return "FSDP-sharded models gather weights on the host's schedule"
     if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
         return "LoRA adapters switch on and off between passes"

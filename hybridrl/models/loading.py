@@ -33,7 +33,8 @@ def hub_offline_by_default() -> None:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def _check_dir(path: str, what: str, need: str = "config.json") -> Path:
+def check_dir(path: str, what: str, need: str = "config.json") -> Path:
+    """`path` as a model (or tokenizer) directory that exists, or a `ModelLoadError` naming key `what` and the fix."""
     if not path:
         raise ModelLoadError(f"{what} is empty: set it to a local Hugging Face model directory")
     p = Path(path)
@@ -62,7 +63,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, what: str = "acto
     """The tokenizer in the local directory `path` (`what` names the key it came from, for errors)."""
     from transformers import AutoTokenizer
 
-    p = _check_dir(path, what, need="tokenizer")
+    p = check_dir(path, what, need="tokenizer")
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
     if not any((p / f).exists() for f in tokenizer_files):
         state = "it is empty" if not any(p.iterdir()) else ", ".join(tokenizer_files)
@@ -98,7 +99,7 @@ def load_causal_lm(
     """
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    p = _check_dir(path, what)
+    p = check_dir(path, what)
     try:
         config = AutoConfig.from_pretrained(p, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:

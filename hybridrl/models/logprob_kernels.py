@@ -95,7 +95,7 @@ def logit_stats(
     """Same contract as logprobs._chunk_stats: z (rows, V) logits, labels (rows,) ->
     (log p(label), logsumexp, entropy or zeros, argmax == label), float32 (bool for the last).
     Each row is split into `parts` programs (0: one per block of `block` entries). The defaults
-    were the fastest of a sweep on an H100 (benchmarks/lm_head_kernels.py, 883 x 152k bf16
+    were the fastest of a sweep on an H100 (benchmarks/lab/lm_head_kernels.py, 883 x 152k bf16
     logits: 0.18 ms without entropy, 0.21 ms with, against 0.34 / 0.45 ms for the compiled torch
     and a 0.10 ms read floor)."""
     rows, V = z.shape

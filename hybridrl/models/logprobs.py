@@ -121,7 +121,7 @@ def _maybe_compiled(fn, device: torch.device):
 
 # On CUDA, hand-written Triton kernels replace the compiled algebra (`logprob_kernels`): one read
 # of the logits for the forward statistics instead of Inductor's one loop per dependent
-# reduction. False: the compiled functions (the A/B baseline of benchmarks/lm_head_kernels.py).
+# reduction. False: the compiled functions (the A/B baseline of benchmarks/lab/lm_head_kernels.py).
 USE_TRITON = True
 # The row gradient's float32 accumulation inside the GEMM (cuBLAS with a float32 C) instead of a
 # bf16 product added to it by a second kernel.

@@ -85,7 +85,7 @@ def _is_writer() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _delta(layer) -> torch.Tensor | None:
+def adapter_delta(layer) -> torch.Tensor | None:
     """Sum over active, unmerged adapters of scale * B @ A, in the base weight's layout."""
     if layer.disable_adapters:
         return None
@@ -118,7 +118,7 @@ def merged_named_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, _full(p)
             continue
         owner, rest = name.split(".base_layer.", 1)
-        delta = _delta(layers[owner]) if rest == "weight" else None
+        delta = adapter_delta(layers[owner]) if rest == "weight" else None
         p = _full(p)
         yield f"{owner}.{rest}", p if delta is None else (p.float() + delta).to(p.dtype)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hybridrl.data.token_batching import first_of_prompt
 from hybridrl.models import graphs as decoder_graphs
 from hybridrl.models.logprobs import fused_log_probs
 
@@ -105,14 +106,6 @@ class Packed:
         out = values.new_zeros(self.shape)
         out[self.rows, self.cols] = values
         return out
-
-
-def first_of_prompt(prompts: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-    """For each row of left-padded prompts (b, P): the first row with the same prompt, (b,)."""
-    b = prompts.shape[0]
-    _, inverse = torch.unique(prompts.masked_fill(~prompt_mask.bool(), -1), dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1 if b else 0,), b, dtype=torch.long, device=prompts.device)
-    return first.scatter_reduce(0, inverse, torch.arange(b, device=prompts.device), "amin")[inverse]
 
 
 def pack(prompts, prompt_mask, responses, response_mask, share_prompts: bool = False, token_index: bool = False) -> Packed:

@@ -1,8 +1,9 @@
 """`build_rollout`: the one place that turns `actor_rollout_ref.rollout` into a generation engine.
 
 The actor, the rollout pool, the generative judge and `hybridrl eval` each make one call. The
-rules live here once, as plain functions the config checks can call too (this module imports
-torch only inside `build_rollout`):
+rules it applies are plain functions of the config's keys, kept once in config/checks/rollout.py
+so that the config checks apply the same ones (this module imports torch only inside
+`build_rollout`):
 
 - `pick_engine`: `auto` is native on a GPU and for multi-turn rollouts (the agent loop runs on
   the native engine, CPU included), hf on CPU, where HF `generate` is the reference and as fast;
@@ -20,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from hybridrl.config.checks.rollout import TP_KEY, pick_engine, tp_problem
+
 # name -> "module:class"; each class builds itself with `from_config(model, tokenizer, EngineArgs)`
 ENGINES: dict[str, str] = {
     "native": "hybridrl.rollout.native.engine:NativeRolloutEngine",
@@ -27,8 +30,6 @@ ENGINES: dict[str, str] = {
     "vllm": "hybridrl.rollout.vllm:VLLMRolloutEngine",
 }
 NAMES = ("auto", *ENGINES)  # the values of actor_rollout_ref.rollout.name
-TP1_ONLY = ("enable_prefix_caching", "enable_chunked_prefill")  # native-engine keys that TP switches off
-_TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -63,33 +64,6 @@ def engine_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def pick_engine(name: str, *, cuda: bool, multi_turn: bool = False, record_routing: bool = False) -> str:
-    """`rollout.name` with `auto` resolved: native on a GPU, for multi-turn rollouts or to record a
-    mixture of experts' routing (router replay R3), hf otherwise."""
-    if name != "auto":
-        return name
-    return "native" if cuda or multi_turn or record_routing else "hf"
-
-
-def tp_problem(name: str, tp: int, asked: str | None = None) -> str | None:
-    """Why engine `name` cannot run at tensor-parallel size `tp` (None: it can). `asked`: the
-    configured `rollout.name`, when it differs (auto)."""
-    if tp <= 1 or name == "native":
-        return None
-    auto = " (auto is hf on CPU)" if asked == "auto" else ""
-    return (
-        f"{_TP_KEY}={tp} needs the native engine, not rollout.name={asked or name}{auto}; "
-        f"set actor_rollout_ref.rollout.name=native, or {_TP_KEY}=1"
-    )
-
-
-def tp1_only_ignored(rollout, name: str | None = None) -> list[str]:
-    """The keys of `TP1_ONLY` that are set and do nothing with this engine and TP size."""
-    name = name or rollout.name
-    native_tp1 = name in ("native", "auto") and rollout.tensor_model_parallel_size <= 1
-    return [] if native_tp1 else [k for k in TP1_ONLY if getattr(rollout, k)]
-
-
 def build_rollout(
     rollout,
     model,
@@ -119,7 +93,7 @@ def build_rollout(
         if reason is not None:
             if tp > 1:
                 raise ValueError(
-                    f"{_TP_KEY}={tp} needs the native engine, which does not support this model ({reason}); "
+                    f"{TP_KEY}={tp} needs the native engine, which does not support this model ({reason}); "
                     "use tensor_model_parallel_size=1"
                 )
             print(f"hybridrl: rollout.name=native does not support this model ({reason}); using rollout.name=hf", file=sys.stderr)

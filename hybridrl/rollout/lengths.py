@@ -19,7 +19,7 @@ Why this shape and these numbers:
   with a median and a tail width to set, and `max` adds the cap's point mass, as a real run's
   truncated responses (`response_length/clip_ratio`) do.
 - Checked against this repository's GSM8K GRPO runs (Qwen2.5-0.5B-Instruct, cap 512; step 1 of
-  benchmarks/results/gsm8k_grpo_run{1,2,3}_*.metrics.jsonl and issue39_2026-11-28/run{2,3}_*):
+  benchmarks/results/gsm8k_grpo_run{1,2,3}_*.metrics.jsonl and issue39_2026-11-28/run{2,3}_*, in git at 9a3b502):
   their `response_length/mean` of 250-287 tokens and clip ratio of 3.7-5.9% at the 512 cap fit
   a lognormal of median 225-270 and sigma 0.39-0.53 (solved from the two numbers; those files hold
   per-step statistics, not per-response lengths). The default keeps that median's scale and

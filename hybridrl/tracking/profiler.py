@@ -12,8 +12,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hybridrl.distributed.dispatch import Dispatch, register
-
 _active: tuple | None = None  # (profiler, out_dir, device, role) of this process
 
 
@@ -50,17 +48,3 @@ def stop(row_limit: int = 40) -> str | None:
     sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     Path(f"{stem}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=row_limit) + "\n")
     return f"{stem}.txt"
-
-
-class ProfiledWorker:
-    """Worker methods that start and stop this process's profiler (mixed into every worker)."""
-
-    profile_role = "worker"
-
-    @register(Dispatch.ALL)
-    def start_profile(self, out_dir: str) -> bool:
-        return start(out_dir, self.device, self.profile_role)
-
-    @register(Dispatch.ALL)
-    def stop_profile(self) -> str | None:
-        return stop()

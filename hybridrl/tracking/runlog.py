@@ -146,7 +146,7 @@ def find_runs(root: Path) -> list[Path]:
 
 
 def load_run(path: Path, name: str | None = None) -> RunData:
-    """Read a run directory, or a bare metrics JSONL file (e.g. benchmarks/results/*.metrics.jsonl)."""
+    """Read a run directory, or a bare metrics JSONL file (e.g. a GSM8K run's *.metrics.jsonl)."""
     path = Path(path)
     if path.is_file():
         metrics, notes = read_jsonl(path)

@@ -26,7 +26,6 @@ import statistics
 from hybridrl.trainer import checkpoint as ckpt
 from hybridrl.trainer.auto_split import SplitDecision, choose_split, measured_times
 from hybridrl.trainer.rundir import checkpoints_dir, find_resume
-from hybridrl.trainer.supervise import resume_config
 
 KEY = "resource_pool/rollout_auto"  # the metric: rollout devices per node, 0 = colocated
 STATE = "rollout_auto"  # the trainer-state entry: {"rollout": r, "devices_per_node": n}
@@ -43,7 +42,7 @@ def fit_auto_split(cfg, make_trainer, fit) -> dict:
         if calibration.decision is None or not calibration.decision.rollout:
             return metrics  # the run ended while calibrating, or went on colocated
         rollout = calibration.decision.rollout
-        cfg = resume_config(cfg, ckpt.latest_checkpoint(checkpoints_dir(cfg)))
+        cfg = ckpt.resume_config(cfg, ckpt.latest_checkpoint(checkpoints_dir(cfg)))
         n = cfg.trainer.n_gpus_per_node
         print(f"[hybridrl] resource_pool.rollout=auto: re-forming the worker groups, {n - rollout} + {rollout}", flush=True)
     decision = calibration.decision if calibration is not None else None

@@ -18,6 +18,7 @@ A checkpoint is written into `.tmp_step_N` and renamed into place only when comp
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -208,3 +209,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def resume_config(cfg, checkpoint):
+    """The config that continues from `checkpoint` (None: from the start)."""
+    cfg = copy.deepcopy(cfg)
+    if checkpoint is None:  # start over; the failed attempt's files are moved aside (trainer/rundir.py)
+        cfg.trainer.resume_mode, cfg.trainer.overwrite = "disable", True
+    else:
+        cfg.trainer.resume_mode, cfg.trainer.resume_from_path = "resume_path", str(checkpoint)
+    return cfg

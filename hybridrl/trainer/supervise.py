@@ -7,7 +7,6 @@ stopped; with `trainer.max_restarts: N` fresh groups resume from the last good c
 
 from __future__ import annotations
 
-import copy
 import time
 
 from hybridrl.distributed.groups import BackendError, WorkerDiedError
@@ -57,18 +56,8 @@ def _fit_with_restarts(cfg, make_trainer, launched: float | None = None) -> dict
             print(
                 f"[hybridrl] {e}; {where}: restarting the worker groups ({attempt + 1}/{limit}, trainer.max_restarts)", flush=True
             )
-            cfg = resume_config(cfg, last)
+            cfg = ckpt.resume_config(cfg, last)
         finally:
             if trainer is not None:
                 trainer.run.finish()  # stops the worker processes still alive
     raise AssertionError("unreachable")
-
-
-def resume_config(cfg, checkpoint):
-    """The config that continues from `checkpoint` (None: from the start)."""
-    cfg = copy.deepcopy(cfg)
-    if checkpoint is None:  # start over; the failed attempt's files are moved aside (trainer/rundir.py)
-        cfg.trainer.resume_mode, cfg.trainer.overwrite = "disable", True
-    else:
-        cfg.trainer.resume_mode, cfg.trainer.resume_from_path = "resume_path", str(checkpoint)
-    return cfg

@@ -27,12 +27,12 @@ from hybridrl.distributed.layout import rollout_tp_group
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.rollout.base import Hooks, SamplingParams
 from hybridrl.rollout.factory import build_rollout
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
-from hybridrl.workers.engine import Split, TrainEngine, eval_mode
+from hybridrl.workers.engine import Split, TrainEngine, eval_mode, perf_metrics, perf_start
 from hybridrl.workers.forward import log_probs_and_routes, summed_log_probs, token_log_probs
 from hybridrl.workers.objectives import DPOLoss, KTOLoss, PPOPolicyLoss, SFTLoss
 from hybridrl.workers.policy import PolicyWeights
+from hybridrl.workers.profiled import ProfiledWorker
 from hybridrl.workers.reference import Reference
 from hybridrl.workers.weight_sync import WeightSync
 
@@ -60,6 +60,18 @@ def offline_step(engine: TrainEngine, batch: Batch, objective, micro_size: int, 
         "actor/nonfinite_skipped": m["actor/nonfinite_skipped"][0],
     }
     return {**out, **step, "actor/nonfinite_in_a_row": engine.nonfinite_in_a_row}
+
+
+def replay_mode(actor_cfg, engine: TrainEngine, model) -> str:
+    """actor.router_replay.mode; a dense model refuses R2/R3 (there is no routing to replay)."""
+    mode = actor_cfg.router_replay.mode
+    if mode != "disabled" and not engine.moe.active:
+        arch = (getattr(model.config, "architectures", None) or ["?"])[0]
+        raise ValueError(
+            f"actor_rollout_ref.actor.router_replay.mode={mode} replays a mixture of experts' routing, and {arch} "
+            "has no sparse layers; set router_replay.mode=disabled"
+        )
+    return mode
 
 
 class ActorRolloutRefWorker(ProfiledWorker):
@@ -92,7 +104,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
             fsdp_config=a.fsdp_config,
             expert_parallel=a.fsdp_config.expert_parallel_size,
         )
-        self.engine.moe.replay = self._replay_mode() != "disabled"  # a mixture of experts: router replay R2/R3
+        self.engine.moe.replay = (
+            replay_mode(self.arr.actor, self.engine, self.model) != "disabled"
+        )  # a mixture of experts: router replay R2/R3
         self.engine.build_optimizer(a.optim, total_optimizer_steps, a.grad_clip, a.fsdp_config.optimizer_offload)
         self.optimizer = self.engine.optimizer
         self.need_ref = need_ref
@@ -114,19 +128,8 @@ class ActorRolloutRefWorker(ProfiledWorker):
             autocast_dtype=self.engine.amp,
             named_weights=self.sync.start_weights(),
             tp_group=tp_group,
-            record_routing=self._replay_mode() == "R3",
+            record_routing=replay_mode(self.arr.actor, self.engine, self.model) == "R3",
         )
-
-    def _replay_mode(self) -> str:
-        """actor.router_replay.mode; a dense model refuses R2/R3 (there is no routing to replay)."""
-        mode = self.arr.actor.router_replay.mode
-        if mode != "disabled" and not self.engine.moe.active:
-            arch = (getattr(self.model.config, "architectures", None) or ["?"])[0]
-            raise ValueError(
-                f"actor_rollout_ref.actor.router_replay.mode={mode} replays a mixture of experts' routing, and {arch} "
-                "has no sparse layers; set router_replay.mode=disabled"
-            )
-        return mode
 
     @register(Dispatch.ALL)
     def freeze_reference(self) -> None:
@@ -189,7 +192,9 @@ class ActorRolloutRefWorker(ProfiledWorker):
         """Adds OLD_LOG_PROBS: the current policy's log-probs of the sampled tokens."""
         split = log_prob_split(self.arr.rollout, self.plan.rollout_log_prob_micro_batch, "rollout")
         with eval_mode(self.model):
-            if self._replay_mode() == "R2":  # the update replays this pass's routing (ROUTED_EXPERTS)
+            if (
+                replay_mode(self.arr.actor, self.engine, self.model) == "R2"
+            ):  # the update replays this pass's routing (ROUTED_EXPERTS)
                 batch[K.OLD_LOG_PROBS], batch[K.ROUTED_EXPERTS] = log_probs_and_routes(
                     self.engine, self.model, batch, split, self.temperature
                 )
@@ -229,7 +234,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
         batch = loss.select(batch)
         mini = self.plan.actor.per_device_mini_batch
         parts = loss.passes(batch, mini, lambda rest: self.compute_log_prob(rest)[K.OLD_LOG_PROBS])
-        start = self.engine.perf_start()
+        start = perf_start(self.engine)
         key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
         split = Split(self.plan.actor.micro_batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, key)
         metrics: dict[str, list[float]] = defaultdict(list)
@@ -237,7 +242,7 @@ class ActorRolloutRefWorker(ProfiledWorker):
             for k, v in self.engine.update(part, loss, split, epochs=a.ppo_epochs, shuffle=a.shuffle, mini_size=mini).items():
                 metrics[k].extend(v)
         out = self.engine.summarize(metrics)
-        out.update(self.engine.perf_metrics(batch, start, a.ppo_epochs, self.policy.train_passes))
+        out.update(perf_metrics(self.engine, batch, start, a.ppo_epochs, self.policy.train_passes))
         out.update(self.engine.moe.metrics())  # a mixture of experts: moe/aux_loss, moe/expert_load_max_over_mean, ...
         return out
 

@@ -12,11 +12,11 @@ from hybridrl.data.batch import Batch
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.value_model import ValueModel
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers import forward
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
 from hybridrl.workers.forward import seq_keys
 from hybridrl.workers.objectives import ValueLoss
+from hybridrl.workers.profiled import ProfiledWorker
 
 
 class CriticWorker(ProfiledWorker):

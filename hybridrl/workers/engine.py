@@ -395,35 +395,37 @@ class TrainEngine:
         if self.optimizer is not None:
             dckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path)
 
-    # -- perf ------------------------------------------------------------------------------------
-    def perf_start(self) -> float:
-        """Start timing an update (and counting its token slots)."""
-        self.slots = self.shared = 0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        return time.perf_counter()
 
-    def perf_metrics(self, batch: Batch, start: float, epochs: int, passes: float) -> dict[str, float]:
-        """perf/mfu/<role> (useful model FLOPs of `passes` forwards per row per epoch,
-        tracking/perf.py), peak memory, <role>/pad_fraction (padding among the computed slots),
-        <role>/shared_prompt_fraction (token positions of repeated prompts computed once)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - start
-        lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
-        shared = self.shared // max(epochs, 1)  # per pass over the batch
-        out = perf.update_metrics(
-            self.model,
-            lengths,
-            int(batch[K.RESPONSE_MASK].sum()),
-            passes * epochs,
-            seconds,
-            self.device,
-            role=self.role,
-            shared_tokens=shared,
-        )
-        out[f"{self.role}/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(self.slots, 1)
-        if self.share_prompts:
-            out[f"{self.role}/shared_prompt_fraction"] = self.shared / max(self.slots, 1)
-        return out
+# An update's perf metrics, read from the engine's counters (`slots`, `shared`: the forward passes add to them).
+def perf_start(engine: TrainEngine) -> float:
+    """Start timing an update of `engine` (and counting its token slots)."""
+    engine.slots = engine.shared = 0
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    return time.perf_counter()
+
+
+def perf_metrics(engine: TrainEngine, batch: Batch, start: float, epochs: int, passes: float) -> dict[str, float]:
+    """perf/mfu/<role> (useful model FLOPs of `passes` forwards per row per epoch,
+    tracking/perf.py), peak memory, <role>/pad_fraction (padding among the computed slots),
+    <role>/shared_prompt_fraction (token positions of repeated prompts computed once)."""
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    seconds = time.perf_counter() - start
+    lengths = sequence_lengths(batch)  # (B,) real tokens; every epoch passes every row once
+    shared = engine.shared // max(epochs, 1)  # per pass over the batch
+    out = perf.update_metrics(
+        engine.model,
+        lengths,
+        int(batch[K.RESPONSE_MASK].sum()),
+        passes * epochs,
+        seconds,
+        engine.device,
+        role=engine.role,
+        shared_tokens=shared,
+    )
+    out[f"{engine.role}/pad_fraction"] = 1.0 - epochs * float(lengths.sum()) / max(engine.slots, 1)
+    if engine.share_prompts:
+        out[f"{engine.role}/shared_prompt_fraction"] = engine.shared / max(engine.slots, 1)
+    return out

@@ -77,7 +77,8 @@ def _pack(engine, micro: Batch, key: str):
     return packed
 
 
-def _autocast(engine):
+def autocast(engine):
+    """The engine's autocast context (bf16 on GPUs, off on CPU): every pass of a role runs under it."""
     return torch.autocast(engine.device.type, dtype=engine.amp, enabled=engine.amp is not None)
 
 
@@ -96,7 +97,7 @@ def log_probs(
     scales the logits (the rollout's distribution); the entropy keeps a graph only with `entropy_grad`."""
     seqs = _sequences(micro, key)
     real = torch.cat([seqs[1], seqs[3]], dim=1)  # (b, T) real tokens of prompts | completions
-    with _autocast(engine):
+    with autocast(engine):
         if engine.packing:
             packed = _pack(engine, micro, key)
             # Under FSDP2 as a forward of the root, which gathers the embeddings and the LM head.
@@ -149,7 +150,7 @@ def summed_log_probs(engine, model, batch: Batch, key: str, split) -> torch.Tens
 def values(engine, model, micro: Batch) -> torch.Tensor:
     """V (b, R) of a micro-batch from a `ValueModel`; packed unless the engine stays padded."""
     seqs = _sequences(micro, K.RESPONSES)
-    with _autocast(engine):
+    with autocast(engine):
         if engine.packing:
             return model.packed_response_values(_pack(engine, micro, K.RESPONSES), sp_group())
         return model.response_values(*seqs)

@@ -23,8 +23,8 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.rewards.judge import load_parse_fn
 from hybridrl.rollout.base import SamplingParams
 from hybridrl.rollout.factory import build_rollout
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import autocast_dtype
+from hybridrl.workers.profiled import ProfiledWorker
 from hybridrl.workers.reward_model import import_external_lib
 
 

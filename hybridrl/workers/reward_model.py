@@ -28,12 +28,12 @@ from hybridrl.data.batch import Batch
 from hybridrl.data.preference import MASK_OF
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import run_as_forward
-from hybridrl.models.loading import ModelLoadError, _check_dir, has_weights, load_tokenizer
+from hybridrl.models.loading import ModelLoadError, check_dir, has_weights, load_tokenizer
 from hybridrl.models.packing import Packed, packed_hidden
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import Split, TrainEngine, eval_mode
-from hybridrl.workers.forward import _autocast, context_mask, seq_keys
+from hybridrl.workers.forward import autocast, context_mask, seq_keys
 from hybridrl.workers.objectives import BradleyTerryLoss
+from hybridrl.workers.profiled import ProfiledWorker
 
 
 class RewardModelError(ValueError):
@@ -49,7 +49,7 @@ def load_sequence_classifier(path: str, *, random_init: bool = False, trust_remo
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    p = _check_dir(path, what)
+    p = check_dir(path, what)
     config = AutoConfig.from_pretrained(p, trust_remote_code=trust_remote_code)
     is_classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if not (is_classifier or head_ok or random_init):
@@ -133,7 +133,7 @@ def sequence_scores(engine, model, micro: Batch) -> torch.Tensor:
     head at the sequence's last real token; packed (padding-free) when the engine packs."""
     ids, mask = right_aligned(micro[K.PROMPTS], micro[K.PROMPT_MASK], micro[K.RESPONSES], context_mask(micro))
     engine.slots += ids.numel()
-    with _autocast(engine):
+    with autocast(engine):
         if not is_classifier(model):
             return _module_scores(model, ids, mask)
         if engine.packing:

@@ -22,8 +22,8 @@ from hybridrl.distributed.weight_channel import WeightChannel, WeightReceiver, d
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.rollout.base import Hooks, SamplingParams
 from hybridrl.rollout.factory import build_rollout
-from hybridrl.tracking.profiler import ProfiledWorker
 from hybridrl.workers.engine import autocast_dtype
+from hybridrl.workers.profiled import ProfiledWorker
 
 
 class RolloutWorker(ProfiledWorker):

@@ -124,7 +124,7 @@ def test_partial_rollouts_need_the_native_engine_single_turn(name, multi_turn):
 def test_the_tp_rule_is_written_once():
     """`tp_problem` (what build_rollout raises, and what the config check can reuse) and the keys
     that run at TP=1 only, read from the same place."""
-    from hybridrl.rollout.factory import pick_engine, tp1_only_ignored, tp_problem
+    from hybridrl.config.checks.rollout import pick_engine, tp1_only_ignored, tp_problem
 
     assert tp_problem("native", 4) is None and tp_problem("hf", 1) is None
     assert "needs the native engine, not rollout.name=auto (auto is hf on CPU)" in tp_problem("hf", 2, "auto")

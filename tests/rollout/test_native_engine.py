@@ -270,7 +270,7 @@ def test_decode_graphs_are_dropped_when_the_cache_changes_size(monkeypatch):
     eng.wake()
     assert "captured" in r.graphs  # same address, same size: kept
     eng.sleep()
-    r.fixed_num_blocks = 30
+    r.budget.fixed_num_blocks = 30
     eng.wake()
     assert r.graphs == {} and eng.cache.data.shape[2] == 30
 

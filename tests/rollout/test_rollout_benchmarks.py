@@ -67,9 +67,9 @@ def test_prefill_features_benchmark_compares_each_feature_with_it_off(tmp_path):
 
 
 def test_prefill_backends_arms_draw_the_same_tokens_on_cpu(tmp_path):
-    """benchmarks/prefill_backends.py: both arms run the same prompts with the same seeds; on CPU
+    """benchmarks/lab/prefill_backends.py: both arms run the same prompts with the same seeds; on CPU
     (no cuDNN) the backend lists pick the same kernel, so the tokens agree and the times are real."""
-    _run("prefill_backends.py", tmp_path)
+    _run("lab/prefill_backends.py", tmp_path)
     rows = json.loads((tmp_path / "prefill_backends.json").read_text())["rows"]
     assert len(rows) == 2
     assert len({r["tokens_sha256"] for r in rows.values()}) == 1

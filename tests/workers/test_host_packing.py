@@ -107,9 +107,9 @@ def _bench(script: str, tmp_path, name: str) -> dict:
 
 
 def test_residual_dtype_benchmark_smoke(tmp_path):
-    """benchmarks/residual_dtype.py --tiny: both layouts timed for each pass; the bf16 residual
+    """benchmarks/lab/residual_dtype.py --tiny: both layouts timed for each pass; the bf16 residual
     moves the log-probs by bf16 rounding, neither nothing nor more."""
-    (row,) = _bench("residual_dtype.py", tmp_path, "residual_dtype.json")["rows"]
+    (row,) = _bench("lab/residual_dtype.py", tmp_path, "residual_dtype.json")["rows"]
     assert 0 < row["mean_abs_log_prob_diff"] <= row["max_abs_log_prob_diff"] < 0.1
     for p in ("update_actor", "old_log_prob", "ref"):
         assert row[p]["median_s"]["fp32"] > 0 and row[p]["median_s"]["bf16"] > 0
@@ -121,7 +121,7 @@ def test_update_peak_benchmark_smoke():
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "benchmarks/update_peak.py", "tiny-run", "--tiny"]
+    cmd = [sys.executable, "benchmarks/lab/update_peak.py", "tiny-run", "--tiny"]
     out = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True, timeout=300).stdout
     name, _, _, seconds, _, _, peak = out.split()[-7:]
     assert name == "tiny-run" and float(seconds) > 0 and float(peak) == 0.0  # CPU: no GPU memory to report

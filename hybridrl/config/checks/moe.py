@@ -3,9 +3,9 @@ parallelism (`actor.fsdp_config.expert_parallel_size`); docs/models.md. Whether 
 mixture of experts at all is known when it loads (a dense model refuses R3 and expert parallelism
 then)."""
 
-from ..batch_plan import batch_sizes, role_sp, role_world
 from ..problem import Problem, suggest
 from ..schema import Config
+from .batch import batch_sizes, role_sp, role_world
 
 _A = "actor_rollout_ref.actor"
 _MODE, _EP = f"{_A}.router_replay.mode", f"{_A}.fsdp_config.expert_parallel_size"

@@ -4,10 +4,10 @@ Ulysses sequence parallelism, and the dynamic-batch token budgets."""
 import json
 from pathlib import Path
 
-from ..batch_plan import SP_KEYS, batch_sizes, role_sp, role_world
 from ..layout import layout_problem
 from ..problem import Problem, suggest
 from ..schema import Config
+from .batch import SP_KEYS, batch_sizes, role_sp, role_world
 from .modes import auto_split_problems, partial_rollout_problems
 
 _A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"

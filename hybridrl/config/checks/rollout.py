@@ -5,19 +5,49 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..batch_plan import batch_sizes, role_world
+from ..extensions import feature_rule
 from ..layout import layout_problem
 from ..problem import Problem, get, suggest
 from ..schema import Config
+from .batch import batch_sizes, role_world
 
 _R = "actor_rollout_ref.rollout"
 _NODES, _GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
+TP_KEY = f"{_R}.tensor_model_parallel_size"
+TP1_ONLY = ("enable_prefix_caching", "enable_chunked_prefill")  # native-engine keys that TP switches off
+
+
+# The engine rules `rollout.factory.build_rollout` applies, kept here once so the checks below apply
+# the same ones (torch-free).
+def pick_engine(name: str, *, cuda: bool, multi_turn: bool = False, record_routing: bool = False) -> str:
+    """`rollout.name` with `auto` resolved: native on a GPU, for multi-turn rollouts or to record a
+    mixture of experts' routing (router replay R3), hf otherwise."""
+    if name != "auto":
+        return name
+    return "native" if cuda or multi_turn or record_routing else "hf"
+
+
+def tp_problem(name: str, tp: int, asked: str | None = None) -> str | None:
+    """Why engine `name` cannot run at tensor-parallel size `tp` (None: it can). `asked`: the
+    configured `rollout.name`, when it differs (auto)."""
+    if tp <= 1 or name == "native":
+        return None
+    auto = " (auto is hf on CPU)" if asked == "auto" else ""
+    return (
+        f"{TP_KEY}={tp} needs the native engine, not rollout.name={asked or name}{auto}; "
+        f"set actor_rollout_ref.rollout.name=native, or {TP_KEY}=1"
+    )
+
+
+def tp1_only_ignored(rollout, name: str | None = None) -> list[str]:
+    """The keys of `TP1_ONLY` that are set and do nothing with this engine and TP size."""
+    name = name or rollout.name
+    native_tp1 = name in ("native", "auto") and rollout.tensor_model_parallel_size <= 1
+    return [] if native_tp1 else [k for k in TP1_ONLY if getattr(rollout, k)]
 
 
 def notices(cfg: Config) -> list[str]:
     """Engine features that do nothing with the engine or TP size chosen."""
-    from hybridrl.rollout.factory import tp1_only_ignored  # the rule the factory applies (torch-free)
-
     r = cfg.actor_rollout_ref.rollout
     return [
         f"actor_rollout_ref.rollout.{key}=true applies to the native engine at tensor_model_parallel_size=1; "
@@ -57,7 +87,7 @@ def sampling_problems(cfg: Config) -> list[Problem]:
 
 def forced_length_problems(cfg: Config) -> list[Problem]:
     """rollout.forced_response_lengths: the distribution (rollout/lengths.py's own checks) and the engines that run it."""
-    from hybridrl.rollout.lengths import from_config  # numpy only
+    from_config = feature_rule("forced_response_lengths")  # rollout/lengths.py (numpy only)
 
     r, key = cfg.actor_rollout_ref.rollout, f"{_R}.forced_response_lengths"
     try:
@@ -140,8 +170,6 @@ def tp_problems(cfg: Config) -> list[Problem]:
                 {key: fix},
             )
         )
-    from hybridrl.rollout.factory import pick_engine, tp_problem  # the rule the factory applies (torch-free)
-
     engine = pick_engine(r.name, cuda=cfg.trainer.device != "cpu", multi_turn=bool(r.multi_turn.enable))
     reason = tp_problem(engine, tp, r.name if r.name != engine else None)
     if reason:
@@ -154,7 +182,7 @@ def tp_problems(cfg: Config) -> list[Problem]:
 
 def _model_tp_problem(path: str | None, tp: int) -> str | None:
     """`tp_shards.check_tp` on the model directory's config.json; None when there is none to read."""
-    from hybridrl.models.tp_shards import check_tp  # the shard spec's own rule (pure; no model is built)
+    check_tp = feature_rule("tp_shards")  # the shard spec's own rule (pure; no model is built)
 
     file = Path(path or "") / "config.json"
     if not path or not file.is_file():

@@ -70,7 +70,6 @@ def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
 
 
 def registered_tools() -> dict[str, type[Tool]]:
-    """Name -> class of every registered tool (the built-ins are imported first)."""
-    import hybridrl.rollout.agent.builtin_tools  # noqa: F401  (registers python, calculator)
-
+    """Name -> class of every tool registered so far (the built-ins once `builtin_tools` is imported,
+    which `tool_config` does before it looks a name up)."""
     return dict(_TOOLS)

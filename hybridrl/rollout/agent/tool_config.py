@@ -60,6 +60,8 @@ def load_tool_config(path: str | Path) -> list[Tool]:
 
 
 def _tool_class(name: Any, where: str) -> type[Tool]:
+    import hybridrl.rollout.agent.builtin_tools  # noqa: F401  (registers python, calculator; imports the sandbox)
+
     registry = registered_tools()
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: class_name must be a string")

@@ -10,8 +10,8 @@ replayed; a batch is padded up to the next size with harmless rows that point at
 0. On CPU (and with enforce_eager) the same code runs eagerly with the torch references.
 
 With a `TensorParallel` group (tp.py) the runner holds one TP shard of the model and of the KV
-cache, samples with the parallel sampler, and loads full or pre-sliced weights; at TP=1 none of
-that code runs.
+cache, samples with the parallel sampler, and loads full or pre-sliced weights (`WeightLoader`,
+weights.py); at TP=1 none of that code runs. `CacheBudget` sizes the KV cache at each wake-up.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,28 +35,62 @@ from hybridrl.rollout.native.cache import KVCache, blocks_for
 from hybridrl.rollout.native.routing import RouteBuffers, RouteHistory
 from hybridrl.rollout.native.sampling import sample
 from hybridrl.rollout.native.tp import TensorParallel, apply_tp, sample_sharded
+from hybridrl.rollout.native.weights import WeightLoader
 
 CPU_KV_TOKENS = 1 << 16  # the cache on CPU: a fixed budget of token slots (capped by what can be used)
-# Kept free beside the cache on top of the workspace estimate (`_workspace_bytes`): CUDA-graph
+# Kept free beside the cache on top of the workspace estimate (`CacheBudget.workspace_bytes`): CUDA-graph
 # pools, cuBLAS workspaces, allocator fragmentation.
 WORKSPACE_SLACK = 512 << 20
 
 
-def canonical_name(name: str) -> str | None:
-    """Map a trainer parameter name (plain HF, torch.compile'd, DDP or peft-wrapped) to the HF name.
+@dataclass
+class CacheBudget:
+    """How many KV blocks the runner's cache gets at each wake-up: all a full batch can use, or
+    what fits in `gpu_memory_utilization` of the free memory after the workspace."""
 
-    Unmerged LoRA factors cannot be applied by a copy: they raise instead of being dropped
-    silently (the engine would sample from the base model).
-    """
-    for prefix in ("_orig_mod.", "module.", "base_model.model."):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-    if ".lora_" in name or "lora_embedding" in name:
-        raise ValueError(
-            f"weight {name!r} is an unmerged LoRA factor; merge the adapters into the base weights "
-            f"before syncing them to the native engine (or use rollout.name=hf)"
-        )
-    return name.replace(".base_layer.", ".")
+    hf_config: Any
+    model: Any  # the runner's model (its KV heads and head size)
+    dtype: torch.dtype
+    device: torch.device
+    tp: Any  # TensorParallel or None
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_blocks_per_seq: int
+    gpu_memory_utilization: float
+    fixed_num_blocks: int | None  # the engine's num_blocks: this many, whatever is free
+
+    def num_blocks(self) -> int:
+        cfg, m = self.hf_config, self.model
+        per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, self.block_size, m.n_kv_heads, m.head_dim, self.dtype)
+        useful = self.max_num_seqs * self.max_blocks_per_seq + 1
+        if self.fixed_num_blocks is not None:
+            return self.fixed_num_blocks
+        if self.device.type != "cuda":
+            return min(useful, CPU_KV_TOKENS // self.block_size + 1)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        budget = int(self.gpu_memory_utilization * free) - self.workspace_bytes()
+        if budget < useful * per_block:
+            # `sleep` leaves freed memory cached in PyTorch's allocator, which the driver does not
+            # count as free: give it back before settling for a smaller cache (or none)
+            torch.cuda.empty_cache()
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(self.gpu_memory_utilization * free) - self.workspace_bytes()
+        if budget < 2 * per_block * self.max_blocks_per_seq:
+            raise RuntimeError(
+                f"native rollout: {free / 2**30:.1f} GiB free x gpu_memory_utilization={self.gpu_memory_utilization} "
+                f"leaves no room for a KV cache after {self.workspace_bytes() / 2**30:.1f} GiB of workspace; "
+                f"raise actor_rollout_ref.rollout.gpu_memory_utilization or lower max_num_seqs"
+            )
+        return min(useful, budget // per_block)
+
+    def workspace_bytes(self) -> int:
+        """Activations beside the cache: decode logits (bf16 + fp32 temporaries) and prefill."""
+        cfg = self.hf_config
+        vocab = tp_shards.vocab_block(cfg.vocab_size, self.tp.size) if self.tp else cfg.vocab_size
+        decode = self.max_num_seqs * vocab * 16
+        prefill = self.max_num_batched_tokens * self.model.prefill_bytes_per_token()
+        return decode + prefill + WORKSPACE_SLACK
 
 
 class ModelRunner:
@@ -85,9 +120,7 @@ class ModelRunner:
             raise ValueError(f"decode_steps_per_sync must be an integer in [1, 64], got {decode_steps!r}")
         self.decode_steps = decode_steps
         self.tp = tp if tp is not None and tp.size > 1 else None
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.block_size, self.fixed_num_blocks = block_size, num_blocks
+        self.max_num_seqs, self.block_size = max_num_seqs, block_size
         self.model = build_from_hf_config(
             hf_config,
             dtype,
@@ -100,6 +133,7 @@ class ModelRunner:
             for p in (self.model.model.embed_tokens.weight, self.model.lm_head_weight):
                 p.zero_()
         self.model.fuse_projections()
+        self.weights = WeightLoader(self.model, hf_config, self.tp)
         self.routes: RouteBuffers | None = None  # router replay R3: what each pass routed (routing.py)
         self.route_history: RouteHistory | None = None  # the generate call's, set by it
         if record_routing:
@@ -121,6 +155,19 @@ class ModelRunner:
         self.max_blocks_per_seq = blocks_for(max_model_len, block_size)
         # block-table columns: past max_model_len, the steps a multi-step launch may overrun point at scratch block 0
         self.table_width = blocks_for(max_model_len + decode_steps, block_size)
+        self.budget = CacheBudget(
+            hf_config,
+            self.model,
+            dtype,
+            device,
+            self.tp,
+            block_size,
+            max_num_seqs,
+            max_num_batched_tokens,
+            self.max_blocks_per_seq,
+            gpu_memory_utilization,
+            num_blocks,
+        )
         self._alloc_row_buffers()
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._graph_pool = None
@@ -128,56 +175,6 @@ class ModelRunner:
         self._inv_t: dict[tuple, torch.Tensor] = {}
         self.ladder = _ladder(max_num_seqs)
         self._warm: set[tuple] = set()  # (batch size, mode): its kernels compiled and tuned (see _graph)
-
-    # -- weights -------------------------------------------------------------------------------
-    def alias_weights(self, model) -> None:
-        """Make the runner's parameters the trainer's tensors (same storage): in-place optimizer
-        steps are then visible to the engine with no sync at all."""
-        if self.tp:
-            raise ValueError("a tensor-parallel engine holds weight shards: load them with load_weights, not alias_weights")
-        own = self.model.state_dict()
-        shared = {}
-        for name, t in model.state_dict().items():
-            name = canonical_name(name)
-            if name in own:
-                shared[name] = t.detach()
-        missing = set(own) - set(shared)
-        if missing:
-            raise ValueError(f"the trainer model has no weights for {sorted(missing)[:5]}")
-        self.model.fuse_projections(False)  # fused copies would not see the trainer's updates
-        self.model.load_state_dict(shared, assign=True)
-
-    @torch.no_grad()
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], sharded: bool = False) -> None:
-        """Copy weights in one tensor at a time (converting dtype/device on the way); tensors the
-        runner already aliases are skipped. Names the model does not have raise. With TP, full
-        tensors are sliced to this rank's shard; `sharded=True`: they already are (see the engine)."""
-        params = dict(self.model.named_parameters())
-        for name, t in named_tensors:
-            name = canonical_name(name)
-            if name == "lm_head.weight" and self.model.tied:
-                continue  # tied: the embedding is the head
-            p = params.get(name)
-            if p is None and self.model.load_expert(name, t):  # a per-expert checkpoint weight (MoE)
-                continue
-            if p is None:
-                raise KeyError(f"load_weights: the native model has no parameter {name!r}")
-            if self.tp:
-                self._load_shard(name, p, t, sharded)
-            elif p.data_ptr() != t.data_ptr():
-                p.copy_(t.detach(), non_blocking=True)
-
-    def _load_shard(self, name: str, p: torch.Tensor, t: torch.Tensor, sharded: bool) -> None:
-        if not sharded:
-            t = tp_shards.shard(name, t, self.hf_config, self.tp.rank, self.tp.size)
-        if name.split(".")[-2] in tp_shards.VOCAB:
-            p = p[: t.shape[0]]  # the last vocabulary block is padded; the padding rows stay zero
-        if p.shape != t.shape:
-            raise ValueError(
-                f"load_weights: {name!r} of shape {tuple(t.shape)} is not TP rank {self.tp.rank}/{self.tp.size}'s "
-                f"shard {tuple(p.shape)}" + (" (a full tensor passed with sharded=True?)" if sharded else "")
-            )
-        p.copy_(t.detach(), non_blocking=True)
 
     # -- memory --------------------------------------------------------------------------------
     def _alloc_row_buffers(self) -> None:
@@ -193,38 +190,6 @@ class ModelRunner:
         self.row_ids = torch.arange(S, device=dev)
         self.n_active = torch.zeros((), dtype=torch.long, device=dev)  # rows [0, n_active) advance; padding stays
 
-    def _num_blocks(self) -> int:
-        cfg, m = self.hf_config, self.model
-        per_block = KVCache.bytes_per_block(cfg.num_hidden_layers, self.block_size, m.n_kv_heads, m.head_dim, self.dtype)
-        useful = self.max_num_seqs * self.max_blocks_per_seq + 1
-        if self.fixed_num_blocks is not None:
-            return self.fixed_num_blocks
-        if self.device.type != "cuda":
-            return min(useful, CPU_KV_TOKENS // self.block_size + 1)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
-        if budget < useful * per_block:
-            # `sleep` leaves freed memory cached in PyTorch's allocator, which the driver does not
-            # count as free: give it back before settling for a smaller cache (or none)
-            torch.cuda.empty_cache()
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(self.gpu_memory_utilization * free) - self._workspace_bytes()
-        if budget < 2 * per_block * self.max_blocks_per_seq:
-            raise RuntimeError(
-                f"native rollout: {free / 2**30:.1f} GiB free x gpu_memory_utilization={self.gpu_memory_utilization} "
-                f"leaves no room for a KV cache after {self._workspace_bytes() / 2**30:.1f} GiB of workspace; "
-                f"raise actor_rollout_ref.rollout.gpu_memory_utilization or lower max_num_seqs"
-            )
-        return min(useful, budget // per_block)
-
-    def _workspace_bytes(self) -> int:
-        """Activations beside the cache: decode logits (bf16 + fp32 temporaries) and prefill."""
-        cfg = self.hf_config
-        vocab = tp_shards.vocab_block(cfg.vocab_size, self.tp.size) if self.tp else cfg.vocab_size
-        decode = self.max_num_seqs * vocab * 16
-        prefill = self.max_num_batched_tokens * self.model.prefill_bytes_per_token()
-        return decode + prefill + WORKSPACE_SLACK
-
     def wake(self) -> None:
         """Allocate the KV cache. CUDA graphs bake its address and its layout in (each layer's K and
         V sit num_blocks blocks apart): they are kept when the new cache lands at the same address
@@ -234,7 +199,7 @@ class ModelRunner:
         if self.cache is not None:
             return
         m = self.model
-        num_blocks = self._num_blocks()
+        num_blocks = self.budget.num_blocks()
         if self.tp:  # one schedule for the whole replica: every rank's cache has the smallest rank's size
             n = torch.tensor([num_blocks], device=self.device)
             dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.tp.group)

@@ -10,8 +10,8 @@ overrides, checked like `hybridrl train` checks it, and trained by `launch.train
 (the CLI's `fit_with_restarts` in this process). What the caller passes as Python objects is
 turned into what a config names, under the run directory's `inputs/` (hybridrl/inputs.py), so
 `config.yaml` of an API run is a runnable CLI config and resume works the same. A reward function
-object is not shipped anywhere: rewards are computed by the controller (this process), in a thread
-with `custom_reward_function.timeout_s` per call, on every backend.
+object is not shipped anywhere: rewards are computed by the controller (this process), in forks of
+it with `custom_reward_function.timeout_s` per call, on every backend.
 
 TRL's vocabulary (GRPOConfig's names, `args=GRPOConfig(...)`, GRPOTrainer's positional order, TRL-form
 reward functions, transformers callbacks) is translated at this edge by hybridrl/compat/trl.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import random
 import signal
@@ -305,36 +304,32 @@ def preflight(cfg) -> None:
 def check_reward_object(fn, cfg) -> None:
     """Call a reward function object once on the first training row, its ground truth as the response, before
     any model work: a function with the wrong signature or a bug fails here, in one line, not as a run
-    that scores every response 0 (in training, a call that raises scores 0 and counts in reward/errors)."""
+    that scores every response 0 (in training, a call that raises scores 0 and counts in reward/errors).
+    The call is isolated as in training (hybridrl/rewards/assembly.py): one that hangs, exits or runs out
+    of memory fails here in one line too."""
     from hybridrl.data.converters import read_rows
-    from hybridrl.rewards.manager import _as_number
-    from hybridrl.rewards.pool import WorkerPool
-    from hybridrl.rewards.remote import RemoteReward
+    from hybridrl.rewards.assembly import call_once
+    from hybridrl.rewards.result import as_number
     from hybridrl.rewards.trl import TRLRewards
 
-    if isinstance(fn, RemoteReward):
-        return  # a service: its failures are counted, never fatal
+    files = cfg.data.train_files
+    row = read_rows(files if isinstance(files, str) else files[0])[0]
+    c = cfg.custom_reward_function
     if isinstance(fn, TRLRewards):
-        files = cfg.data.train_files
         try:
-            fn.probe(read_rows(files if isinstance(files, str) else files[0])[0])
+            fn.probe(row, c.timeout_s, c.memory_limit_mb)
         except ValueError as e:
             raise UsageError(str(e)) from None
         return
-    if not callable(fn):
-        raise UsageError(f"reward_fn must be a function, got {type(fn).__name__}")
-    files = cfg.data.train_files
-    row = read_rows(files if isinstance(files, str) else files[0])[0]
     truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
     call = {"data_source": row.get(cfg.data.reward_fn_key), "solution_str": str(truth), "ground_truth": truth}
     call["extra_info"] = row.get("extra_info") or {}
-    kwargs = cfg.custom_reward_function.reward_kwargs
-    if getattr(fn, "batched", False):
-        target = functools.partial(_call_batched, fn, kwargs)
-    else:
-        target = functools.partial(fn, **kwargs) if kwargs else fn
-    with WorkerPool(target, kind="thread", timeout_s=cfg.custom_reward_function.timeout_s) as pool:
-        outcome = pool.map([call])[0]
+    try:
+        outcome = call_once(cfg, fn, call)
+    except TypeError as e:
+        raise UsageError(str(e)) from None
+    if outcome is None:
+        return  # a Scorer of its own (a service): its failures are counted, never fatal
     name = getattr(fn, "__name__", type(fn).__name__)
     shown = f"data_source={call['data_source']!r}, solution_str={call['solution_str']!r}, ground_truth={truth!r}"
     if outcome.error is not None:
@@ -346,20 +341,10 @@ def check_reward_object(fn, cfg) -> None:
         )
     value = outcome.value
     score = value.get("score") if isinstance(value, dict) else value
-    if _as_number(score) is None:
+    if as_number(score) is None:
         raise UsageError(
             f"reward_fn {name}({shown}) returned {value!r:.80}; return a finite number or a dict with a numeric 'score'"
         )
-
-
-def _call_batched(fn, kwargs, data_source, solution_str, ground_truth, extra_info):
-    out = fn(
-        data_sources=[data_source], solution_strs=[solution_str], ground_truths=[ground_truth], extra_infos=[extra_info], **kwargs
-    )
-    out = list(out)
-    if len(out) != 1:
-        raise ValueError(f"the batched reward function returned {len(out)} results for 1 response")
-    return out[0]
 
 
 @contextlib.contextmanager
@@ -371,8 +356,8 @@ def restored_process_state():
     import torch
     import torch.distributed as dist
 
-    import hybridrl.rewards.manager as reward_manager
     from hybridrl.models.loading import hub_offline_by_default
+    from hybridrl.rewards.result import reset_error_log
 
     env = dict(os.environ)
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
@@ -381,7 +366,7 @@ def restored_process_state():
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     ray_was_up = _ray_is_up()
     dist_was_up = dist.is_available() and dist.is_initialized()
-    reward_manager._first_error_logged = False  # each run logs its first reward failure
+    reset_error_log()  # each run logs its first reward failure
     hub_offline_by_default()  # as the CLI: local model directories, no minute of Hub retries on a typo
     try:
         yield

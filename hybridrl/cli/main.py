@@ -155,6 +155,8 @@ def cmd_eval(args) -> int:
     from hybridrl.models.loading import load_causal_lm, load_tokenizer, pick_device
     from hybridrl.rewards import default_compute_score, load_custom_reward_fn, needs_ground_truth
     from hybridrl.rewards.pool import Target, WorkerPool
+    from hybridrl.rewards.scorer import FunctionScorer
+    from hybridrl.rewards.stage import RewardStage
     from hybridrl.rollout.agent.rollout import chat_tools
     from hybridrl.rollout.base import SamplingParams
     from hybridrl.rollout.factory import build_rollout
@@ -170,9 +172,13 @@ def cmd_eval(args) -> int:
         model = load_causal_lm(model_dir, what="--model").to(device).eval()
     if args.reward_path:  # checked here, then run in worker processes with a timeout (hybridrl/rewards/pool.py)
         load_custom_reward_fn(args.reward_path, args.reward_name)
-        compute_score, need_gt = WorkerPool(Target(args.reward_path, args.reward_name)), (lambda s: False)
+        name = f"reward function {args.reward_name} ({args.reward_path})"
+        scorer, need_gt = FunctionScorer(WorkerPool(Target(args.reward_path, args.reward_name)), name), (lambda s: False)
     else:
-        compute_score, need_gt = default_compute_score, needs_ground_truth
+        scorer, need_gt = (
+            FunctionScorer(WorkerPool(default_compute_score, kind="thread"), "the built-in reward"),
+            needs_ground_truth,
+        )
     multi_turn = MultiTurnConfig(
         enable=bool(args.tool_config or args.interaction_config),
         format=args.multi_turn_format,
@@ -198,10 +204,9 @@ def cmd_eval(args) -> int:
         n=args.n, do_sample=not greedy, temperature=args.temperature, max_new_tokens=args.max_response_length
     )
     try:
-        rows, metrics = evaluate(engine, records, sampling, args.batch_size, compute_score, tokenizer.pad_token_id)
+        rows, metrics = evaluate(engine, records, sampling, args.batch_size, RewardStage(scorer), tokenizer.pad_token_id)
     finally:
-        if isinstance(compute_score, WorkerPool):
-            compute_score.close()
+        scorer.close()
     summary = _eval_summary(rows)  # adds score_flexible to GSM8K rows
     if args.output:
         with open(args.output, "w") as f:

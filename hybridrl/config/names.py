@@ -35,7 +35,7 @@ ROLLOUT_RS_OPTIONS = (  # hybridrl.algorithms.rollout_correction.ROLLOUT_RS_OPTI
     "seq_max_k2",
     "seq_max_k3",
 )
-REWARD_MANAGERS = ("naive", "dapo", "batch", "prime")  # hybridrl.rewards.managers.REWARD_MANAGERS
+REWARD_MANAGERS = ("naive", "dapo", "batch", "prime")  # hybridrl.rewards.assembly.REWARD_MANAGERS
 LOGGERS = ("console", "jsonl", "file", "tensorboard", "wandb", "mlflow", "swanlab")  # hybridrl.tracking.tracker.LOGGERS
 PACKED_ATTN_BACKENDS = ("auto", "varlen", "flex", "sdpa")  # hybridrl.models.packing.BACKENDS
 TOOL_CALL_FORMATS = ("hermes", "code")  # hybridrl.rollout.agent.parser.FORMATS

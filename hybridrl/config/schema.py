@@ -605,19 +605,20 @@ class CustomRewardConfig:
     )
     timeout_s: float = option(
         10.0,
-        "Seconds one call of the reward function may take. A custom function runs in separate processes: one "
-        "that hangs past this, exits, crashes or raises scores 0 for that sample and counts in reward/timeouts or "
-        "reward/errors; the run goes on (hybridrl/rewards/pool.py).",
+        "Seconds one call of the reward function may take (a batched function's: its one call per batch). A "
+        "function runs in separate processes: one that hangs past this, exits, crashes or raises scores 0 for its "
+        "samples and counts in reward/timeouts or reward/errors; the run goes on (hybridrl/rewards/pool.py).",
     )
     num_workers: int = option(
         2,
-        "Processes that run a custom reward function (custom_reward_function.path); the built-in scorers run in "
-        "threads of the trainer process.",
+        "Processes that run a reward function (custom_reward_function.path, or one given to the Python API); the "
+        "built-in scorers run in a thread of the trainer process.",
     )
     memory_limit_mb: int | None = option(
         8192,
-        "Address space (RLIMIT_AS) of each process running a custom reward function, in MB; an allocation past it "
-        "raises MemoryError in that call, which scores 0 and counts in reward/errors. null = no limit.",
+        "Address space (RLIMIT_AS) of each process running a reward function, in MB (a fork of the trainer, for a "
+        "function given to the Python API: on top of what it inherited); an allocation past it raises MemoryError "
+        "in that call, which scores 0 and counts in reward/errors. null = no limit.",
     )
     remote: RemoteRewardConfig = option(RemoteRewardConfig, "Score with an HTTP service in place of a function.")
 
@@ -740,8 +741,8 @@ class RewardModelConfig:
     stream_reward_fn: bool = option(
         True,
         "With launch_reward_fn_async and the native engine in-process: score each response as soon as it ends, while "
-        "the others decode, when the scorer is a custom reward file (custom_reward_function.path, reward_manager naive "
-        "or dapo: its processes) or a scoring service (custom_reward_function.remote.url: its requests) "
+        "the others decode, when the scorer is a reward function in worker processes (custom_reward_function.path or "
+        "one given to the Python API, not batched) or a scoring service (custom_reward_function.remote.url: its requests) "
         "(reward/streamed_fraction). The same scores; false scores after generation. The built-in scorers, fast and run "
         "in threads of the trainer, are always scored after generation. A service's requests, made by a helper process, "
         "slow decoding by ~8% (docs/performance.md): for one that answers within the log-prob passes, false is faster.",

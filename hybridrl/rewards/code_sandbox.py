@@ -24,8 +24,9 @@ import json
 import re
 from typing import Any
 
-from .registry import default_compute_score
-from .remote import RemoteReward, _Failure
+from .registry import default_compute_score, needs_ground_truth
+from .remote import RemoteReward
+from .result import Outcome, ScoreFailure
 
 # verl's names of code datasets (verl/utils/reward_score/__init__.py routes these to the sandbox).
 CODE_SOURCES = (
@@ -80,6 +81,7 @@ class SandboxFusionReward(RemoteReward):
         remote["process"] = False  # the requests run on this process's threads (the helper process speaks the plain protocol)
         super().__init__(url, **remote)
         self.memory_limit_mb = int(memory_limit_mb)
+        self.name = f"SandboxFusion at {url}"
 
     @classmethod
     def from_configs(cls, sandbox, remote) -> SandboxFusionReward:
@@ -95,24 +97,25 @@ class SandboxFusionReward(RemoteReward):
             circuit_breaker_cooldown_s=remote.circuit_breaker_cooldown_s,
         )
 
-    def _score_one(self, payload: dict) -> tuple[Any, dict]:
+    def _score_one(self, payload: dict) -> Outcome:
         if payload["data_source"] not in CODE_SOURCES:  # a math or gsm8k row in a mixed set: no request
+            stats = {"remote_latency_s": None, "remote_retries": 0, "remote_skipped": 0}
             try:
                 value = default_compute_score(payload["data_source"], payload["solution_str"], payload["ground_truth"])
             except Exception as e:
-                value = _Failure(f"{type(e).__name__}: {e}", False)
-            return value, {"latency_s": None, "retries": 0, "skipped": 0}
+                return Outcome.failed(ScoreFailure(f"{type(e).__name__}: {e}"), **stats)
+            return Outcome(value=value, stats=stats)
         return super()._score_one(payload)
 
     def _post(self, body: bytes) -> Any:
-        """One response: every test case run in turn; a `_Failure` when the service fails."""
+        """One response: every test case run in turn; a `ScoreFailure` when the service fails."""
         from hybridrl.sandbox import SandboxConfig, SandboxFusionClient
 
         payload = json.loads(body)
         try:
             inputs, outputs = read_test_cases(payload["ground_truth"])
         except (ValueError, TypeError) as e:
-            raise _Failure(f"data_source {payload['data_source']!r}: {e}", False) from None
+            raise ScoreFailure(f"data_source {payload['data_source']!r}: {e}") from None
         code = extract_code(str(payload["solution_str"]))
         # Each program may run timeout_s on the service; the client allows a request 10 s more. Its
         # retries are RemoteReward's (this method's caller), with backoff and the circuit breaker.
@@ -123,13 +126,11 @@ class SandboxFusionReward(RemoteReward):
             result = asyncio.run(client.run(code, stdin))
             if result.exit_code is None and not result.timed_out and result.stderr.startswith("the sandbox service"):
                 timed_out = "Timeout" in result.stderr or "timed out" in result.stderr
-                raise _Failure(result.stderr, retry=True, timed_out=timed_out)
+                raise ScoreFailure(result.stderr, retry=True, timed_out=timed_out)
             passed += int(result.ok and _same_output(result.stdout, expected))
         return {"score": passed / len(inputs), "all_passed": float(passed == len(inputs))}
 
 
 def needs_ground_truth_or_code(data_source: str) -> bool:
     """Rows the data loader must find a ground truth in: the built-in scorers' and the code sources'."""
-    from .registry import needs_ground_truth
-
     return data_source in CODE_SOURCES or needs_ground_truth(data_source)

@@ -1,7 +1,7 @@
 """Run user code (reward functions; later agent tools and remote scorers) so that it cannot stop
 or freeze the run.
 
-`WorkerPool(target, kind="process" | "thread", num_workers, timeout_s).map(list_of_kwargs)`
+`WorkerPool(target, kind="process" | "fork" | "thread", num_workers, timeout_s).map(list_of_kwargs)`
 calls `target(**kwargs)` for each item and returns one `Outcome` per item, in order. Each call
 has `timeout_s`; a call that raises anything (also `SystemExit`, `KeyboardInterrupt`), hangs past
 its timeout, or takes its process down (`os._exit`, a segfault, being killed) gives that item
@@ -9,6 +9,9 @@ an `Outcome` with `error` set, and the pool goes on: a hung or dead process is r
 
 - `kind="process"` (custom code): `target` is a `Target(path, name, kwargs)`, loaded inside each
   worker process; nothing from the user's file runs in the trainer.
+- `kind="fork"` (a function given in Python, e.g. to the Python API: a lambda, a closure, a function
+  of a script or a notebook): `target` is the callable itself; each worker is a fork of this
+  process, so the function needs no pickling and no import, and is bounded like the above.
 - `kind="thread"` (the built-in scorers, trusted): `target` is a callable run by a thread of this
   process, the batch in order with no copying; a call past its timeout is abandoned (a thread
   cannot be killed) and the rest of the batch goes on in a fresh thread.
@@ -17,12 +20,14 @@ Items go to the worker processes in chunks (one message per chunk, one small rep
 so a batch of hundreds of cheap calls costs a few milliseconds of messaging.
 
 What a worker process may do to the machine is bounded too:
+- it dies with the process that started it (Linux: the parent-death signal), so no worker outlives
+  a trainer that was killed;
 - it leads its own session and process group, and stopping it kills the whole group; processes that
   left the group (a double fork and `setsid`) are found by what they inherit, a marker in their
   environment (`HYBRIDRL_REWARD_WORKER`, passed on by exec) or the worker's tag descriptor (passed
   on by fork), and killed with it (Linux: read from /proc);
-- its address space is limited (`RLIMIT_AS`, `memory_limit_mb`): an allocation past it raises
-  MemoryError in that call, which costs one sample;
+- its address space is limited (`RLIMIT_AS`, `memory_limit_mb`; a forked worker may add that much
+  to what it inherited): an allocation past it raises MemoryError in that call, which costs one sample;
 - what it prints is counted (`Outcome.output_bytes`, reward/output_bytes) and at most
   `OUTPUT_SHOWN_PER_CALL` bytes of each call (`OUTPUT_SHOWN_PER_WORKER` over a worker's life) reach the console.
 
@@ -43,12 +48,19 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
-_SPAWN = mp.get_context("spawn")  # no fork of a trainer that holds threads, CUDA and locks
+from .result import Outcome
+
+_SPAWN = mp.get_context("spawn")  # a file's function: a fresh interpreter, nothing of the trainer's state
+# A function given in Python exists only in this process's memory: its workers are forks. They run the
+# function alone (one thread, no CUDA calls); a lock another thread held at the fork can only hang a
+# call, which the timeout ends and a fresh fork replaces.
+_FORK = mp.get_context("fork")
 
 
 @dataclass(frozen=True)
@@ -68,19 +80,19 @@ class Target:
         return functools.partial(fn, **self.kwargs) if self.kwargs else fn
 
 
+@dataclass(frozen=True)
+class _InMemory:
+    """A fork pool's target: the function itself, inherited by each forked worker."""
+
+    fn: Callable
+
+    def load(self) -> Callable:
+        return self.fn
+
+
 MARKER_ENV = "HYBRIDRL_REWARD_WORKER"  # set in each worker's environment; its descendants inherit it
 OUTPUT_SHOWN_PER_CALL = 1024  # bytes of a call's output shown on the console
 OUTPUT_SHOWN_PER_WORKER = 64 * 1024  # over a worker's life; the rest is only counted
-
-
-@dataclass
-class Outcome:
-    value: Any = None
-    error: str | None = None
-    """None when the call returned; otherwise what went wrong (the traceback, or one line)."""
-    timed_out: bool = False
-    output_bytes: int = 0
-    """What the call printed (stdout and stderr, its child processes' too), in bytes."""
 
 
 def call(fn: Callable, kwargs: dict) -> Any:
@@ -96,11 +108,16 @@ async def _awaited(value):
     return await value
 
 
-def _isolate(memory_limit_mb: int | None, marker: str) -> str | None:
-    """In a fresh worker, before any user code: own session (so the group can be killed whole),
-    the environment marker, the tag descriptor, and the address-space limit. Returns the tag's
-    identity in /proc (None where there is no /proc)."""
+def _isolate(memory_limit_mb: int | None, marker: str, parent: int, forked: bool) -> str | None:
+    """In a fresh worker, before any user code: death with `parent` (the pool's process), own session
+    (so the group can be killed whole), default signal handlers (a fork inherits the trainer's), the
+    environment marker, the tag descriptor, and the address-space limit. Returns the tag's identity
+    in /proc (None where there is no /proc)."""
+    _die_with_parent(parent)
     os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ[MARKER_ENV] = marker
     tag, _ = os.pipe()  # inherited by every fork (never used): what a forked descendant still holds
     os.set_inheritable(tag, True)
@@ -111,12 +128,37 @@ def _isolate(memory_limit_mb: int | None, marker: str) -> str | None:
     if memory_limit_mb:
         import resource
 
-        limit = int(memory_limit_mb) * 2**20
+        # A fork starts with the trainer's address space mapped (torch, maybe CUDA's reservations):
+        # it may grow by memory_limit_mb from there.
+        limit = int(memory_limit_mb) * 2**20 + (_mapped_bytes() if forked else 0)
         try:
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         except (ValueError, OSError):  # macOS refuses RLIMIT_AS: the timeout still bounds a call
             pass
     return identity
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when `parent` dies (Linux's PR_SET_PDEATHSIG), even inside a hung call
+    that holds the interpreter; exit now if it already has."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pool's close() still ends its workers
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _mapped_bytes() -> int:
+    """This process's mapped address space (VmSize), in bytes; 0 where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class _Output:
@@ -132,6 +174,10 @@ class _Output:
         fcntl.fcntl(self.file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)  # writes after a truncate start at 0
         for fd in (1, 2):
             os.dup2(self.file.fileno(), fd)
+        # Python's own streams on those fds: a fork inherits the trainer's sys.stdout, which may write
+        # elsewhere (a notebook's sends to the kernel's threads, which a fork does not have).
+        sys.stdout = open(1, "w", buffering=1, errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, errors="replace", closefd=False)
         self.shown = 0
 
     def collect(self) -> int:
@@ -157,10 +203,22 @@ class _Output:
         return size
 
 
-def _serve(conn: Connection, target: Target, memory_limit_mb: int | None = None, marker: str = "") -> None:
-    """A worker's loop: receive a chunk [(index, kwargs), ...], reply (index, ok, value, output bytes) per item."""
+def _serve(
+    conn: Connection,
+    target: Target | _InMemory,
+    memory_limit_mb: int | None,
+    marker: str,
+    parent: int,
+    forked: bool = False,
+    inherited: tuple[Connection, ...] = (),
+) -> None:
+    """A worker's loop: receive a chunk [(index, kwargs), ...], reply (index, ok, value, output bytes) per item.
+    `inherited` (a fork): the pool's ends of its pipes, which the fork holds copies of and closes, so
+    that a pipe whose pool end is closed reads as closed."""
+    for other in inherited:
+        other.close()
     try:
-        tag = _isolate(memory_limit_mb, marker)
+        tag = _isolate(memory_limit_mb, marker, parent, forked)
         output = _Output()
         fn = target.load()
     except BaseException:
@@ -238,11 +296,18 @@ def _marked(pid: int, needle: bytes, tag: str | None) -> bool:
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, target: Target, memory_limit_mb: int | None = None):
-        self.conn, child = _SPAWN.Pipe()
+    def __init__(self, target: Target | _InMemory, memory_limit_mb: int | None, forked: bool, siblings: tuple = ()):
+        """`forked`: a fork of this process (`target` in memory), else a spawned interpreter that loads
+        `target`. `siblings`: the pool's other workers (a fork closes its copies of their pipes)."""
+        context = _FORK if forked else _SPAWN
+        self.conn, child = context.Pipe()
         self.marker = f"{os.getpid()}-{secrets.token_hex(8)}"
-        self.proc = _SPAWN.Process(target=_serve, args=(child, target, memory_limit_mb, self.marker), daemon=True)
-        self.proc.start()
+        inherited = (self.conn, *(w.conn for w in siblings)) if forked else ()
+        args = (child, target, memory_limit_mb, self.marker, os.getpid(), forked, inherited)
+        self.proc = context.Process(target=_serve, args=args, daemon=True)
+        with warnings.catch_warnings():  # Python >= 3.12 warns on any fork of a process with threads (see _FORK)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.proc.start()
         child.close()
         self.tag: str | None = None  # the worker's tag descriptor in /proc, once it is ready
         self.pending: deque[int] = deque()  # item indices sent and not answered, in order
@@ -332,18 +397,22 @@ class WorkerPool:
         start_timeout_s: float = 120.0,
         memory_limit_mb: int | None = None,
     ):
-        if kind not in ("process", "thread"):
-            raise ValueError(f"WorkerPool kind must be 'process' or 'thread', not {kind!r}")
+        if kind not in ("process", "fork", "thread"):
+            raise ValueError(f"WorkerPool kind must be 'process', 'fork' or 'thread', not {kind!r}")
         if kind == "process" and not isinstance(target, Target):
             raise TypeError("a process pool takes a Target(path, name, kwargs): the function is loaded in the workers")
+        if kind != "process" and not callable(target):
+            raise TypeError(f"a {kind} pool takes the function itself, got {type(target).__name__}")
         if not (timeout_s > 0) or num_workers < 1:
             raise ValueError(f"WorkerPool needs timeout_s > 0 and num_workers >= 1 (got {timeout_s}, {num_workers})")
         self.target, self.kind, self.timeout_s = target, kind, float(timeout_s)
         self.chunk_size, self.start_timeout_s, self.memory_limit_mb = chunk_size, start_timeout_s, memory_limit_mb
         self.replaced = 0
         """Workers replaced after a timeout or a death (threads: abandoned), over the pool's life."""
-        self.workers = [_Worker(target, memory_limit_mb) for _ in range(num_workers)] if kind == "process" else []
+        self.workers: list[_Worker] = []
         try:
+            for _ in range(num_workers if kind != "thread" else 0):
+                self.workers.append(self._new_worker())
             for w in self.workers:
                 w.start(start_timeout_s)
         except BaseException:
@@ -361,9 +430,14 @@ class WorkerPool:
             w.stop()
         self.workers = []
 
+    def _new_worker(self) -> _Worker:
+        forked = self.kind == "fork"
+        target = _InMemory(self.target) if forked else self.target
+        return _Worker(target, self.memory_limit_mb, forked, siblings=tuple(self.workers))
+
     def _replace(self, w: _Worker) -> _Worker:
         w.stop(kill=True)
-        fresh = _Worker(self.target, self.memory_limit_mb)
+        fresh = self._new_worker()
         fresh.start(self.start_timeout_s)
         self.workers[self.workers.index(w)] = fresh
         self.replaced += 1

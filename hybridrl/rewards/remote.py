@@ -25,7 +25,8 @@ included), `reward/remote_retries`, `reward/remote_skipped`.
 The stdlib only (`urllib.request`, a thread pool): no dependency, and one request per thread is
 what a blocking client with a timeout does best. With `process=True` (the trainer's default,
 `custom_reward_function.remote.in_process=false`) those threads live in a helper process
-(remote_process.py), so that their Python does not compete with the trainer's.
+(remote_process.py, running `serve_requests` below), so that their Python does not compete with
+the trainer's.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
-from .manager import ScoreResult, outcomes_to_result
-from .pool import Outcome
+from .remote_process import RequestProcess
+from .result import Outcome, ScoreFailure, ScoreInputs
+from .scorer import Pending, Scorer
 
 __all__ = ["RemoteReward", "RemoteRewardError"]
 
@@ -50,20 +53,17 @@ class RemoteRewardError(RuntimeError):
     """A response the service did not score (after the retries, or with the circuit breaker open)."""
 
 
-class _Failure(Exception):
-    def __init__(self, message: str, retry: bool, timed_out: bool = False):
-        super().__init__(message)
-        self.retry, self.timed_out = retry, timed_out
-
-
-class RemoteReward:
-    """An HTTP reward function: call it like any reward function, or score a batch concurrently.
+class RemoteReward(Scorer):
+    """An HTTP reward function: a `Scorer` (hybridrl/rewards/scorer.py) whose batches are scored
+    `max_concurrency` requests at a time, or a function of one response.
 
     `RemoteReward(url)(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` returns
-    the service's number or dict, raising `RemoteRewardError` when it fails; `score_batch` is what
-    the trainer uses (failures score 0 and are counted, see the module docstring). `process=True`
-    makes the requests of `score_batch` and `submit` from a helper process (remote_process.py).
+    the service's number or dict, raising `RemoteRewardError` when it fails; `score`/`submit` are
+    what the trainer uses (failures score 0 and are counted, see the module docstring).
+    `process=True` makes their requests from a helper process (remote_process.py).
     """
+
+    streams = True  # the requests wait on the network: they start as responses end
 
     def __init__(
         self,
@@ -89,7 +89,8 @@ class RemoteReward:
         self._open_until = 0.0  # monotonic time the breaker closes again (0: closed)
         self._pool: cf.ThreadPoolExecutor | None = None
         self.process = bool(process)  # batches' requests made by a helper process (remote_process.py)
-        self._process = None
+        self._process: RequestProcess | None = None
+        self.name = f"the remote reward {url}"
 
     @classmethod
     def from_config(cls, remote) -> RemoteReward:
@@ -108,33 +109,33 @@ class RemoteReward:
 
     # -- one response ------------------------------------------------------------------------
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Any = None):
-        value, stats = self._score_one(
+        outcome = self._score_one(
             {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth, "extra_info": extra_info}
         )
-        if isinstance(value, _Failure):
-            raise RemoteRewardError(str(value))
-        return value
+        if outcome.error is not None:
+            raise RemoteRewardError(outcome.error)
+        return outcome.value
 
-    def _score_one(self, payload: dict) -> tuple[Any, dict]:
-        """(the service's answer, or a _Failure; {latency_s, retries, skipped})."""
+    def _score_one(self, payload: dict) -> Outcome:
+        """The service's answer, or its failure, with the request's stats (reward/remote_*)."""
         t0 = time.monotonic()
         if self._breaker_open():
-            failure = _Failure(f"circuit breaker open: {self.breaker_failures} failures in a row, no calls for a while", False)
-            return failure, {"latency_s": None, "retries": 0, "skipped": 1}
+            failure = ScoreFailure(f"circuit breaker open: {self.breaker_failures} failures in a row, no calls for a while")
+            return Outcome.failed(failure, **_stats(None, 0, skipped=1))
         body = json.dumps(payload, default=_jsonable).encode()
-        attempt, result = 0, None
+        attempt = 0
         while True:
             try:
-                result = self._post(body)
+                value = self._post(body)
                 break
-            except _Failure as e:
-                result = e
+            except ScoreFailure as e:
                 if not e.retry or attempt >= self.retries:
-                    break
+                    self._record(ok=False)
+                    return Outcome.failed(e, **_stats(time.monotonic() - t0, attempt))
                 attempt += 1
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-        self._record(ok=not isinstance(result, _Failure))
-        return result, {"latency_s": time.monotonic() - t0, "retries": attempt, "skipped": 0}
+        self._record(ok=True)
+        return Outcome(value=value, stats=_stats(time.monotonic() - t0, attempt))
 
     def _post(self, body: bytes) -> Any:
         request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
@@ -143,21 +144,23 @@ class RemoteReward:
                 text = reply.read()
         except urllib.error.HTTPError as e:
             retry = e.code == 429 or e.code >= 500
-            raise _Failure(f"{self.url} answered HTTP {e.code} {e.reason}", retry) from None
+            raise ScoreFailure(f"{self.url} answered HTTP {e.code} {e.reason}", retry) from None
         except (TimeoutError, socket.timeout) as e:
-            raise _Failure(f"{self.url} did not answer within {self.timeout_s:g} s ({e})", True, timed_out=True) from None
+            raise ScoreFailure(f"{self.url} did not answer within {self.timeout_s:g} s ({e})", True, timed_out=True) from None
         except (urllib.error.URLError, ConnectionError, OSError) as e:
             reason = getattr(e, "reason", e)
             timed_out = isinstance(reason, (TimeoutError, socket.timeout))
-            raise _Failure(f"cannot reach {self.url}: {reason}", True, timed_out=timed_out) from None
+            raise ScoreFailure(f"cannot reach {self.url}: {reason}", True, timed_out=timed_out) from None
         try:
             value = json.loads(text)
         except (ValueError, UnicodeDecodeError):
-            raise _Failure(f'{self.url} answered {text[:80]!r}, not JSON; answer a number or {{"score": ...}}', False) from None
+            raise ScoreFailure(
+                f'{self.url} answered {text[:80]!r}, not JSON; answer a number or {{"score": ...}}', False
+            ) from None
         if not (isinstance(value, (int, float)) and not isinstance(value, bool)) and not (
             isinstance(value, dict) and isinstance(value.get("score"), (int, float))
         ):
-            raise _Failure(f'{self.url} answered {value!r:.80}; answer a number or {{"score": <number>, ...}}', False)
+            raise ScoreFailure(f'{self.url} answered {value!r:.80}; answer a number or {{"score": <number>, ...}}', False)
         return value
 
     # -- the circuit breaker -----------------------------------------------------------------
@@ -177,35 +180,23 @@ class RemoteReward:
                 self._open_until = time.monotonic() + self.breaker_cooldown_s
 
     # -- a batch -----------------------------------------------------------------------------
-    def score_batch(
-        self,
-        data_sources: Sequence[str],
-        solution_strs: Sequence[str],
-        ground_truths: Sequence[Any],
-        extra_infos: Sequence[Any] | None = None,
-    ) -> ScoreResult:
-        """Every response scored, `max_concurrency` at a time; never raises for what the service does."""
-        n = len(solution_strs)
-        extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
-        pending = [self.submit(data_sources[i], solution_strs[i], ground_truths[i], extra_infos[i]) for i in range(n)]
-        return self.collect(pending, data_sources)
+    def submit(self, inputs: ScoreInputs) -> Pending:
+        """Start every response's request (in the helper process with `process=True`); never raises
+        for what the service does. The stream (hybridrl/rewards/stage.py) submits responses as they end."""
+        futures = [self._request(payload) for payload in inputs.calls()]
+        return Pending.per_response(lambda: [f.result() for f in futures], inputs.data_sources, self.name)
 
-    def submit(self, data_source: str, solution_str: str, ground_truth: Any = None, extra_info: Any = None) -> cf.Future:
-        """Start scoring one response on the request threads (in the helper process with
-        `process=True`); `collect` reads the futures. The trainer's stream
-        (trainer/stream_scoring.py) submits responses as they end."""
-        payload = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+    def _request(self, payload: dict) -> cf.Future:
+        """A Future of one response's `Outcome`."""
         if self.process and (helper := self._request_process()) is not None:
             return helper.submit(payload)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="hybridrl-remote-reward")
         return self._pool.submit(self._score_one, payload)
 
-    def _request_process(self):
+    def _request_process(self) -> RequestProcess | None:
         """The helper process, started at the first request and again after it died (whose
         requests in flight scored 0 as errors)."""
-        from .remote_process import RequestProcess
-
         with self._lock:
             if self._process is None or not self._process.alive:
                 if self._process is not None:
@@ -213,7 +204,7 @@ class RemoteReward:
                     self._process.close(timeout_s=0.0)
                     self._process = None
                 try:
-                    self._process = RequestProcess(self._settings())
+                    self._process = RequestProcess(self._settings(), "hybridrl.rewards.remote:serve_requests", _unanswered)
                 except (RuntimeError, OSError) as e:
                     print(f"[hybridrl] warning: {e}; making the requests from this process's threads", flush=True)
                     self.process = False
@@ -232,22 +223,6 @@ class RemoteReward:
             headers=self.headers,
         )
 
-    @staticmethod
-    def collect(pending: Sequence[cf.Future], data_sources: Sequence[str]) -> ScoreResult:
-        """The `ScoreResult` of submitted responses, in the order given, with the batch metrics."""
-        answers = [f.result() for f in pending]
-        outcomes = [
-            Outcome(error=str(v), timed_out=v.timed_out) if isinstance(v, _Failure) else Outcome(value=v) for v, _ in answers
-        ]
-        result = outcomes_to_result(outcomes, data_sources)
-        latencies = [s["latency_s"] for _, s in answers if s["latency_s"] is not None]
-        result.metrics = {
-            "remote_latency_s": sum(latencies) / len(latencies) if latencies else 0.0,
-            "remote_retries": float(sum(s["retries"] for _, s in answers)),
-            "remote_skipped": float(sum(s["skipped"] for _, s in answers)),
-        }
-        return result
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -264,6 +239,44 @@ class RemoteReward:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+
+def _stats(latency_s: float | None, retries: int, skipped: int = 0) -> dict:
+    """One response's numbers for the batch's reward/remote_latency_s (mean seconds per response
+    scored, retries included), reward/remote_retries and reward/remote_skipped (sums)."""
+    return {"remote_latency_s": latency_s, "remote_retries": retries, "remote_skipped": skipped}
+
+
+def _unanswered(message: str) -> Outcome:
+    """A request the helper process could not answer: an error, no request made."""
+    return Outcome.failed(ScoreFailure(message), **_stats(None, 0))
+
+
+def serve_requests(requests: Connection, replies: Connection) -> None:
+    """The helper process (remote_process.py): make each request with a threaded `RemoteReward`,
+    send back each answer's `Outcome`."""
+    scorer = RemoteReward(**requests.recv())
+    replies.send("ready")
+    lock = threading.Lock()
+
+    def answer(index: int, future: cf.Future) -> None:
+        with lock:
+            try:
+                replies.send((index, future.result()))
+            except OSError:  # the parent is gone
+                pass
+
+    while True:
+        try:
+            message = requests.recv()
+        except (EOFError, OSError):
+            break
+        if message is None:
+            break
+        index, payload = message
+        scorer._request(payload).add_done_callback(lambda future, index=index: answer(index, future))
+    if scorer._pool is not None:
+        scorer._pool.shutdown(wait=True)  # the requests in flight answer before the child exits
 
 
 def _jsonable(value: Any) -> Any:

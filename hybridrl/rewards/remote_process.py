@@ -2,46 +2,50 @@
 
 A request is Python work: JSON, `urllib`, `http.client` parsing, a thread waking per answer. In
 the trainer's process that work takes the interpreter from whatever else runs there; while the
-batch is still decoding (scoring during generation, trainer/stream_scoring.py) it slowed each
+batch is still decoding (scoring during generation, rewards/stream.py) it slowed each
 decode step by a quarter (BENCHMARKS.md). Here the requests run in a child process, with the same
 timeouts, retries and circuit breaker (a `RemoteReward` with threads, in the child); the trainer
 only pickles each payload into a pipe, and a reader thread resolves its future from the answer.
 
-The child is `python -m hybridrl.rewards.remote_process READ_FD WRITE_FD`, not a multiprocessing
-spawn: spawning re-imports the parent's `__main__`, which a user's script without a main guard
-cannot survive. It imports the reward modules only (no torch). If it dies, the requests in flight
-score 0 as errors (`reward/errors`) and the next request starts a new one; if it cannot start at
-all, `RemoteReward` makes its requests from threads of the trainer, with a warning.
+The child is `python -m hybridrl.rewards.remote_process MODULE:FUNCTION READ_FD WRITE_FD`, not a
+multiprocessing spawn: spawning re-imports the parent's `__main__`, which a user's script without a
+main guard cannot survive. FUNCTION (`remote.serve_requests`) reads the settings and then the
+requests from READ_FD and writes each answer's `Outcome` to WRITE_FD; the child imports the reward
+modules only (no torch). If it dies, the requests in flight score 0 as errors (`reward/errors`) and
+the next request starts a new one; if it cannot start at all, `RemoteReward` makes its requests
+from threads of the trainer, with a warning.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
+import importlib
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-__all__ = ["RequestProcess"]
+from .result import Outcome
 
-_NO_STATS = {"latency_s": None, "retries": 0, "skipped": 0}
+__all__ = ["RequestProcess"]
 
 
 class RequestProcess:
-    """A child process making a `RemoteReward`'s requests; `submit(payload)` returns a Future of
-    (the service's answer or a failure, {latency_s, retries, skipped}), as `RemoteReward` does."""
+    """A child process running `entry` ("module:function") to make a `RemoteReward`'s requests;
+    `submit(payload)` returns a Future of its `Outcome`. `failed(message)`: the `Outcome` of a
+    request the child could not answer (it exited, or the payload does not pickle)."""
 
-    def __init__(self, settings: dict, start_timeout_s: float = 60.0):
+    def __init__(self, settings: dict, entry: str, failed: Callable[[str], Outcome], start_timeout_s: float = 60.0):
         to_child, child_reads = _pipe()
         child_writes, from_child = _pipe()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the directory holding the hybridrl package
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hybridrl.rewards.remote_process", str(child_reads), str(child_writes)],
+            [sys.executable, "-m", "hybridrl.rewards.remote_process", entry, str(child_reads), str(child_writes)],
             pass_fds=(child_reads, child_writes),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -50,6 +54,7 @@ class RequestProcess:
         os.close(child_writes)
         self._requests = Connection(to_child, readable=False)
         self._replies = Connection(from_child, writable=False)
+        self._failed = failed
         self._futures: dict[int, cf.Future] = {}
         self._lock = threading.Lock()  # the futures and the request pipe
         self._next = 0
@@ -98,38 +103,30 @@ class RequestProcess:
                     self._futures.pop(index, None)
                     self.alive = False
                 except Exception as e:  # noqa: BLE001  this payload does not pickle: it scores 0 as an error
-                    from .remote import _Failure
-
                     self._futures.pop(index, None)
-                    failure = _Failure(f"cannot send this response to the request process: {e}", False)
-                    future.set_result((failure, dict(_NO_STATS)))
+                    future.set_result(self._failed(f"cannot send this response to the request process: {e}"))
                     return future
-        future.set_result((self._gone(), dict(_NO_STATS)))
+        future.set_result(self._gone())
         return future
 
     def _read(self) -> None:
-        from .remote import _Failure
-
         while True:
             try:
-                index, answer, stats = self._replies.recv()
+                index, outcome = self._replies.recv()
             except (EOFError, OSError):
                 break
             with self._lock:
                 future = self._futures.pop(index, None)
             if future is not None:
-                value = _Failure(answer[1], False, timed_out=answer[2]) if answer[0] == "fail" else answer[1]
-                future.set_result((value, stats))
+                future.set_result(outcome)
         with self._lock:
             self.alive = False
             pending, self._futures = self._futures, {}
         for future in pending.values():
-            future.set_result((self._gone(), dict(_NO_STATS)))
+            future.set_result(self._gone())
 
-    def _gone(self):
-        from .remote import _Failure
-
-        return _Failure(f"the remote scorer's request process exited (exit code {self.proc.poll()})", False)
+    def _gone(self) -> Outcome:
+        return self._failed(f"the remote scorer's request process exited (exit code {self.proc.poll()})")
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Let the requests in flight finish (up to `timeout_s`), then stop the child."""
@@ -153,35 +150,7 @@ def _pipe() -> tuple[int, int]:
     return write, read
 
 
-def _serve(requests: Connection, replies: Connection) -> None:
-    """The child: make each request with a threaded `RemoteReward`, send back each answer."""
-    from .remote import RemoteReward, _Failure
-
-    scorer = RemoteReward(**requests.recv())
-    replies.send("ready")
-    lock = threading.Lock()
-
-    def answer(index: int, future: cf.Future) -> None:
-        value, stats = future.result()
-        reply = ("fail", str(value), value.timed_out) if isinstance(value, _Failure) else ("ok", value)
-        with lock:
-            try:
-                replies.send((index, reply, stats))
-            except OSError:  # the parent is gone
-                pass
-
-    while True:
-        try:
-            message = requests.recv()
-        except (EOFError, OSError):
-            break
-        if message is None:
-            break
-        index, payload = message
-        scorer.submit(**payload).add_done_callback(functools.partial(answer, index))
-    if scorer._pool is not None:
-        scorer._pool.shutdown(wait=True)  # the requests in flight answer before the child exits
-
-
 if __name__ == "__main__":
-    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    module, _, function = sys.argv[1].partition(":")
+    serve = getattr(importlib.import_module(module), function)
+    serve(Connection(int(sys.argv[2]), writable=False), Connection(int(sys.argv[3]), readable=False))

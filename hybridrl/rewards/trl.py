@@ -1,4 +1,4 @@
-"""Reward functions written for TRL's GRPOTrainer, scored by hybridrl's batch reward manager.
+"""Reward functions written for TRL's GRPOTrainer, scored as one batched reward function.
 
 TRL's form is batched and reads the dataset's columns by name:
 
@@ -95,7 +95,7 @@ class TRLRewards:
     [{'score': 0.95, 'exact': 1.0, 'short': -0.1}, {'score': -0.05, 'exact': 0.0, 'short': -0.1}]
     """
 
-    batched = True  # the batch manager calls it once per batch with lists (hybridrl/rewards/managers.py)
+    batched = True  # called once per batch with lists, in the worker pool (`BatchScorer`, hybridrl/rewards/scorer.py)
 
     def __init__(self, funcs: Sequence[Callable], weights: Sequence[float] | None = None):
         funcs = list(funcs)
@@ -186,20 +186,27 @@ class TRLRewards:
         names = set(inspect.signature(f).parameters)
         return {k: v for k, v in {**columns, **kwargs}.items() if k in names}
 
-    def probe(self, row: Mapping) -> None:
+    def probe(self, row: Mapping, timeout_s: float = 10.0, memory_limit_mb: int | None = None) -> None:
         """Call every function once on one converted row before any model work, so that a wrong
-        signature or a bug fails in one line at start (in training, a failing batch scores 0)."""
+        signature or a bug fails in one line at start (in training, a failing batch scores 0). The
+        call is isolated as in training (a forked worker, `timeout_s`, `memory_limit_mb`): one that
+        hangs, exits or runs out of memory fails here too, in one line."""
+        from .pool import WorkerPool
+
         info = row["extra_info"][EXTRA_KEY]
         columns = info["columns"]
         guess = next((str(v) for k, v in columns.items() if isinstance(v, (str, int, float))), "")
-        try:
-            self([row["data_source"]], [guess], [None], [row["extra_info"]])
-        except Exception as e:
-            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        call = dict(
+            data_sources=[row["data_source"]], solution_strs=[guess], ground_truths=[None], extra_infos=[row["extra_info"]]
+        )
+        with WorkerPool(self, kind="fork", num_workers=1, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb) as pool:
+            outcome = pool.map([call])[0]
+        if outcome.error is not None:
+            last = (outcome.error.strip().splitlines() or ["failed"])[-1]
             raise ValueError(
                 f"reward function(s) {self.__name__} on the first row (completion {guess!r}) failed: "
-                f"{type(e).__name__}: {last}; TRL's form is f(prompts, completions, **columns) -> list[float]"
-            ) from None
+                f"{last}; TRL's form is f(prompts, completions, **columns) -> list[float]"
+            )
 
 
 def _run_coroutines(coros: list) -> list:

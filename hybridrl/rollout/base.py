@@ -66,7 +66,7 @@ class Hooks:
     """The optional parts of one `generate` call; every engine takes them (None: plain generation).
 
     `on_finish(rows, tokens)`: each sequence's report as it ends, for scoring while the others
-    decode (trainer/stream_scoring.py): its output rows (int array) and response tokens (int64
+    decode (hybridrl/rewards/stream.py): its output rows (int array) and response tokens (int64
     arrays). Engines that report only at the end (hf, vllm; multi-turn, where a turn's end is not
     the trajectory's) never call it, and the caller scores the batch after.
     `weight_swap`: partial rollouts (native engine, single-turn): new weights between decode steps.

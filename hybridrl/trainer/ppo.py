@@ -1,10 +1,12 @@
 """The RL dataflow: PPO, GRPO, RLOO, REINFORCE++ and ReMax on one loop.
 
 One step is the algorithm box of the papers:
-    generate -> score (rules, reward model) -> old log-probs -> reference log-probs -> values -> advantages
-    -> critic update -> actor update
-Each stage is a call on a worker group (in-process on one device, Ray processes on several);
-this file knows the order of the stages and nothing about devices or sharding.
+    generate -> reward.start -> old log-probs -> reference log-probs -> values -> reward.finish
+    -> advantages -> critic update -> actor update
+Each stage is a call on a worker group (in-process on one device, Ray processes on several), or
+the reward stage (hybridrl/rewards/stage.py: rules, functions, services, the reward model, started
+before the log-prob passes and joined after them); this file knows the order of the stages and
+nothing about devices or sharding.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from hybridrl.algorithms import apply_kl_penalty, estimator_needs, get_adv_estim
 from hybridrl.config import Config, ConfigError
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.rewards.stage import RewardStage
 from hybridrl.rollout import SamplingParams
 from hybridrl.rollout.lengths import from_config as forced_lengths
 from hybridrl.tracking.timer import StageTimer
@@ -24,11 +27,10 @@ from hybridrl.trainer.loop import NonFiniteError, Trainer
 from hybridrl.trainer.metrics import compute_data_metrics
 from hybridrl.trainer.mismatch import correct_rollout_mismatch
 from hybridrl.trainer.mismatch import enabled as correction_enabled
-from hybridrl.trainer.rm_scoring import RewardModelStage
+from hybridrl.trainer.rm_scoring import RewardModelScorer
 from hybridrl.trainer.rollout_log import log_val_samples
-from hybridrl.trainer.scoring import evaluate, score
+from hybridrl.trainer.scoring import decode_responses, evaluate
 from hybridrl.trainer.setup import build_run
-from hybridrl.trainer.stream_scoring import decode_responses
 
 __all__ = ["NonFiniteError", "PPOTrainer"]
 
@@ -59,21 +61,11 @@ class PPOTrainer(Trainer):
         self.sampling = SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.do_sample, cfg.data.max_response_length, forced)
         v = r.val_kwargs
         self.val_sampling = SamplingParams(v.n, v.temperature, v.top_p, v.top_k, v.do_sample, cfg.data.max_response_length)
-        # reward_model.launch_reward_fn_async: scores computed while the log-prob passes run (sync
-        # mode), and in-process from the moment each response ends
-        defer = cfg.reward_model.launch_reward_fn_async and cfg.trainer.mode == "sync"
         run = self.run
-        self.rollouts = RolloutSampler(
-            cfg,
-            run.rollout,  # the actor's group, or the rollout pool of resource_pool.rollout
-            run.compute_score,
-            self.sampling,
-            run.loader.next_batch,
-            defer,
-            decode_responses(run) if cfg.reward_model.stream_reward_fn else None,
-        )
-        self.sampler = self.rollouts
-        self.reward_model = RewardModelStage(self.run.reward_model, cfg.reward_model)
+        model = None if run.reward_model is None else RewardModelScorer(run.reward_model, cfg.reward_model.generative.enable)
+        self.reward = RewardStage.from_config(cfg, run.scorer, model, decode_responses(run))
+        # the actor's group, or the rollout pool of resource_pool.rollout
+        self.sampler = RolloutSampler(cfg, run.rollout, self.reward, self.sampling, run.loader.next_batch)
         if cfg.trainer.mode != "sync":  # generate ahead of the trainer; the loss corrects the staleness
             pool = run.rollout if run.rollout is not run.actor else None  # generates while the actor trains
             self.sampler = OffPolicyRollouts(
@@ -86,14 +78,14 @@ class PPOTrainer(Trainer):
         """One RL step on a batch of prompts; returns its metrics."""
         run, cfg = self.run, self.cfg
         timer, metrics = StageTimer(), {}
-        # generate + score; with DAPO dynamic sampling, more rounds until enough prompts' samples differ
-        batch, prompts, rollout_metrics, reward_metrics = self.sampler.sample(prompts, timer)
+        # generate; with DAPO dynamic sampling, more rounds (scored) until enough prompts' samples differ
+        batch, prompts, rollout_metrics, early = self.sampler.sample(prompts, timer)
         metrics.update(rollout_metrics)
         if K.REWARD_BASELINES in self.estimator_needs:
             with timer("reward"):
                 batch[K.REWARD_BASELINES] = self._greedy_baselines(prompts)
-        # Reward-model and critic calls are submitted first: with split placement they run while the actor works.
-        rm_scores = self.reward_model.submit(batch, timer)
+        # The reward's and the critic's calls start first: they run while the actor works.
+        reward = self.reward.start(batch, early, timer)
         if run.critic is not None:
             with timer("values"):
                 values = run.critic.submit("compute_values", batch)
@@ -106,8 +98,7 @@ class PPOTrainer(Trainer):
         if run.critic is not None:
             with timer("values"):
                 batch[K.VALUES] = values.get()[K.VALUES]
-        reward_metrics.update(self.rollouts.join(batch, timer))  # scores computed meanwhile, if deferred
-        metrics.update(self.reward_model.apply(batch, rm_scores, timer))  # score = RM x weight + rule x weight
+        metrics.update(self.reward.finish(batch, reward, timer))  # TOKEN_LEVEL_SCORES
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         if run.critic is not None:
@@ -119,7 +110,6 @@ class PPOTrainer(Trainer):
         if run.critic is not None:
             with timer("update_critic"):
                 metrics.update(critic_update.get())
-        metrics.update(reward_metrics)
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length))
         metrics.update(timer.metrics())
         run.log_samples(batch, batch[K.TOKEN_LEVEL_SCORES].sum(-1))
@@ -168,13 +158,13 @@ class PPOTrainer(Trainer):
         """ReMax (Li et al. 2023): the reward of the greedy response is each prompt's baseline."""
         greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
         out = self.run.rollout.generate(prompts, greedy)
-        baseline, _ = score(out, self.run.compute_score)
+        baseline = self.reward.score(out).raw  # (B,)
         return baseline.repeat_interleave(self.sampling.n)  # (B*n,)
 
     def validate(self) -> dict:
         run = self.run
         rows, metrics = evaluate(
-            run.rollout, run.val_records, self.val_sampling, run.val_batch_size, run.compute_score, run.pad_token_id
+            run.rollout, run.val_records, self.val_sampling, run.val_batch_size, self.reward, run.pad_token_id
         )
         log_val_samples(run.dir, self.cfg.trainer, run.global_step, rows)
         return metrics

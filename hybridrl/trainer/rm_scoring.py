@@ -1,57 +1,35 @@
-"""The reward-model stage of the RL step: score with the reward model, combine with the rule score.
+"""The reward model's worker group as a `Scorer` (hybridrl/rewards/scorer.py), for the reward stage.
 
-The rule-based (or custom) score is computed first, as without a reward model (`RolloutSampler`);
-the reward model's call is submitted next so that, on its own pool, it scores while the actor
-computes log-probs; before the advantages the step's score becomes
+`submit` sends the generated batch to the group's `compute_rm_score` (a sequence classifier,
+hybridrl/workers/reward_model.py, or an LLM judge, hybridrl/workers/judge.py) and returns at once:
+on a pool of its own the reward model scores while the actor computes log-probs. How its scores
+combine with the rule score is the stage's (hybridrl/rewards/stage.py). It lives here, not in
+rewards/, because it holds a worker group: rewards/ imports nothing from workers/ or trainer/.
 
-    score = reward_model.reward_weight x RM score + reward_model.rule_weight x rule score
-
-placed on the last response token. The defaults (1, 0) are verl's semantics: with a reward model,
-verl's naive reward manager returns the RM scores and never calls the rule function. Here the rule
-score is still computed and logged, so that the true task accuracy can be watched beside the RM
-score (reward hacking shows as the one rising while the other does not).
-
-Metrics: reward_model/score/{mean,max,min}, reward_model/rule_score/mean; timing_s/reward_model;
-with a generative judge, reward_model/judge_parse_errors (verdicts without a score, scored 0).
+Its scores are taken as the model gives them (no range check: a reward model's scale is its own);
+a judge's verdicts without a score are scored 0 and counted in reward_model/judge_parse_errors.
 """
 
 from __future__ import annotations
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.tracking.timer import StageTimer
-from hybridrl.trainer.scoring import last_token_scores
+from hybridrl.rewards.result import ScoreInputs, ScoreResult
+from hybridrl.rewards.scorer import Pending, Scorer
 
 
-class RewardModelStage:
-    """`submit(batch)` starts the scoring; `apply(batch, pending)` waits and combines. Both do
-    nothing when the run has no reward model, so the RL step calls them unconditionally."""
+class RewardModelScorer(Scorer):
+    """`group`: the reward model's worker group; `generative`: an LLM judge (reward_model.generative.enable)."""
 
-    def __init__(self, group, rm_cfg, timer_name: str = "reward_model"):
-        self.group, self.cfg, self.name = group, rm_cfg, timer_name
+    def __init__(self, group, generative: bool = False):
+        self.group, self.generative = group, generative
+        self.name = "the LLM judge" if generative else "the reward model"
 
-    def submit(self, batch: Batch, timer: StageTimer):
-        if self.group is None:
-            return None
-        with timer(self.name):
-            return self.group.submit("compute_rm_score", batch)
+    def submit(self, inputs: ScoreInputs) -> Pending:
+        call = self.group.submit("compute_rm_score", inputs.batch)
+        return Pending(lambda: self._result(call.get()))
 
-    def apply(self, batch: Batch, pending, timer: StageTimer) -> dict[str, float]:
-        """Writes RM_SCORES and the combined TOKEN_LEVEL_SCORES; returns the metrics."""
-        if pending is None:
-            return {}
-        with timer(self.name):
-            out = pending.get()
-        rm = out[K.RM_SCORES]  # (B,)
-        rule = batch[K.TOKEN_LEVEL_SCORES].sum(-1)  # (B,) the rule score, shaped (overlong penalty) when configured
-        batch[K.RM_SCORES] = rm
-        combined = self.cfg.reward_weight * rm + self.cfg.rule_weight * rule  # (B,)
-        batch[K.TOKEN_LEVEL_SCORES] = last_token_scores(combined, batch[K.RESPONSE_MASK])
-        parse_errors = out[K.JUDGE_PARSE_FAILED].sum() if K.JUDGE_PARSE_FAILED in out else None  # generative judge only
-        return {
-            **({} if parse_errors is None else {"reward_model/judge_parse_errors": float(parse_errors)}),
-            "reward_model/score/mean": float(rm.mean()),
-            "reward_model/score/max": float(rm.max()),
-            "reward_model/score/min": float(rm.min()),
-            "reward_model/rule_score/mean": float(rule.mean()),
-        }
+    def _result(self, out: Batch) -> ScoreResult:
+        """RM_SCORES (B,) as the scores; the judge's unparsable verdicts as judge_parse_errors."""
+        metrics = {"judge_parse_errors": float(out[K.JUDGE_PARSE_FAILED].sum())} if self.generative else {}
+        return ScoreResult(scores=out[K.RM_SCORES].tolist(), metrics=metrics)

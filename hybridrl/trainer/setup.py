@@ -22,9 +22,8 @@ from hybridrl.distributed.groups import WorkerGroups, create_worker_groups, uses
 from hybridrl.distributed.resource_pool import ACTOR, CRITIC, REWARD_MODEL, ROLLOUT
 from hybridrl.distributed.worker_group import WorkerGroup
 from hybridrl.models.loading import load_tokenizer
-from hybridrl.rewards.assembly import ComputeScore, build_scorer, check_kwargs, reward_pool
-from hybridrl.rewards.pool import WorkerPool
-from hybridrl.rewards.remote import RemoteReward
+from hybridrl.rewards.assembly import build_scorer, check_kwargs, ground_truth_rule
+from hybridrl.rewards.scorer import Scorer
 from hybridrl.rollout.native.cache import stable_cache_addresses
 from hybridrl.tracking.summary import end_of_run_summary
 from hybridrl.tracking.tracker import Tracker, notice, truncate_jsonl
@@ -53,7 +52,7 @@ class RunContext:
     val_records: list[PromptRecord]
     actor: WorkerGroup[ActorRolloutRefWorker]
     critic: WorkerGroup[CriticWorker] | None
-    compute_score: ComputeScore
+    scorer: Scorer  # the rule-based / custom / remote reward (hybridrl/rewards/assembly.py)
     need_ref: bool
     save_ref: bool
     tracker: Tracker
@@ -64,7 +63,7 @@ class RunContext:
     global_step: int = 0
     trainer_state: dict[str, Any] = field(default_factory=dict)
     reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward_model.enable: scores responses
-    tokenizer: Any = None  # the policy's: decodes responses scored while generating (trainer/stream_scoring.py)
+    tokenizer: Any = None  # the policy's: decodes responses scored while generating (hybridrl/rewards/stream.py)
     rollout: Any = None  # what generates: the actor's group, or the RolloutPool of resource_pool.rollout
     closed: bool = False
     reward_object: bool = False  # scored by a reward function object (the Python API's): eval cannot rebuild it
@@ -112,8 +111,7 @@ class RunContext:
         """Stop the worker processes (Ray) or drop the in-process workers, and the reward pool."""
         if self.workers is not None:
             self.workers.shutdown()
-        if isinstance(self.compute_score, (WorkerPool, RemoteReward)):
-            self.compute_score.close()
+        self.scorer.close()
 
 
 def _save_worker_rng(pool: str, rank: int, path: str) -> None:
@@ -145,7 +143,7 @@ def build_run(
     cfg: Config,
     data: Callable[..., tuple[PromptLoader, list[PromptRecord]]] | None = None,
     need_ref: bool | None = None,
-    reward_fn: ComputeScore | None = None,
+    reward_fn: Any = None,
     reward_models: list | None = None,
 ) -> RunContext:
     """Data, workers (fresh or resumed from the latest checkpoint), tracking, warm-up.
@@ -153,7 +151,7 @@ def build_run(
     The RL loop calls it with the defaults. Other trainers pass `data(tokenizer) -> (loader,
     val_records)` in place of the prompt data and say whether they `need_ref` (the frozen
     reference policy); the rest (workers, checkpoints, resume, tracking) is shared. `reward_fn`:
-    a reward function object from the Python API, used in place of the configured one.
+    a reward function (or a ready `Scorer`) from the Python API, used in place of the configured one.
     `reward_models` (the Python API's): in place of reward_model.model.path, a list of one reward
     model: a path, an `nn.Module` with forward(input_ids, attention_mask) -> scores (an HF sequence
     classifier is one), or a (model, tokenizer) pair, with reward_model.enable=true (the API sets it).
@@ -182,8 +180,14 @@ def build_run(
     tokenizer_key = "tokenizer_path" if m.tokenizer_path not in (None, m.path) else "path"
     notice(f"loading the tokenizer of {m.tokenizer_path or m.path}")
     tokenizer = load_tokenizer(m.tokenizer_path or m.path, m.trust_remote_code, what=f"actor_rollout_ref.model.{tokenizer_key}")
-    compute_score, need_gt, custom = build_scorer(cfg, reward_fn)
-    loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, need_gt, custom)
+    # The reward's processes start before the data is tokenized: a function given in Python runs in
+    # forks of this process, made while it holds few threads (hybridrl/rewards/pool.py).
+    scorer = build_scorer(cfg, reward_fn)
+    try:
+        loader, val_records = data(tokenizer) if data else _prompt_data(cfg, tokenizer, reward_fn)
+    except BaseException:
+        scorer.close()
+        raise
     notice(
         f"data: {len(loader.records)} training rows, {len(val_records)} validation rows; starting the workers "
         f"({'Ray' if uses_ray(cfg) else 'in-process'})"
@@ -199,12 +203,10 @@ def build_run(
         **({REWARD_MODEL: JudgeWorker if cfg.reward_model.generative.enable else RewardModelWorker} if rm_spec else {}),
         **({ROLLOUT: RolloutWorker} if cfg.resource_pool.rollout else {}),
     }
-    scorer = reward_pool(cfg, compute_score, in_memory=reward_fn is not None)
     try:
         workers = create_worker_groups(cfg, plan, roles)
     except BaseException:
-        if hasattr(scorer, "close"):
-            scorer.close()
+        scorer.close()
         raise
     try:
         if cfg.trainer.deterministic and workers.backend is not None:
@@ -223,8 +225,7 @@ def build_run(
         return run
     except BaseException:
         workers.shutdown()
-        if hasattr(scorer, "close"):
-            scorer.close()
+        scorer.close()
         raise
 
 
@@ -244,7 +245,7 @@ def _reward_model_spec(cfg, reward_models: list | None) -> tuple | None:
     return (str(model) if isinstance(model, Path) else model, tokenizer)
 
 
-def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, compute_score) -> RunContext:
+def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, tokenizer, scorer) -> RunContext:
     """Load or resume the workers' models, open tracking, run the warm-up."""
     m = cfg.actor_rollout_ref.model
     total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * len(loader)
@@ -312,7 +313,7 @@ def _start(cfg, plan, workers, out, resume_from, need_ref, loader, val_records, 
         val_records=val_records,
         actor=actor,
         critic=critic,
-        compute_score=compute_score,
+        scorer=scorer,
         need_ref=need_ref,
         save_ref=save_ref,
         tracker=tracker,
@@ -333,11 +334,13 @@ def _where(cfg, workers: WorkerGroups) -> str:
     return f"Ray, device {cfg.trainer.device} ({pools})"
 
 
-def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
-    """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows."""
+def _prompt_data(cfg, tokenizer, reward_fn=None):
+    """The RL loop's prompts: a resumable PromptLoader over the training rows, and validation rows.
+    `reward_fn`: the Python API's, in place of the config's (what the rows must hold, and the checks)."""
     from hybridrl.rollout.agent.rollout import chat_tools
 
     tools = chat_tools(cfg.actor_rollout_ref.rollout.multi_turn)  # hermes: the tools' schemas in the prompt
+    need_gt = ground_truth_rule(cfg, reward_fn)
     records = load_prompt_records(
         cfg.data.train_files,
         tokenizer,
@@ -350,7 +353,7 @@ def _prompt_data(cfg, tokenizer, need_gt, custom_reward=None):
         tools=tools,
     )
     try:
-        check_kwargs(cfg, custom_reward, [r.data_source for r in records])
+        check_kwargs(cfg, reward_fn, [r.data_source for r in records])
     except ValueError as e:
         raise ConfigError([str(e)]) from None
     val_records = []

@@ -11,7 +11,7 @@ from hybridrl.config import names
 from hybridrl.data import dataset
 from hybridrl.data import preference as preference_data
 from hybridrl.models import packing
-from hybridrl.rewards import managers
+from hybridrl.rewards import assembly
 from hybridrl.rollout.agent import parser
 from hybridrl.tracking import tracker
 
@@ -22,7 +22,7 @@ PAIRS = [
     (names.DPO_LOSS_TYPES, preference.DPO_LOSS_TYPES),
     (names.ROLLOUT_IS_LEVELS, rollout_correction.ROLLOUT_IS_LEVELS),
     (names.ROLLOUT_RS_OPTIONS, rollout_correction.ROLLOUT_RS_OPTIONS),
-    (names.REWARD_MANAGERS, managers.REWARD_MANAGERS),
+    (names.REWARD_MANAGERS, assembly.REWARD_MANAGERS),
     (names.LOGGERS, tracker.LOGGERS),
     (names.PACKED_ATTN_BACKENDS, packing.BACKENDS),
     (names.TOOL_CALL_FORMATS, parser.FORMATS),

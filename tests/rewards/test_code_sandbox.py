@@ -139,10 +139,10 @@ def test_verl_key_configures_it_and_code_sources_need_no_custom_reward(service):
         verl="ppo",
     )
     assert cfg.reward_model.sandbox_fusion.url == service.url and cfg.reward_model.sandbox_fusion.max_concurrent == 16
-    from hybridrl.rewards.assembly import build_scorer
+    from hybridrl.rewards.assembly import build_scorer, ground_truth_rule
 
-    fn, need_gt, custom = build_scorer(cfg)
-    assert isinstance(fn, SandboxFusionReward) and custom is None and need_gt("apps") and fn.max_concurrency == 16
+    fn, need_gt = build_scorer(cfg), ground_truth_rule(cfg)
+    assert isinstance(fn, SandboxFusionReward) and need_gt("apps") and need_gt("gsm8k") and fn.max_concurrency == 16
     with pytest.raises(ConfigError):
         load_config(
             None, ["actor_rollout_ref.model.path=m", "data.train_files=t.parquet", "reward_model.sandbox_fusion.url=ftp://x"]

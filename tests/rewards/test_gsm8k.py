@@ -91,8 +91,10 @@ def test_training_scores_log_the_format_rate_and_both_accuracies():
 
     from hybridrl.data import keys as K
     from hybridrl.data.batch import Batch
+    from hybridrl.rewards.pool import WorkerPool
     from hybridrl.rewards.registry import default_compute_score
-    from hybridrl.trainer.scoring import score
+    from hybridrl.rewards.scorer import FunctionScorer
+    from hybridrl.rewards.stage import RewardStage
 
     rng = random.Random(0)
     kinds = [rng.choice(["strict_right", "strict_wrong", "last_right", "nothing"]) for _ in range(40)]
@@ -108,7 +110,9 @@ def test_training_scores_log_the_format_rate_and_both_accuracies():
             K.EXTRA_INFO: [None] * 41,
         },
     )
-    scores, metrics = score(batch, default_compute_score)
+    with FunctionScorer(WorkerPool(default_compute_score, kind="thread")) as scorer:
+        scored = RewardStage(scorer).score(batch)
+    scores, metrics = scored.raw, scored.metrics
     n = len(kinds)
     assert metrics["reward/gsm8k_format/mean"] == pytest.approx(sum(k.startswith("strict") for k in kinds) / n)
     assert metrics["reward/gsm8k_strict_acc/mean"] == pytest.approx(kinds.count("strict_right") / n)

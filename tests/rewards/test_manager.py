@@ -8,20 +8,22 @@ from hybridrl.rewards import (
     KNOWN_DATA_SOURCES,
     ScoreResult,
     default_compute_score,
-    manager,
     needs_ground_truth,
     registry,
+    result,
     score_batch,
+    scorer,
 )
 
 
 @pytest.fixture(autouse=True)
-def fresh_error_log(monkeypatch):
-    monkeypatch.setattr(manager, "_first_error_logged", False)
+def fresh_error_log():
+    result.reset_error_log()
 
 
 def test_doctests():
-    assert doctest.testmod(manager).failed == 0
+    assert doctest.testmod(result).failed == 0
+    assert doctest.testmod(scorer).failed == 0
     assert doctest.testmod(registry).failed == 0
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from hybridrl.rewards import score_batch
 from hybridrl.rewards.pool import Target, WorkerPool
+from hybridrl.rewards.scorer import FunctionScorer
 
 REWARD = """
 import os, sys, time, ctypes
@@ -104,8 +104,8 @@ def test_thread_pool_times_out_a_hung_builtin_and_goes_on():
 
 
 def test_score_batch_counts_errors_and_timeouts(reward_file):
-    with WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=1.0) as pool:
-        result = score_batch(pool, ["x"] * 4, ["4", "hang", "exit", "4"], ["4"] * 4, None)
+    with FunctionScorer(WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=1.0)) as scorer:
+        result = scorer.score_batch(["x"] * 4, ["4", "hang", "exit", "4"], ["4"] * 4, None)
     assert result.scores == [1.0, 0.0, 0.0, 1.0]
     assert result.num_errors == 2 and result.num_timeouts == 1
 

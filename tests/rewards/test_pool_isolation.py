@@ -12,6 +12,7 @@ import pytest
 
 from hybridrl.rewards import score_batch
 from hybridrl.rewards.pool import OUTPUT_SHOWN_PER_CALL, Target, WorkerPool
+from hybridrl.rewards.scorer import FunctionScorer
 
 REWARD = """
 import asyncio, os, subprocess, sys, time
@@ -106,9 +107,9 @@ def test_memory_is_limited_per_worker(reward_file):
 
 
 def test_output_is_capped_and_counted(reward_file, capfd):
-    with WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=20) as pool:
-        out = pool.map([_item("print"), _item("4")])
-        result = score_batch(pool, ["x"], ["print"], ["4"], None)
+    with FunctionScorer(WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=20)) as scorer:
+        out = scorer.pool.map([_item("print"), _item("4")])
+        result = scorer.score_batch(["x"], ["print"], ["4"], None)
     assert out[0].value == 1.0 and out[0].output_bytes == 2**20 + len("from-a-child\n")
     assert out[1].output_bytes == 0
     assert result.metrics["output_bytes"] == 2**20 + len("from-a-child\n")
@@ -130,6 +131,6 @@ def test_async_reward_functions_are_awaited(reward_file):
 
 
 def test_scores_out_of_range_count_as_errors(reward_file):
-    with WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=20) as pool:
-        result = score_batch(pool, ["x"] * 3, ["huge", "dict-huge", "4"], ["4"] * 3, None)
+    with FunctionScorer(WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=20)) as scorer:
+        result = scorer.score_batch(["x"] * 3, ["huge", "dict-huge", "4"], ["4"] * 3, None)
     assert result.scores == [0.0, 0.0, 1.0] and result.num_errors == 2

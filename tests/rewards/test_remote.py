@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridrl.rewards import ScoreInputs
 from hybridrl.rewards.remote import RemoteReward, RemoteRewardError
 
 
@@ -200,10 +201,10 @@ def test_the_helper_process_makes_the_requests_and_one_that_dies_is_replaced(ser
     assert new == ["hybridrl-remote-reward-replies"]  # no request threads in this process: only the reader
     # killed while a batch is in flight (the /slow path sleeps 2 s): those responses score 0 as errors
     slow = RemoteReward(server.base + "/slow", timeout_s=5.0, retries=0, process=True)
-    pending = [slow.submit("arith", a, t) for a, t in zip(answers[:3], truths[:3])]
+    pending = slow.submit(ScoreInputs(sources[:3], answers[:3], truths[:3]))
     time.sleep(0.8)
     slow._process.proc.kill()
-    result = RemoteReward.collect(pending, sources[:3])
+    result = pending.result()
     assert result.scores == [0.0] * 3 and result.num_errors == 3
     # the next request starts a new helper and scores right
     slow.url = server.base + "/ok"

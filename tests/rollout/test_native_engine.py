@@ -410,7 +410,7 @@ def test_max_launch_gap_covers_a_prefill_chunk_between_decode_steps():
 def test_on_finish_reports_each_sequence_once_as_it_ends():
     """generate(on_finish=...) hands every output row to the caller exactly once, with the tokens
     it ends up with in RESPONSES, from inside the decode loop: shorter responses are reported in
-    earlier calls than longer ones (what lets trainer/stream_scoring.py score during decoding)."""
+    earlier calls than longer ones (what lets hybridrl/rewards/stream.py score during decoding)."""
     model = hf_model("qwen2", seed=3)
     texts = ["1+2=", "13+41+7=", "7=", "(2+3)*4-11=", "9-1=", "123456789+1="]
     free_run = engine_for(model, ignore_eos=True).generate(prompts(texts), GREEDY)[K.RESPONSES]

@@ -15,6 +15,9 @@ from hybridrl.config import config_from_dict
 from hybridrl.config.validate import config_notices
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.rewards.pool import WorkerPool
+from hybridrl.rewards.scorer import FunctionScorer, Scorer
+from hybridrl.rewards.stage import RewardStage
 from hybridrl.rollout import SamplingParams
 from hybridrl.tracking.timer import StageTimer
 from hybridrl.trainer.dynamic_sampling import RolloutSampler
@@ -57,8 +60,8 @@ class FixedActor:
 
 
 def test_scores_are_computed_in_the_background_and_joined():
-    """The reward function blocks until the test, after `sample` returned, lets it go: `sample`
-    did not wait for it. `join` then writes the scores on each response's last token."""
+    """The reward function blocks until the test, after `start` returned, lets it go: `start`
+    did not wait for it. `finish` then writes the scores on each response's last token."""
     release, started = threading.Event(), threading.Event()
 
     def blocking_score(data_source, solution_str, ground_truth, extra_info):
@@ -68,44 +71,43 @@ def test_scores_are_computed_in_the_background_and_joined():
         return float(solution_str == ground_truth) + 0.1 * int(solution_str)
 
     cfg = cfg_with(launch_reward_fn_async=True)
-    sampler = RolloutSampler(cfg, FixedActor(), blocking_score, SamplingParams(n=2, max_new_tokens=3), None, defer=True)
+    reward = RewardStage.from_config(cfg, FunctionScorer(WorkerPool(blocking_score, kind="thread", timeout_s=60)))
+    sampler = RolloutSampler(cfg, FixedActor(), reward, SamplingParams(n=2, max_new_tokens=3), None)
     timer = StageTimer()
-    batch, _, _, reward_metrics = sampler.sample(Batch({}), timer)
-    assert K.TOKEN_LEVEL_SCORES not in batch and reward_metrics == {}
+    batch, _, _, early = sampler.sample(Batch({}), timer)
+    pending = reward.start(batch, early, timer)
+    assert K.TOKEN_LEVEL_SCORES not in batch
     assert started.wait(timeout=30)  # scoring is under way in its thread
     batch[K.OLD_LOG_PROBS] = torch.zeros(4, 3)  # the step goes on meanwhile
     release.set()
-    metrics = sampler.join(batch, timer)
+    metrics = reward.finish(batch, pending, timer)
     want = torch.tensor([[0, 0, 0.0], [0.1, 0, 0], [0, 1.2, 0], [0, 0, 0.3]])
     torch.testing.assert_close(batch[K.TOKEN_LEVEL_SCORES], want)
     assert metrics["reward/errors"] == 0 and metrics["reward/score_s"] > 0
     assert "timing_s/reward" in timer.metrics()
-    assert sampler.join(batch, timer) == {}  # nothing pending
+
+
+class Broken(Scorer):
+    def submit(self, inputs):
+        raise RuntimeError("scorer crashed")
 
 
 def test_a_failing_scorer_is_raised_at_the_join():
     """A scorer that fails as a whole (not one sample's call, which scores 0 and is counted) raises
     in the step, at the join, with its own message."""
-    from hybridrl.rewards.managers import ManagedScorer
-
-    class Broken(ManagedScorer):
-        def __init__(self):
-            pass
-
-        def score_batch(self, *args):
-            raise RuntimeError("scorer crashed")
-
-    scorer = Broken()
-    sampler = RolloutSampler(cfg_with(), FixedActor(), scorer, SamplingParams(n=2, max_new_tokens=3), None, defer=True)
-    batch, *_ = sampler.sample(Batch({}), StageTimer())
+    reward = RewardStage.from_config(cfg_with(launch_reward_fn_async=True), Broken())
+    sampler = RolloutSampler(cfg_with(), FixedActor(), reward, SamplingParams(n=2, max_new_tokens=3), None)
+    batch, _, _, early = sampler.sample(Batch({}), StageTimer())
+    pending = reward.start(batch, early, StageTimer())
     with pytest.raises(RuntimeError, match="scorer crashed"):
-        sampler.join(batch, StageTimer())
+        reward.finish(batch, pending, StageTimer())
 
 
 def test_filter_groups_and_async_modes_score_in_the_foreground_with_a_notice():
     cfg = cfg_with(launch_reward_fn_async=True)
     cfg.algorithm.filter_groups.enable = True
-    assert RolloutSampler(cfg, FixedActor(), None, None, None, defer=True).defer is False
+    assert RewardStage.from_config(cfg, Broken()).defer is False
+    assert RewardStage.from_config(cfg_with(launch_reward_fn_async=True), Broken()).defer is True
     assert any("launch_reward_fn_async" in n and "filter_groups" in n for n in config_notices(cfg))
     cfg = cfg_with(launch_reward_fn_async=True)
     cfg.trainer.mode = "one_step_off"
@@ -115,7 +117,7 @@ def test_filter_groups_and_async_modes_score_in_the_foreground_with_a_notice():
 
 def test_a_run_with_deferred_scores_logs_the_same_metrics(tiny_model_dir, arith_data, tmp_path):
     """The CLI, GRPO with the KL loss, 3 steps, the native engine in-process: every response is
-    scored as it ends, during generation (trainer/stream_scoring.py), and every metric but
+    scored as it ends, during generation (hybridrl/rewards/stream.py), and every metric but
     wall-clock ones is identical to scoring after generation."""
     from cli_helpers import cli, metrics, without_volatile
     from test_cli import base_overrides

@@ -1,4 +1,4 @@
-"""Scoring responses as they end (trainer/stream_scoring.py): the same ScoreResult as scoring the
+"""Scoring responses as they end (hybridrl/rewards/stream.py): the same ScoreResult as scoring the
 finished batch, row for row, whatever order and grouping the rows are reported in."""
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import pytest
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
-from hybridrl.rewards import score_batch
-from hybridrl.rewards.managers import ManagedScorer
 from hybridrl.rewards.pool import Target, WorkerPool
 from hybridrl.rewards.remote import RemoteReward
-from hybridrl.trainer.stream_scoring import StreamScorer, streamable
+from hybridrl.rewards.scorer import BatchScorer, FunctionScorer
+from hybridrl.rewards.stream import ScoreStream
 
 N = 3  # samples per prompt
 WORDS = ["seven", "42", "x", "", "oops", "4", "nine", "13", "1e3", "7"]
@@ -68,21 +67,24 @@ def report(stream, tokens, rows, rng):
         stream.finished(np.array(group), [tokens[r] for r in group])
 
 
-def whole(out, fn):
-    if isinstance(fn, RemoteReward):
-        return fn.score_batch(out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
-    return score_batch(fn, out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
+def whole(out, scorer):
+    return scorer.score_batch(out[K.DATA_SOURCE], out[K.RESPONSE_TEXT], out[K.GROUND_TRUTH], out[K.EXTRA_INFO])
 
 
-@pytest.mark.parametrize("kind", ["function", "thread"])
+def in_threads(fn):
+    return FunctionScorer(WorkerPool(fn, kind="thread", timeout_s=30))
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork"])
 def test_the_streamed_result_is_the_whole_batchs(kind):
     rng = random.Random(0)
     prompts, out, tokens = batch_of(rng, 17)
-    fn = scorer if kind == "function" else WorkerPool(scorer, kind="thread", timeout_s=30)
-    stream = StreamScorer(fn, prompts, N, decode, min_rows=4, max_wait_s=0.001)
+    fn = FunctionScorer(WorkerPool(scorer, kind=kind, timeout_s=30))
+    stream = ScoreStream(fn, prompts, N, decode, min_rows=4, max_wait_s=0.001)
     report(stream, tokens, range(len(tokens)), rng)
     got, streamed = stream.result(out)
-    want = whole(out, scorer)
+    want = whole(out, in_threads(scorer))
+    fn.close()
     assert streamed == len(tokens)
     assert got.scores == want.scores and got.extras == want.extras
     assert got.num_errors == want.num_errors > 0  # the "oops" responses: scored 0 and counted, as in a batch
@@ -92,19 +94,20 @@ def test_the_streamed_result_is_the_whole_batchs(kind):
 def test_rows_not_reported_or_decoded_differently_are_scored_at_the_join():
     rng = random.Random(1)
     prompts, out, tokens = batch_of(rng, 9)
-    stream = StreamScorer(scorer, prompts, N, decode, min_rows=1)
+    stream = ScoreStream(in_threads(scorer), prompts, N, decode, min_rows=1)
     report(stream, tokens, range(5, len(tokens)), rng)  # rows 0-4 never reported (an engine that does not stream)
     texts = list(out[K.RESPONSE_TEXT])
     texts[7] = texts[7] + " and more"  # the batch's text of row 7 is not what was streamed
     out[K.RESPONSE_TEXT] = texts
     got, streamed = stream.result(out)
-    want = whole(out, scorer)
+    want = whole(out, in_threads(scorer))
     assert streamed == len(tokens) - 6
     assert got.scores == want.scores and got.extras == want.extras and got.num_errors == want.num_errors
 
 
 def test_scoring_runs_before_the_join():
-    """The reported rows are scored while the caller goes on (the engine keeps decoding)."""
+    """The reported rows are scored while the caller goes on (the engine keeps decoding), in the
+    scorer's own thread: the stream's thread only decodes and submits."""
     rng = random.Random(2)
     prompts, out, tokens = batch_of(rng, 4)
     seen = threading.Event()
@@ -114,12 +117,12 @@ def test_scoring_runs_before_the_join():
         time.sleep(0.01)
         return scorer(**kw) if kw["solution_str"] != "oops" else 0.0
 
-    stream = StreamScorer(slow, prompts, N, decode, min_rows=1)
+    stream = ScoreStream(in_threads(slow), prompts, N, decode, min_rows=1)
     stream.finished(np.array([0, 1]), tokens[:2])
-    assert seen.wait(timeout=30)  # called before result(), from the stream's thread
+    assert seen.wait(timeout=30)  # called before result()
     report(stream, tokens, range(2, len(tokens)), rng)
     got, streamed = stream.result(out)
-    assert streamed == len(tokens) and stream.busy_s >= 0.01 * len(tokens)
+    assert streamed == len(tokens) and got.scores == whole(out, in_threads(scorer)).scores
     assert not stream._thread.is_alive()
 
 
@@ -131,7 +134,7 @@ def test_a_scorer_that_fails_as_a_whole_raises_at_the_join():
     prompts, out, tokens = batch_of(rng, 3)
     broken = WorkerPool(scorer, kind="thread")
     broken.map = gone  # a pool whose every call fails
-    stream = StreamScorer(broken, prompts, N, decode, min_rows=1)
+    stream = ScoreStream(FunctionScorer(broken), prompts, N, decode, min_rows=1)
     report(stream, tokens, range(len(tokens)), rng)
     with pytest.raises(RuntimeError, match="the pool is gone"):
         stream.result(out)
@@ -146,8 +149,8 @@ def test_process_pool_scoring_streams_too(tmp_path):
     )
     rng = random.Random(4)
     prompts, out, tokens = batch_of(rng, 6)
-    with WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=2, timeout_s=60) as pool:
-        stream = StreamScorer(pool, prompts, N, decode, min_rows=3)
+    with FunctionScorer(WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=2, timeout_s=60)) as pool:
+        stream = ScoreStream(pool, prompts, N, decode, min_rows=3)
         report(stream, tokens, range(len(tokens)), rng)
         got, streamed = stream.result(out)
         want = whole(out, pool)
@@ -156,15 +159,17 @@ def test_process_pool_scoring_streams_too(tmp_path):
 
 
 def test_the_trainer_streams_only_scorers_in_worker_processes_or_remote(tmp_path):
-    """In-process scorers (built-in, given in Python) would compete with the decode loop; the
-    batch managers take the whole batch."""
+    """Scorers in threads of this process (the built-in ones) would compete with the decode loop;
+    a batched function takes the whole batch."""
     path = tmp_path / "reward.py"
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n")
-    with WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=1) as pool:
-        assert streamable(pool)
-    assert streamable(RemoteReward("http://127.0.0.1:9/score"))
-    assert not streamable(WorkerPool(scorer, kind="thread")) and not streamable(scorer)
-    assert not streamable(ManagedScorer("batch", scorer)) and not streamable(None)
+    with FunctionScorer(WorkerPool(Target(str(path), "compute_score"), kind="process", num_workers=1)) as pool:
+        assert pool.streams
+    with FunctionScorer(WorkerPool(scorer, kind="fork", num_workers=1)) as forked:  # given in Python
+        assert forked.streams
+    assert RemoteReward("http://127.0.0.1:9/score").streams
+    assert not in_threads(scorer).streams
+    assert not BatchScorer(WorkerPool(scorer, kind="thread")).streams
 
 
 class SlowService:
@@ -214,7 +219,7 @@ def test_a_remote_scorers_requests_start_as_rows_end(path, process):
         rng = random.Random(5)
         prompts, out, tokens = batch_of(rng, 8)
         remote = RemoteReward(service.url + path, max_concurrency=8, retries=0, circuit_breaker_failures=0, process=process)
-        stream = StreamScorer(remote, prompts, N, decode, min_rows=4, max_wait_s=0.001)
+        stream = ScoreStream(remote, prompts, N, decode, min_rows=4, max_wait_s=0.001)
         report(stream, tokens, range(len(tokens)), rng)
         deadline = time.monotonic() + 30
         while service.requests < len(tokens) and time.monotonic() < deadline:

@@ -355,6 +355,10 @@ class _Worker:
         self.conn.close()
 
 
+def _closed() -> RuntimeError:
+    return RuntimeError("the reward pool was closed (the run is ending) while it scored a batch")
+
+
 class _ThreadJob:
     """Calls of one batch run in order by one thread of this process; the parent watches
     `since` (when the current call started) to time a call out, then abandons the thread."""
@@ -410,6 +414,8 @@ class WorkerPool:
         self.replaced = 0
         """Workers replaced after a timeout or a death (threads: abandoned), over the pool's life."""
         self.workers: list[_Worker] = []
+        self.closed = False
+        self._lock = threading.Lock()  # `close` against a `map` that replaces a worker in another thread
         try:
             for _ in range(num_workers if kind != "thread" else 0):
                 self.workers.append(self._new_worker())
@@ -426,9 +432,13 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        for w in self.workers:
-            w.stop()
-        self.workers = []
+        """Stop every worker, also in the middle of a `map` in another thread (which then raises
+        RuntimeError): nothing the pool started outlives it. A worker inside a call is killed at once."""
+        with self._lock:
+            self.closed = True
+            workers, self.workers = self.workers, []
+        for w in workers:
+            w.stop(kill=bool(w.pending))
 
     def _new_worker(self) -> _Worker:
         forked = self.kind == "fork"
@@ -437,17 +447,30 @@ class WorkerPool:
 
     def _replace(self, w: _Worker) -> _Worker:
         w.stop(kill=True)
-        fresh = self._new_worker()
-        fresh.start(self.start_timeout_s)
-        self.workers[self.workers.index(w)] = fresh
+        with self._lock:
+            if self.closed:
+                raise _closed()
+            fresh = self._new_worker()
+            fresh.start(self.start_timeout_s)
+            self.workers[self.workers.index(w)] = fresh
         self.replaced += 1
         return fresh
 
     def map(self, items: list[dict]) -> list[Outcome]:
-        """`target(**item)` for every item, in order; never raises for what the calls do."""
+        """`target(**item)` for every item, in order; never raises for what the calls do (a closed
+        pool raises RuntimeError)."""
+        if self.closed:
+            raise _closed()
         if not items:
             return []
-        return self._map_threads(items) if self.kind == "thread" else self._map_processes(items)
+        if self.kind == "thread":
+            return self._map_threads(items)
+        try:
+            return self._map_processes(items)
+        except (OSError, ValueError, EOFError):  # the pipes of a pool closed meanwhile
+            if self.closed:
+                raise _closed() from None
+            raise
 
     def _map_threads(self, items: list[dict]) -> list[Outcome]:
         out: list[Outcome | None] = [None] * len(items)
@@ -477,6 +500,8 @@ class WorkerPool:
         todo = deque([(i, items[i]) for i in range(start, min(start + size, n))] for start in range(0, n, size))
         left = n
         while left:
+            if self.closed:
+                raise _closed()
             for w in list(self.workers):  # every idle worker gets the next chunk
                 if not w.pending and todo:
                     if not w.proc.is_alive():  # died between batches

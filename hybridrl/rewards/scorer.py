@@ -166,8 +166,8 @@ class FunctionScorer(Scorer):
         return Pending.per_response(future.result, inputs.data_sources, self.name)
 
     def close(self) -> None:
+        self.pool.close()  # first: a batch still being scored ends now (its result raises), not after its timeouts
         self.lane.close()
-        self.pool.close()
 
 
 class BatchScorer(Scorer):
@@ -193,8 +193,8 @@ class BatchScorer(Scorer):
         return Pending(lambda: ScoreResult.of(each_response(future.result()[0], len(inputs)), inputs.data_sources, self.name))
 
     def close(self) -> None:
+        self.pool.close()  # first: a batch still being scored ends now (its result raises), not after its timeouts
         self.lane.close()
-        self.pool.close()
 
 
 def each_response(outcome: Outcome, n: int) -> list[Outcome]:

@@ -24,6 +24,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .pool import WorkerPool
+from .scorer import function_name
+
 # Names TRL passes besides the columns; hybridrl passes prompts and completions.
 _TRL_ARGS = ("prompts", "completions")
 _NOT_PASSED = {
@@ -46,10 +49,6 @@ def is_trl_reward(fn: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return "completions" in params
-
-
-def _name(fn: Any) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def _accepts(fn: Callable) -> tuple[set[str], set[str], bool]:
@@ -114,7 +113,7 @@ class TRLRewards:
         weights = [float(w) for w in weights]
         if len(weights) != len(funcs):
             raise ValueError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward functions; give one each")
-        names = [_name(f) for f in funcs]
+        names = [function_name(f) for f in funcs]
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.funcs, self.weights = funcs, weights
         self.__name__ = "+".join(self.names)
@@ -191,8 +190,6 @@ class TRLRewards:
         signature or a bug fails in one line at start (in training, a failing batch scores 0). The
         call is isolated as in training (a forked worker, `timeout_s`, `memory_limit_mb`): one that
         hangs, exits or runs out of memory fails here too, in one line."""
-        from .pool import WorkerPool
-
         info = row["extra_info"][EXTRA_KEY]
         columns = info["columns"]
         guess = next((str(v) for k, v in columns.items() if isinstance(v, (str, int, float))), "")

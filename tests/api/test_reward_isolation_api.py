@@ -19,26 +19,24 @@ def _rows(n):
     return [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)} for a in range(n) for b in range(n)]
 
 
-def _workers_of_this_process() -> list[int]:
-    """Live reward workers started by this process (their environment carries its pid in the marker)."""
-    needle = f"HYBRIDRL_REWARD_WORKER={os.getpid()}-".encode()
+def _children_of_this_process() -> list[int]:
+    """Live processes whose parent is this one: a run's reward workers are (forks or spawns of it)."""
     found = []
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                marked = needle in f.read()
             with open(f"/proc/{pid}/stat") as f:
-                zombie = f.read().split(")")[-1].split()[0] == "Z"
+                fields = f.read().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        if marked and not zombie and pid != os.getpid():
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
             found.append(pid)
     return found
 
 
-def _no_workers_left(seconds: float = 10.0) -> bool:
+def _no_workers_left(before: list[int], seconds: float = 10.0) -> bool:
+    """No child process started since `before` is alive (within `seconds`: a killed one is reaped)."""
     end = time.monotonic() + seconds
-    while _workers_of_this_process():
+    while set(_children_of_this_process()) - set(before):
         if time.monotonic() > end:
             return False
         time.sleep(0.05)
@@ -54,7 +52,7 @@ def test_a_trl_reward_that_hangs_or_exits_on_its_first_call_stops_grpo_in_one_li
             os._exit(3)
         raise SystemExit("bye")
 
-    start = time.monotonic()
+    before, start = _children_of_this_process(), time.monotonic()
     with pytest.raises(HybridRLError) as e:
         hybridrl.grpo(
             tiny_model_with_weights,
@@ -67,13 +65,14 @@ def test_a_trl_reward_that_hangs_or_exits_on_its_first_call_stops_grpo_in_one_li
     assert "reward function(s) greedy on the first row" in message and "\n" not in message
     assert {"hang": "timed out after 2 s", "os_exit": "exit code 3", "sys_exit": "SystemExit: bye"}[how] in message
     assert time.monotonic() - start < 30  # the 600 s sleep was cut at timeout_s
-    assert _no_workers_left()
+    assert _no_workers_left(before)
 
 
 @pytest.mark.slow
 def test_trl_rewards_that_hang_or_exit_in_training_cost_a_batch_not_the_run(tiny_model_with_weights, tmp_path, caplog):
     marks = tmp_path / "marks"
     marks.mkdir()
+    before = _children_of_this_process()
 
     def flaky(prompts, completions, answer, **kwargs):
         """Fine on the start-up check; then hangs on the 2nd call, exits on the 3rd, interrupts the 4th."""
@@ -106,4 +105,4 @@ def test_trl_rewards_that_hang_or_exit_in_training_cost_a_batch_not_the_run(tiny
     assert "reward/flaky/mean" in steps[-1]  # the last batch was scored
     failure = [r.getMessage() for r in caplog.records if r.name == "hybridrl.rewards"]
     assert failure and "reward function flaky failed on sample 0" in failure[0] and "timed out after 2 s" in failure[0]
-    assert _no_workers_left()
+    assert _no_workers_left(before)  # prime left 16 forked trainers alive after a run that exited 0

@@ -214,6 +214,33 @@ def test_output_of_a_function_given_in_python_is_capped_and_counted(capfd):
     assert len(shown.out) + len(shown.err) < 2 * OUTPUT_SHOWN_PER_CALL + 1000 and "more bytes not shown" in shown.err
 
 
+@pytest.mark.parametrize("origin", ["file", "python"])
+def test_closing_a_scorer_mid_batch_ends_its_hung_calls_at_once(tmp_path, origin):
+    """A run that ends (an error, Ctrl-C) while a batch of hanging calls is being scored in the
+    background: the scorer's close kills the workers inside their calls, without waiting out a
+    timeout per call, and the batch's result raises instead of scoring on."""
+    import threading
+
+    path = tmp_path / "reward.py"
+    path.write_text(MISBEHAVING)
+    limits = dict(timeout_s=60.0, num_workers=2)
+    if origin == "file":
+        scorer = build_scorer(cfg_with(path, reward_manager="prime", **limits))
+    else:
+        scorer = build_scorer(cfg_with(reward_manager="prime", **limits), _namespace()["compute_score"])
+    pids = _worker_pids(scorer)
+    pending = scorer.submit(ScoreInputs(["x"] * 6, ["hang"] * 6, ["4"] * 6))  # 6 x 60 s if waited out
+    time.sleep(0.5)
+    closing = threading.Thread(target=scorer.close)
+    start = time.monotonic()
+    closing.start()
+    closing.join(timeout=30)
+    assert not closing.is_alive() and time.monotonic() - start < 15
+    with pytest.raises(RuntimeError, match="the reward pool was closed"):
+        pending.result()
+    assert _gone(pids) and scorer.pool.workers == []
+
+
 def test_a_forked_worker_dies_with_a_killed_trainer(tmp_path):
     """A trainer killed with SIGKILL runs no cleanup: its forked reward workers, mid-call in a hang,
     end with it (the parent-death signal) instead of living on as copies of the trainer."""

@@ -119,6 +119,8 @@ def _isolate(memory_limit_mb: int | None, marker: str, parent: int, forked: bool
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ[MARKER_ENV] = marker
+    if forked and "torch" in sys.modules:  # the trainer's OpenMP pool does not survive a fork (as DataLoader workers do)
+        sys.modules["torch"].set_num_threads(1)
     tag, _ = os.pipe()  # inherited by every fork (never used): what a forked descendant still holds
     os.set_inheritable(tag, True)
     try:

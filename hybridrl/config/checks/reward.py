@@ -126,7 +126,7 @@ def reward_model_problems(cfg: Config) -> list[Problem]:
 
 
 def manager_problems(cfg: Config, r: Config) -> list[Problem]:
-    """reward_model.reward_manager and the DAPO overlong buffer (hybridrl/rewards/managers.py)."""
+    """reward_model.reward_manager and the DAPO overlong buffer (hybridrl/rewards/assembly.py, rewards/stage.py)."""
     out = []
     rm = r.reward_model
     if rm.reward_manager not in REWARD_MANAGERS:

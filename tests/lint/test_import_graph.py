@@ -35,11 +35,9 @@ LAYERS = (
 COMPAT = ("compat",)
 COMPAT_USERS = LAYERS[0] + LAYERS[1] + LAYERS[2]
 
-# Known offenders in the areas other branches are rewriting now: each is fixed by reward-stage/compat-wing,
-# and its entry goes when that branch lands (test_allow_lists_hold_only_live_entries fails once an entry is stale).
-ALLOWED_LOOPS = {
-    frozenset({"hybridrl/rewards/remote.py", "hybridrl/rewards/remote_process.py"}),  # fixed by reward-stage
-}
+# Known offenders in areas another branch is rewriting, each until that branch lands
+# (test_allow_lists_hold_only_live_entries fails once an entry is stale). None are left.
+ALLOWED_LOOPS: set[frozenset[str]] = set()
 ALLOWED_EDGES: set[tuple[str, str]] = set()
 
 

@@ -16,17 +16,9 @@ ENGINE_MAX_LINES = 450
 MAX_METHODS = 18
 METHOD_LIMIT_DIRS = ("rollout", "workers")
 
-# (importing file, private name): offenders in areas other branches are rewriting now, each fixed by
-# reward-stage/compat-wing; its entry goes when that branch lands (a stale entry fails the last test).
-PRIVATE_ALLOWED = {
-    ("hybridrl/launch.py", "_as_number"),  # fixed by reward-stage (rewards/manager.py's private helper)
-    ("hybridrl/launch.py", "_first_error_logged"),  # fixed by reward-stage (rewards/manager.py's private flag)
-    ("hybridrl/rewards/code_sandbox.py", "_Failure"),  # fixed by reward-stage
-    ("hybridrl/rewards/managers.py", "_as_number"),  # fixed by reward-stage
-    ("hybridrl/rewards/managers.py", "_as_score"),  # fixed by reward-stage
-    ("hybridrl/rewards/managers.py", "_log_first_error"),  # fixed by reward-stage
-    ("hybridrl/rewards/remote_process.py", "_Failure"),  # fixed by reward-stage
-}
+# (importing file, private name): known offenders, each until the branch rewriting its area lands (a
+# stale entry fails the last test). None are left.
+PRIVATE_ALLOWED: set[tuple[str, str]] = set()
 
 
 def _files() -> list[Path]:

@@ -292,7 +292,11 @@ def _single() -> bool:
 def _save(state: dict, path: Path) -> None:
     with warnings.catch_warnings():  # DCP warns that one process without a group saves alone: intended
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save(state, checkpoint_id=str(path), no_dist=_single())
+        try:
+            dcp.save(state, checkpoint_id=str(path), no_dist=_single())
+        except CheckpointException as e:
+            _reraise_interrupt(e)
+            raise
 
 
 def _load(state: dict, path: Path) -> None:
@@ -310,7 +314,20 @@ def _load(state: dict, path: Path) -> None:
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=_single())
     except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
+        _reraise_interrupt(e)
         raise CheckpointError(f"{path} is not a valid checkpoint: {_reason(e)}") from None
+
+
+def _reraise_interrupt(e: BaseException) -> None:
+    """DCP wraps whatever a rank raised, a Ctrl-C or a SIGTERM (SignalStop) included, in a
+    CheckpointException: the stop is raised again as itself, so that the run ends as a stop (its
+    message and exit status), not as a broken checkpoint. The half-written directory is left to
+    ckpt.begin_save's protocol: it never becomes `latest`."""
+    failures = getattr(e, "failures", None)
+    for failure in (failures or {}).values() if isinstance(failures, dict) else ():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, KeyboardInterrupt):
+            raise inner from None
 
 
 def _reason(e: BaseException) -> str:

@@ -13,9 +13,11 @@ FSDP, the weight sync see the HF model) and adds what RL training needs:
   the pass's output feeds (`_AuxLoss`), and the expert-load statistics of the pass.
 
 A pass is bound to each block by a pre-hook on its decoder layer, so it reaches the block also
-when activation checkpointing re-runs the layer in the backward pass (HF checkpoints the layer's
-`forward`, the hook runs around `__call__` only); the re-run reuses the experts the forward
-chose, so the recomputed activations are those of the forward.
+when activation checkpointing re-runs the layer in the backward pass: recent transformers
+checkpoint the layer's `forward` (the hook runs around `__call__` only, once); older ones
+checkpoint `__call__`, and the hook, run again inside the backward, keeps the forward's pass.
+The re-run reuses the experts the forward chose, so the recomputed activations, the replayed
+routing and the load-balancing loss are those of the forward.
 """
 
 from __future__ import annotations
@@ -101,7 +103,12 @@ class SparseMoeBlock(nn.Module):
     @torch.compiler.disable
     def bind_current(self, layer, args) -> None:
         """The decoder layer's forward pre-hook: bind the model's pass in progress. A bound method,
-        so that a deep copy of the model (the reference) hooks its own blocks."""
+        so that a deep copy of the model (the reference) hooks its own blocks. Called inside a
+        backward pass, it is activation checkpointing re-running the layer with its hooks (the
+        transformers releases that checkpoint `__call__`, not `forward`): the pass the forward
+        bound, and the experts it chose, stay (the pass itself has ended by then)."""
+        if _in_backward():
+            return
         self.bind(self.state.current)
 
     @torch.compiler.disable  # data-dependent routing: runs eagerly inside a compiled layer
@@ -142,6 +149,12 @@ class SparseMoeBlock(nn.Module):
                 used &= p.mask.bool()
             differs = ~(ids[:, :, None] == own[:, None, :]).any(-1)  # (N, k)
             p.replayed[self.index] = torch.stack([used.sum() * ids.shape[1], (differs & used[:, None]).sum()]).float()
+
+
+def _in_backward() -> bool:
+    """Whether the autograd engine is running a backward pass on this thread (a checkpointed
+    layer's recompute runs inside one)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _local(x, ids, weights, experts, state: MoeState) -> torch.Tensor:

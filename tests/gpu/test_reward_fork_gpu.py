@@ -6,15 +6,19 @@ trainer killed mid-call. Skipped without CUDA."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from hybridrl.rewards.pool import WorkerPool
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: the child imports hybridrl from it
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -54,7 +58,9 @@ def test_a_worker_dies_with_a_killed_trainer_that_holds_cuda(tmp_path):
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     try:
         pid = int(proc.stdout.readline())
     finally:

@@ -176,3 +176,52 @@ def test_checkpoints_on_disk_hold_one_tensor_per_expert(tmp_path):
     back = load_causal_lm(str(tmp_path))
     for (n, a), (_, b) in zip(model.named_parameters(), back.named_parameters()):
         assert torch.equal(a, b), n
+
+
+class _CheckpointedCall(torch.nn.Module):
+    """Activation checkpointing around a decoder layer's `__call__`, hooks included: what the
+    transformers of the GPU image (5.17) do, where the pre-hook runs again inside the backward."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(self.layer, *args, use_reentrant=False, **kwargs)
+
+
+@pytest.mark.parametrize("wrap", ["forward", "__call__"])
+def test_activation_checkpointing_keeps_the_forwards_routing_replay_and_aux_loss(wrap):
+    # The recompute runs after the pass has ended (the backward comes later): it must reuse the
+    # forward's pass (the replayed experts, the load-balancing loss), so the gradients are those of
+    # the run without checkpointing. On the GPU, HF's __call__-wrapping release hit a CheckpointError.
+    from hybridrl.models.moe_block import RoutingPass, routing
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    ids = torch.randint(0, VOCAB, (2, 9), generator=g)
+    grads = {}
+    for checkpointed in (False, True):
+        model = tiny_moe(VOCAB).train()
+        state = moe_block.adopt(model)
+        if checkpointed and wrap == "forward":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif checkpointed:
+            layers = model.model.layers
+            for i in range(len(layers)):
+                layers[i] = _CheckpointedCall(layers[i])
+        replay = torch.randint(
+            0, state.n_experts, (ids.numel(), state.n_sparse, state.top_k), generator=torch.Generator().manual_seed(1)
+        )
+        replay[::2] = -1  # half the tokens route freshly
+        p = RoutingPass(replay=replay, aux_weight=0.5)
+        with routing(state, p):
+            loss = model(ids, labels=ids).loss
+        loss.backward()  # after the pass ended, as the trainer's loss does
+        grads[checkpointed] = {
+            n.replace(".layer.", "."): t.grad.clone() for n, t in model.named_parameters() if t.grad is not None
+        }
+    assert grads[True].keys() == grads[False].keys()
+    router = [n for n in grads[False] if n.endswith("mlp.gate.weight")]
+    assert router and all(grads[False][n].abs().sum() > 0 for n in router)
+    for n, ref in grads[False].items():
+        torch.testing.assert_close(grads[True][n], ref, atol=1e-6, rtol=1e-5, msg=n)

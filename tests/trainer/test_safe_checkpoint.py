@@ -387,3 +387,42 @@ def test_a_fifo_latest_pointer_is_one_line(tmp_path):
     os.mkfifo(root / ckpt.LATEST)
     with pytest.raises(dckpt.CheckpointError, match="latest cannot be read .*a FIFO, not a file"):
         ckpt.latest_checkpoint(root)
+
+
+class _StopsWhilePickled:
+    """A signal landing while DCP writes: SIGTERM raises SignalStop in the middle of a write."""
+
+    def __reduce__(self):
+        from hybridrl.launch import SignalStop
+
+        raise SignalStop(15)
+
+
+@pytest.mark.parametrize("stop", ["signal", "ctrl-c"])
+def test_a_stop_during_a_save_or_load_is_raised_as_itself_not_as_a_broken_checkpoint(tmp_path, stop):
+    # DCP wraps whatever a rank raises in a CheckpointException; a Ctrl-C or SIGTERM must still end
+    # the run as a stop (exit 130/143, "stopped by SIGTERM"), not as an error.
+    from hybridrl.launch import SignalStop
+
+    bomb = _StopsWhilePickled() if stop == "signal" else _InterruptsWhilePickled()
+    with pytest.raises(KeyboardInterrupt) as raised:
+        dckpt._save({"w": torch.randn(3), "extra": bomb}, tmp_path / "ck")
+    assert isinstance(raised.value, SignalStop) == (stop == "signal")
+    assert type(raised.value).__name__ != "CheckpointException"
+    dckpt._save({"w": torch.randn(3)}, tmp_path / "ok")
+    before = torch.distributed.checkpoint.load
+
+    def interrupted(*a, **k):
+        raise torch.distributed.checkpoint.api.CheckpointException("x", {0: (KeyboardInterrupt(), None)})
+
+    torch.distributed.checkpoint.load = interrupted  # DCP's own wrapping of a Ctrl-C while reading
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dckpt._load({"w": torch.empty(3)}, tmp_path / "ok")
+    finally:
+        torch.distributed.checkpoint.load = before
+
+
+class _InterruptsWhilePickled:
+    def __reduce__(self):
+        raise KeyboardInterrupt

@@ -349,9 +349,11 @@ def model_dtype(role_dir: Path) -> tuple[str, str]:
     config.json says float32); float32 when that is unknown. Returns (dtype, where it came from)."""
     import yaml
 
+    from hybridrl.config import yamlio
+
     run_config = Path(role_dir).resolve().parents[2] / "config.yaml"  # run/checkpoints/step_N/actor
     try:
-        model_path = yaml.safe_load(run_config.read_text())["actor_rollout_ref"]["model"]["path"]
+        model_path = yamlio.load(run_config.read_text())["actor_rollout_ref"]["model"]["path"]
         hf = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return "float32", "the base model's dtype is unknown"

@@ -28,56 +28,7 @@ from .schema import Config, ConfigError, resolve, type_name, walk
 from .tree import get, leaves, merge, pop, put
 from .validate import config_notices as validation_notices
 from .validate import find_problems
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-6` as a float.
-
-    PyYAML implements YAML 1.1, where a float needs a dot (`1.0e-6`) and `1e-6` is a string;
-    learning rates are written `1e-6` everywhere, in files and on command lines alike.
-    """
-
-
-_FLOAT_TAG = "tag:yaml.org,2002:float"
-_Loader.yaml_implicit_resolvers = {
-    first: [r for r in resolvers if r[0] != _FLOAT_TAG] for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    _FLOAT_TAG,
-    re.compile(
-        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-            |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
-            |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-            |[-+]?\.(?:inf|Inf|INF)
-            |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def _construct_mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    """A mapping in which a key appears twice is an error: YAML keeps the last one, so a second
-    `actor_rollout_ref:` section would silently drop the first (a common copy-paste accident)."""
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if isinstance(key, typing.Hashable) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"key {key!r} appears twice (lines {seen[key]} and {line}); the first would be dropped: merge them into one",
-                key_node.start_mark,
-            )
-        if isinstance(key, typing.Hashable):
-            seen[key] = line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_once)
+from .yamlio import Loader as _Loader
 
 _ENTRIES = {e.path: e for e in walk(Config())}
 

@@ -107,6 +107,11 @@ CASES = [
     Case("yaml_binary", "explain", yaml=b"\x89PNG\r\n\x1a\n\x00\x00", expect=("not valid UTF-8",)),
     Case("yaml_nul", "explain", yaml="data:\x00 1\n", expect=("not valid YAML",)),
     Case("yaml_alias", "explain", yaml="data: *nope\n", expect=("not valid YAML", "nope")),
+    # a "billion laughs": 9 levels of 9 aliases, 500 bytes on disk, 9^9 values once walked (the load hung)
+    Case("yaml_alias_bomb", "explain", yaml="a0: &a0 [x, x, x, x, x, x, x, x, x]\n"
+         + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)) + "data:\n  train_files: *a8\n",
+         expect=("c.yaml:1", "not valid YAML", "expand to more than 100,000 values", "alias bomb")),
+    Case("yaml_alias_cycle", "explain", yaml="data: &d\n  train_files: *d\n", expect=("not valid YAML", "alias bomb")),
     Case("yaml_python_tag", "explain", yaml="data: !!python/object/apply:os.system ['touch {d}/pwned']\n",
          expect=("not valid YAML",)),
     Case("yaml_section_scalar", "explain", yaml="data: 5\n", expect=("data: expected a section",)),

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from hybridrl.config import yamlio
 from hybridrl.config.tree import merge
 
 _PACKAGE_HEADER = re.compile(r"^#\s*@package\s+(\S+)", re.M)
@@ -220,7 +221,7 @@ def _typed(written: Any, value: Any) -> Any:
     value is: the number 3. Text around an interpolation (`runs/${name}`) stays text."""
     if isinstance(written, str) and isinstance(value, str) and _WHOLE.fullmatch(written.strip()):
         try:
-            return yaml.safe_load(value) if value.strip() else value
+            return yamlio.load(value) if value.strip() else value
         except yaml.YAMLError:
             return value
     return value

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import yaml
 
+from hybridrl.config import yamlio
+
 _INTERACTIONS: dict[str, type["Interaction"]] = {}
 VERL_ALIASES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "gsm8k"}
 
@@ -81,7 +83,7 @@ def load_interaction_config(path: str | Path) -> dict[str, Interaction]:
     entry and the fix for anything malformed."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yamlio.load(path.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("interaction"), list) or not doc["interaction"]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from hybridrl.config import yamlio
 from hybridrl.rollout.agent.tool import Tool, registered_tools
 
 
@@ -27,7 +28,7 @@ def load_tool_config(path: str | Path) -> list[Tool]:
     entry and the fix for anything malformed."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yamlio.load(path.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tools"), list):

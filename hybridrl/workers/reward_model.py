@@ -25,6 +25,8 @@ from torch import nn
 
 from hybridrl.data import keys as K
 from hybridrl.data.batch import Batch
+from hybridrl.data.chat_template import check_chat_template
+from hybridrl.data.errors import DataError
 from hybridrl.data.preference import MASK_OF
 from hybridrl.distributed.dispatch import Dispatch, register
 from hybridrl.distributed.fsdp import run_as_forward
@@ -190,6 +192,11 @@ class RewardModelWorker(ProfiledWorker):
         self.tokenizer = tokenizer or policy_tok
         # verl: input_tokenizer set = always re-render; here null also re-renders when the tokenizers differ.
         self.rerender = rm.model.input_tokenizer is not None or not same_tokenizer(self.tokenizer, policy_tok)
+        if self.rerender:  # its chat template renders every scored sequence: code from the model's files
+            try:
+                check_chat_template(self.tokenizer)
+            except DataError as e:
+                raise RewardModelError(f"{self.source}: {e}") from None
         classifier = is_classifier(model)
         self.engine.place(
             model,

@@ -3,6 +3,7 @@ same text (same tokenizer as the policy, and a different one with its own chat t
 padded and token-budget micro-batches agree, and bad reward models stop with one clear line."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -149,3 +150,21 @@ def test_in_memory_module_and_bad_reward_models(tmp_path, tiny_model_dir):
     w = _worker(_cfg(tiny_model_dir, tmp_path / "rm"))
     with pytest.raises(RewardModelError, match="no chat template"):
         w.compute_rm_score(_batch(build_tokenizer()))
+
+
+def test_a_reward_model_template_that_hangs_is_one_line_before_any_scoring(tmp_path, tiny_model_dir, monkeypatch):
+    # The reward model's chat template renders every scored sequence when it re-renders: it is probed
+    # like the policy's (data/chat_template.py), in a forked child with a time limit.
+    from hybridrl.data import chat_template
+
+    monkeypatch.setattr(chat_template, "RENDER_S", 1.0)
+    monkeypatch.setattr(chat_template, "_verdicts", {})
+    other = _other_tokenizer()
+    other.chat_template = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    _rm_dir(tmp_path / "rm", other, seed=1)
+    started = time.monotonic()
+    with pytest.raises(RewardModelError) as e:
+        _worker(_cfg(tiny_model_dir, tmp_path / "rm"))
+    assert time.monotonic() - started < 30
+    msg = str(e.value)
+    assert msg.startswith("reward_model.model.path=") and "takes more than 1 s" in msg and "\n" not in msg

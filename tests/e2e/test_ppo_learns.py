@@ -3,13 +3,10 @@
 pins the numbers of a few steps; this one asserts the algorithm's promise, so that a wrong sign or a
 critic that stopped feeding the advantages fails CI on CPU (the GSM8K PPO row is a GPU run)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli, metrics
 from golden_metrics import GOLDEN_ENV
 
 pytestmark = pytest.mark.slow
@@ -18,27 +15,14 @@ VAL = "val-core/arith/reward/mean@1"
 
 
 def test_arith_ppo_raises_the_held_out_reward_and_the_critic_learns(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridrl",
-            "train",
-            "configs/arith_ppo.yaml",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[console,jsonl]",
-            "trainer.total_training_steps=150",
-            "trainer.test_freq=150",
-            "trainer.save_freq=-1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **GOLDEN_ENV},
+    overrides = (
+        "trainer.logger=[console,jsonl]",
+        "trainer.total_training_steps=150",
+        "trainer.test_freq=150",
+        "trainer.save_freq=-1",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    cli("train", "configs/arith_ppo.yaml", f"trainer.default_local_dir={tmp_path}", *overrides, env=GOLDEN_ENV, cwd=ROOT)
+    rows = metrics(tmp_path)
     val = [r[VAL] for r in rows if VAL in r]
     assert len(val) == 2, val  # before the first step (after the SFT warm-up) and after step 150
     # measured 0.400 -> 0.645 (2 CPU cores, 2026-11-29); the SFT warm-up alone gives the 0.40

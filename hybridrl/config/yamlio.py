@@ -54,9 +54,9 @@ def _expanded_size(root, cap: int = MAX_YAML_NODES) -> int:
             sizes[id(node)] = min(cap + 1, 1 + sum(sizes[id(k)] for k in kids))
             open_.discard(id(node))
             continue
-        if any(id(k) in open_ or k is node for k in kids):  # a node inside itself (&a [*a]): endless
-            return cap + 1
         open_.add(id(node))
+        if any(id(k) in open_ for k in kids):  # a node inside itself (&a [*a]): endless
+            return cap + 1
         stack.append((node, True))
         stack.extend((k, False) for k in kids if id(k) not in sizes)
     return sizes[id(root)]

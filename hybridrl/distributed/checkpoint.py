@@ -323,18 +323,22 @@ def _reraise_interrupt(e: BaseException) -> None:
     CheckpointException: the stop is raised again as itself, so that the run ends as a stop (its
     message and exit status), not as a broken checkpoint. The half-written directory is left to
     ckpt.begin_save's protocol: it never becomes `latest`."""
+    stop = next((inner for inner in _raised(e) if isinstance(inner, KeyboardInterrupt)), None)
+    if stop is not None:
+        raise stop from None
+
+
+def _raised(e: BaseException) -> list[BaseException]:
+    """What the ranks raised, for torch's CheckpointException ({rank: (exception, traceback)});
+    [e] itself for any other error."""
     failures = getattr(e, "failures", None)
-    for failure in (failures or {}).values() if isinstance(failures, dict) else ():
-        inner = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(inner, KeyboardInterrupt):
-            raise inner from None
+    if not (isinstance(failures, dict) and failures):
+        return [e]
+    return [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def _reason(e: BaseException) -> str:
-    failures = getattr(e, "failures", None)  # torch's CheckpointException: {rank: (exception, traceback)}
-    if isinstance(failures, dict) and failures:
-        first = next(iter(failures.values()))
-        e = first[0] if isinstance(first, tuple) else first
+    e = _raised(e)[0]
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):  # "Class validation error for validator ...:" then the reason
         return f"{lines[0]} {lines[1]}"

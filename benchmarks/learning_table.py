@@ -29,10 +29,12 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import learning_checks as checks  # noqa: E402  (benchmarks/ beside this file)
-
 REPO = Path(__file__).resolve().parents[1]
+# benchmarks/ for learning_checks; the repository for hybridrl, which the GPU machine runs from a
+# checkout (not installed: `python benchmarks/learning_table.py row` failed there on 2026-11-29)
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+import learning_checks as checks  # noqa: E402
+
 RECIPE_REWARD = "custom_reward_function.reward_kwargs={format_score: 0.1, format_needs_work: true, flexible_score: 0.2}"
 # The GSM8K GRPO recipe on top of configs/gsm8k_grpo.yaml (verl's quickstart values): BENCHMARKS.md's
 # 41.2% run, as benchmarks/gsm8k_grpo.sh runs it.

@@ -1,9 +1,11 @@
 """benchmarks/learning_table.sh end to end on CPU: the GRPO row's train, after and row stages on the tests'
-tiny model and a few GSM8K-shaped questions, as a device call runs them (docs/learning.md)."""
+tiny model and a few GSM8K-shaped questions, as a device call runs them, and the same row with the base
+model's row through benchmarks/learning_queue.sh, detached and packed (docs/learning.md)."""
 
 import json
 import os
 import subprocess
+import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -36,11 +38,7 @@ def _stage(stage, model, gsm8k, out, *extra, env=None):
 
 
 def test_the_grpo_row_trains_evaluates_and_prints_on_cpu(tmp_path, tiny_model_with_weights):
-    gsm8k = tmp_path / "gsm8k"
-    gsm8k.mkdir()
-    for split, n in (("train", 8), ("test", 3)):
-        rows = [{"question": f"What is {i} + {i + 3}?", "answer": f"{i}+{i + 3}={2 * i + 3}\n#### {2 * i + 3}"} for i in range(n)]
-        (gsm8k / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gsm8k = _gsm8k(tmp_path)
     out = tmp_path / "row"
     train = _stage("train", tiny_model_with_weights, gsm8k, out, *CPU, env={"BUDGET_S": "300"})
     assert "configs/gsm8k_grpo.yaml" in train.stderr and "trainer.max_wall_time_s=300" in train.stderr
@@ -64,3 +62,50 @@ def test_the_grpo_row_trains_evaluates_and_prints_on_cpu(tmp_path, tiny_model_wi
     assert len(first.get("points").split()) == 2  # one point per step
     cfg = (out / "results" / "config.yaml").read_text()
     assert "lr: 2.0e-06" in cfg and "format_needs_work: true" in cfg and "max_wall_time_s: 300.0" in cfg
+
+
+def _gsm8k(tmp_path):
+    gsm8k = tmp_path / "gsm8k"
+    gsm8k.mkdir()
+    for split, n in (("train", 8), ("test", 3)):
+        rows = [{"question": f"What is {i} + {i + 3}?", "answer": f"{i}+{i + 3}={2 * i + 3}\n#### {2 * i + 3}"} for i in range(n)]
+        (gsm8k / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return gsm8k
+
+
+def _queue(*args, env=None, timeout=60):
+    return subprocess.run(
+        ["bash", "benchmarks/learning_queue.sh", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_queue_runs_rows_detached_and_packs_each_rows_results(tmp_path, tiny_model_with_weights):
+    gsm8k, root, dest = _gsm8k(tmp_path), tmp_path / "lt", tmp_path / "back"
+    env = {"BUDGET_S": "300", "TRAIN_ARGS": " ".join(CPU), "EVAL_ARGS": "--max-response-length 8"}
+    bad = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), "grpo", "base:nope", env=env)
+    assert bad.returncode != 0 and "unknown recipe 'nope'" in bad.stderr and not root.exists()  # checked first
+
+    started = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), "base:grpo", "grpo", env=env)
+    assert started.returncode == 0, started.stderr
+    again = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), "grpo", env=env)
+    assert again.returncode == 2 and "has not finished" in again.stderr  # one queue per ROOT at a time
+    waited = _queue("wait", str(root), "540", str(dest), timeout=600)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + (root / "queue.log").read_text()
+    assert "all rows done" in waited.stdout and "exactly right" in waited.stdout
+
+    for name in ("base_grpo", "grpo"):  # only the packed files came back: read the rows from them
+        with tarfile.open(dest / f"{name}.tgz") as tgz:
+            tgz.extractall(tmp_path / "unpacked", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    base = json.loads((tmp_path / "unpacked" / "base_grpo" / "results" / "row.json").read_text())
+    (trained,) = json.loads((tmp_path / "unpacked" / "grpo" / "results" / "row.json").read_text())
+    assert base[0]["recipe"] == "grpo (base model)" and base[0]["n_eval"] == 3
+    assert (trained["recipe"], trained["steps"], trained["budget_s"], trained["n_eval"]) == ("grpo", 2, 300.0, 3)
+    unpacked = tmp_path / "unpacked"
+    assert (unpacked / "grpo.train.log").is_file() and (unpacked / "grpo" / "results" / "reward_vs_time.svg").is_file()
+    status = (dest / "queue_status.txt").read_text()
+    assert "grpo: train rc=0" in status and "grpo: after rc=0" in status and "| grpo | " in status

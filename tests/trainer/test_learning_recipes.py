@@ -246,3 +246,31 @@ def test_the_recipe_list_names_every_config():
     assert [r.split("`")[1] for r in rows] == list(LT.RECIPES)
     doc = (ROOT / "docs" / "learning.md").read_text()
     assert all(f"`{name}`" in doc and LT.RECIPES[name].config in doc for name in LT.RECIPES)
+
+
+def test_the_row_stage_runs_from_a_checkout_where_hybridrl_is_not_installed(tmp_path):
+    # The GPU machine runs the scripts from a copy of the repository, hybridrl not installed: `python -S`
+    # skips the site directory's .pth files (the editable install's hook) while PYTHONPATH still
+    # lends yaml and torch. The row stage imports hybridrl lazily, for the eval's answers.
+    out = tmp_path / "row"
+    out.mkdir()
+    (out / "model_dir").write_text("/models/Qwen2.5-Coder-0.5B-Instruct\n")
+    summary = {"openai/gsm8k": {"n": 2, "accuracy": 0.5, "correct": 1, "flexible_accuracy": 0.5}}
+    (out / "eval_before.json").write_text(json.dumps(summary))
+    answers = [("so 4 + 3 = 7\n#### 7", "7"), ("the answer is 9", "8")]
+    (out / "eval_before.jsonl").write_text("".join(json.dumps({"response": r, "ground_truth": g}) + "\n" for r, g in answers))
+    import site
+
+    lend = os.pathsep.join(site.getsitepackages())
+    proc = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "benchmarks" / "learning_table.py"), "row", "grpo", str(out)],
+        cwd=tmp_path,  # neither the repository nor benchmarks/ on the path by accident
+        env={**os.environ, "PYTHONPATH": lend},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((out / "results" / "row.json").read_text())
+    assert (row["strict"], row["flexible"], row["format_rate"], row["n_eval"]) == (0.5, 0.5, 0.5, 2)
+    assert row["model"] == "Qwen2.5-Coder-0.5B-Instruct"

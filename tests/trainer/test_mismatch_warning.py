@@ -16,25 +16,42 @@ from hybridrl.trainer.alarms import PROBS_DIFF_WARN, Alarms, run_alarms
 
 def rollout_mismatch_warning(metrics: dict, step: int, cfg) -> str | None:
     fired = Alarms(run_alarms(cfg)).check(metrics, step)
-    return next((m for m in fired if "rollout_probs_diff_max" in m), None)
+    return next((m for m in fired if "rollout_probs_diff" in m), None)
 
 
 def _cfg(mode="sync", device="cpu"):
     return SimpleNamespace(trainer=SimpleNamespace(mode=mode, device=device))
 
 
-def test_a_large_probability_gap_in_sync_mode_is_warned():
+def test_a_large_probability_gap_in_sync_mode_is_warned_on_cpu():
     big = {"training/rollout_probs_diff_max": 2e-2}  # what a mis-sharded LoRA delta gave on CPU
     message = rollout_mismatch_warning(big, 3, _cfg())
     assert message is not None and "step 3" in message and "0.02" in message and "weight sync" in message
     alarms = Alarms(run_alarms(_cfg()))
     assert len(alarms.check(big, 3)) == 1 and alarms.check(big, 4) == []  # once per run
-    assert rollout_mismatch_warning({"training/rollout_probs_diff_max": 2e-6}, 3, _cfg()) is None
-    assert rollout_mismatch_warning(big, 3, _cfg(device="cuda")) is None  # bfloat16 engines differ this much
-    assert rollout_mismatch_warning({"training/rollout_probs_diff_max": 0.5}, 3, _cfg(device="cuda")) is not None
+    healthy = {"training/rollout_probs_diff_max": 3.7e-6, "training/rollout_probs_diff_mean": 2.7e-7}  # quickstart
+    assert rollout_mismatch_warning(healthy, 3, _cfg()) is None
+    # actor.reuse_on_policy_log_prob logs the mean alone: a stale engine is still caught on CPU
+    assert rollout_mismatch_warning({"training/rollout_probs_diff_mean": 1.1e-2}, 3, _cfg()) is not None
     assert rollout_mismatch_warning(big, 3, _cfg(mode="one_step_off")) is None  # stale by design there
     assert rollout_mismatch_warning({}, 3, _cfg()) is None
-    assert PROBS_DIFF_WARN["cpu"] < 2e-2
+
+
+def test_on_gpus_the_alarm_reads_the_mean_which_separates_bfloat16_numerics_from_stale_weights():
+    # Healthy sync runs on one H200 (2026-11-29): the per-step max passed 0.2 in 72 of 193 PPO steps
+    # (largest 0.53) while the mean stayed at 0.0020-0.0032; an engine left at the first weights gave
+    # means of 0.011 (drift 0.008) and up (trainer/alarms.py).
+    gpu = _cfg(device="cuda")
+    worst_healthy = {"training/rollout_probs_diff_max": 0.53, "training/rollout_probs_diff_mean": 0.0032}
+    assert rollout_mismatch_warning(worst_healthy, 72, gpu) is None
+    assert rollout_mismatch_warning({"training/rollout_probs_diff_mean": 0.0032}, 5, gpu) is None  # reuse path
+    for stale in (0.011, 0.021, 0.069):
+        metrics = {"training/rollout_probs_diff_mean": stale, "training/rollout_probs_diff_max": 0.9}
+        message = rollout_mismatch_warning(metrics, 9, gpu)
+        assert message is not None and "rollout_probs_diff_mean" in message and "step 9" in message
+    ((metric, level),) = PROBS_DIFF_WARN["gpu"]
+    assert metric == "training/rollout_probs_diff_mean" and 0.0032 < level < 0.011
+    assert rollout_mismatch_warning({"training/rollout_probs_diff_mean": 0.05}, 3, _cfg(mode="async", device="cuda")) is None
 
 
 def test_the_resharder_refuses_a_tp_rank_unlike_the_layouts(tmp_path):

@@ -24,8 +24,17 @@ shift
 
 status() { echo "[learning_queue $(date +%T)] $*" | tee -a "$ROOT/status"; }
 
+stage() {  # STAGE NAME RECIPE MODEL [overrides...]: one learning_table.sh stage of row NAME, logged; rc=its status
+  local st=$1 name=$2 recipe=$3 model=$4
+  shift 4
+  rc=0
+  bash benchmarks/learning_table.sh "$st" "$recipe" "$model" "$DATA" "$ROOT/$name" "$@" >"$ROOT/$name.$st.log" 2>&1 || rc=$?
+  status "$name: $st rc=$rc"
+}
+
 run_rows() {  # runs in the detached session: MODEL DATA ROOT ROW...
-  local model=$1 data=$2 row recipe name m rc
+  local model=$1 row recipe name m
+  DATA=$2 ROOT=$3
   shift 3
   cd "$ROOT/repo"
   for row in "$@"; do
@@ -34,23 +43,15 @@ run_rows() {  # runs in the detached session: MODEL DATA ROOT ROW...
     if [[ $row == base:* ]]; then
       recipe=${row#base:} name=base_${row#base:}
       status "$name: start (model $m)"
-      rc=0
-      bash benchmarks/learning_table.sh before "$recipe" "$m" "$data" "$ROOT/$name" >"$ROOT/$name.before.log" 2>&1 || rc=$?
-      status "$name: before rc=$rc"
+      stage before "$name" "$recipe" "$m"
     else
       recipe=$row name=$row
       status "$name: train start (model $m, BUDGET_S=$BUDGET_S)"
-      rc=0
       # shellcheck disable=SC2086  # TRAIN_ARGS is a list of overrides
-      bash benchmarks/learning_table.sh train "$recipe" "$m" "$data" "$ROOT/$name" ${TRAIN_ARGS:-} \
-        >"$ROOT/$name.train.log" 2>&1 || rc=$?
-      status "$name: train rc=$rc"
-      if ((rc == 0)); then
-        bash benchmarks/learning_table.sh after "$recipe" "$m" "$data" "$ROOT/$name" >"$ROOT/$name.after.log" 2>&1 || rc=$?
-        status "$name: after rc=$rc"
-      fi
+      stage train "$name" "$recipe" "$m" ${TRAIN_ARGS:-}
+      ((rc != 0)) || stage after "$name" "$recipe" "$m"
     fi
-    bash benchmarks/learning_table.sh row "$recipe" "$m" "$data" "$ROOT/$name" >>"$ROOT/status" 2>&1 || status "$name: row failed"
+    bash benchmarks/learning_table.sh row "$recipe" "$m" "$DATA" "$ROOT/$name" >>"$ROOT/status" 2>&1 || status "$name: row failed"
     (cd "$ROOT" && tar czf "$name.tgz" --ignore-failed-read "$name/results" "$name".*.log 2>/dev/null) || true
     status "$name: done, $ROOT/$name.tgz"
   done
@@ -80,9 +81,7 @@ case $CMD in
     setsid nohup bash "$ROOT/repo/benchmarks/learning_queue.sh" _run "$MODEL" "$DATA" "$ROOT" "$@" \
       >"$ROOT/queue.log" 2>&1 </dev/null &
     echo "started $# row(s) in $ROOT (pid $!): benchmarks/learning_queue.sh wait $ROOT SECONDS [DEST]" ;;
-  _run)
-    ROOT=$3
-    run_rows "$@" ;;
+  _run) run_rows "$@" ;;
   wait)
     ROOT=$(realpath -m -- "${1:?root dir}") LIMIT=${2:?seconds} DEST=${3:-}
     [[ -e $ROOT/status ]] || { echo "$ROOT/status does not exist: start a queue there first" >&2; exit 2; }

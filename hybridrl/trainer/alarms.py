@@ -40,9 +40,9 @@ IMPROBABLE_TOKENS = Alarm(
 #   two healthy runs (GRPO and PPO, 2026-11-29), and bfloat16 against float32 on CPU gives the same
 #   0.0030. An engine left at the first weights while the trainer moved gave means of 0.011, 0.021,
 #   0.039 and 0.069 at drifts (mean log-ratio) of 0.008, 0.026, 0.084 and 0.30 (Qwen2.5-Coder-0.5B on
-#   CPU; docs/observability.md, "Alarms"). 0.01 sits between the two: a never-synced engine passes it while the
-#   drift from the first weights is still below 0.01 nats; one missed step (a drift near 1e-4) stays
-#   inside the numerics.
+#   CPU; docs/observability.md, "Alarms"). 0.01 sits between the two: a never-synced engine passes it
+#   while its drift from the first weights is still below 0.01 nats; one missed step (a drift near
+#   1e-4) stays inside the numerics.
 PROBS_DIFF_WARN = {
     "cpu": (("training/rollout_probs_diff_max", 1e-3), ("training/rollout_probs_diff_mean", 1e-4)),
     "gpu": (("training/rollout_probs_diff_mean", 1e-2),),

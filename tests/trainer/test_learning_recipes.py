@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -259,8 +260,6 @@ def test_the_row_stage_runs_from_a_checkout_where_hybridrl_is_not_installed(tmp_
     (out / "eval_before.json").write_text(json.dumps(summary))
     answers = [("so 4 + 3 = 7\n#### 7", "7"), ("the answer is 9", "8")]
     (out / "eval_before.jsonl").write_text("".join(json.dumps({"response": r, "ground_truth": g}) + "\n" for r, g in answers))
-    import site
-
     lend = os.pathsep.join(site.getsitepackages())
     proc = subprocess.run(
         [sys.executable, "-S", str(ROOT / "benchmarks" / "learning_table.py"), "row", "grpo", str(out)],

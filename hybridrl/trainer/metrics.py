@@ -14,6 +14,31 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
 
 
+def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
+    """How much of a step can teach a group-relative estimator (GRPO, RLOO, ...): the share of prompts
+    whose samples all got the same score, so every advantage in the group is zero
+    (`critic/groups/no_signal_frac`), and the share whose samples all got the step's top score
+    (`critic/groups/all_top_frac`: on GSM8K, prompts every sample answers right). Empty when no prompt has
+    more than one sample (PPO with rollout.n=1). A plateau in which these shares grow means the batch
+    holds fewer and fewer prompts to learn from (docs/learning.md); DAPO's dynamic sampling drops them.
+
+    >>> group_metrics(["a", "a", "b", "b", "c", "c"], torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]))
+    {'critic/groups/no_signal_frac': 0.6666666666666666, 'critic/groups/all_top_frac': 0.3333333333333333}
+    """
+    members: dict = {}
+    for i, u in enumerate(uids):
+        members.setdefault(u, []).append(i)
+    groups = [idx for idx in members.values() if len(idx) > 1]
+    if not groups:
+        return {}
+    s = scores.double()
+    top = float(s.max())
+    spans = [(float(s[idx].max()), float(s[idx].min())) for idx in groups]
+    uniform = [hi - lo <= 1e-6 for hi, lo in spans]
+    at_top = sum(u and abs(lo - top) <= 1e-6 for u, (_, lo) in zip(uniform, spans))
+    return {"critic/groups/no_signal_frac": sum(uniform) / len(groups), "critic/groups/all_top_frac": at_top / len(groups)}
+
+
 def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     mask = batch[K.RESPONSE_MASK]
     valid = mask.bool()
@@ -27,6 +52,8 @@ def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, fl
     if len(set(sources)) > 1:  # a mixture: each source's mean score, to see which one the reward comes from
         for src in sorted(set(sources)):
             m[f"critic/score/{src}/mean"] = float(seq_scores[torch.tensor([s == src for s in sources])].mean())
+    if K.UID in batch:
+        m.update(group_metrics(batch[K.UID], seq_scores))
     m.update(_stats("critic/rewards", seq_rewards))
     m.update(_stats("critic/advantages", batch[K.ADVANTAGES][valid]))
     m.update(_stats("critic/returns", batch[K.RETURNS][valid]))

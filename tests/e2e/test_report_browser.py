@@ -99,6 +99,8 @@ def test_report_renders_the_runs_numbers_and_the_sample_filter_works(run_dir, tm
     assert kl["last"]["actor/kl_loss"]["value"] == rows[-1]["actor/kl_loss"] and int(kl["ink"]) > 20
     timing = chart_attrs(dom, "timing-0")
     assert timing["last"]["gen"]["value"] == rows[-1]["timing_s/gen"]
+    groups = chart_attrs(dom, "groups")  # GRPO with n=4: the share of prompts that teach nothing
+    assert groups["last"]["critic/groups/no_signal_frac"]["value"] == rows[-1]["critic/groups/no_signal_frac"]
     for chart in ("entropy", "resp_len", "grad_norm", "throughput", "step_time"):
         assert int(chart_attrs(dom, chart)["ink"]) > 0, chart
     assert f">{rows[-1]['step']} / 4<" in dom  # the summary's steps row

@@ -88,6 +88,8 @@ def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights,
         penalty = np.minimum(-(lengths - 2) / 2 * 0.5, 0)
         np.testing.assert_allclose(batch[K.TOKEN_LEVEL_SCORES].sum(-1).numpy(), parity + penalty, atol=1e-6)
         assert m["reward/overlong_reward/mean"] <= 0
+        # dynamic sampling keeps only prompts that teach something: none of the kept groups scored alike
+        assert m["critic/groups/no_signal_frac"] == 0.0 and m["critic/groups/all_top_frac"] == 0.0
 
 
 def test_dapo_gives_up_with_a_clear_error_when_no_group_varies(tiny_model_with_weights, arith_data, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hybridrl.algorithms import improbable_token_frac, masked_mean
@@ -25,18 +27,18 @@ def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
     >>> group_metrics(["a", "a", "b", "b", "c", "c"], torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]))
     {'critic/groups/no_signal_frac': 0.6666666666666666, 'critic/groups/all_top_frac': 0.3333333333333333}
     """
-    members: dict = {}
-    for i, u in enumerate(uids):
-        members.setdefault(u, []).append(i)
-    groups = [idx for idx in members.values() if len(idx) > 1]
-    if not groups:
+    index: dict = {}
+    ids = torch.tensor([index.setdefault(u, len(index)) for u in uids])
+    multi = torch.bincount(ids, minlength=len(index)) > 1
+    n = int(multi.sum())
+    if n == 0:
         return {}
     s = scores.double()
-    top = float(s.max())
-    spans = [(float(s[idx].max()), float(s[idx].min())) for idx in groups]
-    uniform = [hi - lo <= 1e-6 for hi, lo in spans]
-    at_top = sum(u and abs(lo - top) <= 1e-6 for u, (_, lo) in zip(uniform, spans))
-    return {"critic/groups/no_signal_frac": sum(uniform) / len(groups), "critic/groups/all_top_frac": at_top / len(groups)}
+    hi = torch.full((len(index),), -math.inf, dtype=s.dtype).scatter_reduce(0, ids, s, "amax")
+    lo = torch.full((len(index),), math.inf, dtype=s.dtype).scatter_reduce(0, ids, s, "amin")
+    uniform = multi & (hi - lo <= 1e-6)
+    at_top = uniform & ((lo - s.max()).abs() <= 1e-6)
+    return {"critic/groups/no_signal_frac": int(uniform.sum()) / n, "critic/groups/all_top_frac": int(at_top.sum()) / n}
 
 
 def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:

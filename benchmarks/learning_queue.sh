@@ -78,6 +78,9 @@ case $CMD in
     mkdir "$ROOT/repo"
     cp -a hybridrl benchmarks configs "$ROOT/repo/"
     export ROOT BUDGET_S=${BUDGET_S:-600}
+    # the first status line before `start` returns: a `wait` (or a second `start`) right after it must
+    # find the queue (on 2026-11-29 `start && wait` on the GPU machine found no status yet)
+    status "queued $# row(s): $*"
     setsid nohup bash "$ROOT/repo/benchmarks/learning_queue.sh" _run "$MODEL" "$DATA" "$ROOT" "$@" \
       >"$ROOT/queue.log" 2>&1 </dev/null &
     echo "started $# row(s) in $ROOT (pid $!): benchmarks/learning_queue.sh wait $ROOT SECONDS [DEST]" ;;

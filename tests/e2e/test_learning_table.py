@@ -53,6 +53,8 @@ def test_the_queue_runs_the_base_and_grpo_rows_detached_and_packs_what_the_rows_
 
     started = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), "base:grpo", "grpo", env=env)
     assert started.returncode == 0, started.stderr
+    # written before `start` returns, so that a `wait` or a second `start` right after it finds the queue
+    assert "queued 2 row(s): base:grpo grpo" in (root / "status").read_text().splitlines()[0]
     again = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), "grpo", env=env)
     assert again.returncode == 2 and "has not finished" in again.stderr  # one queue per ROOT at a time
     waited = _queue("wait", str(root), "540", str(dest), timeout=600)

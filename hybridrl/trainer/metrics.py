@@ -28,14 +28,14 @@ def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
     {'critic/groups/no_signal_frac': 0.6666666666666666, 'critic/groups/all_top_frac': 0.3333333333333333}
     """
     index: dict = {}
-    ids = torch.tensor([index.setdefault(u, len(index)) for u in uids])
+    ids = torch.tensor([index.setdefault(u, len(index)) for u in uids], device=scores.device)
     multi = torch.bincount(ids, minlength=len(index)) > 1
     n = int(multi.sum())
     if n == 0:
         return {}
     s = scores.double()
-    hi = torch.full((len(index),), -math.inf, dtype=s.dtype).scatter_reduce(0, ids, s, "amax")
-    lo = torch.full((len(index),), math.inf, dtype=s.dtype).scatter_reduce(0, ids, s, "amin")
+    hi = torch.full((len(index),), -math.inf, dtype=s.dtype, device=s.device).scatter_reduce(0, ids, s, "amax")
+    lo = torch.full((len(index),), math.inf, dtype=s.dtype, device=s.device).scatter_reduce(0, ids, s, "amin")
     uniform = multi & (hi - lo <= 1e-6)
     at_top = uniform & ((lo - s.max()).abs() <= 1e-6)
     return {"critic/groups/no_signal_frac": int(uniform.sum()) / n, "critic/groups/all_top_frac": int(at_top.sum()) / n}

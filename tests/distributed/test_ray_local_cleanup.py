@@ -22,8 +22,9 @@ from hybridrl.distributed.ray_backend import init_ray
 init_ray(N(ray_init=N(address=None, num_cpus=1, kwargs={}), trainer=N(nnodes=1, n_gpus_per_node=1)))
 import ray
 print("TEMP", ray._private.worker._global_node.get_temp_dir_path(), flush=True)
-if sys.argv[1] == "wait":
-    time.sleep(600)
+if sys.argv[1] == "wait":  # as a driver between steps: Python runs a signal's handler between bytecodes,
+    for _ in range(6000):   # and a SIGTERM the kernel hands to one of Ray's threads waits for the main
+        time.sleep(0.1)     # thread's next one (one sleep(600) made the test wait 120 s in CI on 2026-11-29)
 """
 
 

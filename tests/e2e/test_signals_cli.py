@@ -77,6 +77,9 @@ def test_a_signal_ends_the_run_in_seconds_with_one_line(tiny_model_with_weights,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # Ctrl-C as a terminal's foreground job gets it: a suite started in the background (`pytest &`)
+        # hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300

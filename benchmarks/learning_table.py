@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 # checkout (not installed: `python benchmarks/learning_table.py row` failed there on 2026-11-29)
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
 import learning_checks as checks  # noqa: E402
+import learning_diagnose as diagnose  # noqa: E402
 
 RECIPE_REWARD = "custom_reward_function.reward_kwargs={format_score: 0.1, format_needs_work: true, flexible_score: 0.2}"
 # The GSM8K GRPO recipe on top of configs/gsm8k_grpo.yaml (verl's quickstart values): BENCHMARKS.md's
@@ -291,7 +292,8 @@ def markdown(row: dict) -> str:
 
 def write_row(name: str, out: Path) -> list[dict]:
     """The recipe's row (and the base model's, when `before` ran) printed and written to OUT/results/:
-    row.md, row.json, reward_vs_time.svg, and the run's small files (metrics, samples, eval summaries)."""
+    row.md, row.json, reward_vs_time.svg, windows.md (the run in windows of 25 steps: learning_diagnose.py),
+    and the run's small files (metrics, samples, eval summaries)."""
     recipe(name)
     res = out / "results"
     res.mkdir(parents=True, exist_ok=True)
@@ -317,9 +319,11 @@ def write_row(name: str, out: Path) -> list[dict]:
         for f in ("metrics.jsonl", "samples.jsonl", "run_summary.json", "config.yaml"):
             if (out / "run" / f).is_file():
                 shutil.copy(out / "run" / f, res / f)
+        # where the run learned and where it stopped (docs/learning.md: a row that misses its goal says why)
+        (res / "windows.md").write_text(diagnose.windows(out, 25) + "\n")
     for f in out.glob("eval_*.json*"):
         shutil.copy(f, res / f.name)
-    print(f"wrote {res}/ (row.md, row.json{', reward_vs_time.svg' if trained else ''})")
+    print(f"wrote {res}/ (row.md, row.json{', reward_vs_time.svg, windows.md' if trained else ''})")
     return rows
 
 

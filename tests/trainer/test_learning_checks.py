@@ -149,6 +149,9 @@ def test_the_row_from_a_run_and_its_evals(tmp_path, capsys):
             "| 0.200 -> 0.700 | 3.0e-04 | no |")  # fmt: skip
     assert line in printed and (out / "results" / "row.md").read_text().splitlines()[-1] == line
     assert json.loads((out / "results" / "row.json").read_text()) == rows
+    # the run in windows of 25 steps (learning_diagnose.py): here one window, steps 1-12, 24 s
+    window = (out / "results" / "windows.md").read_text().splitlines()[2]
+    assert [c.strip() for c in window.strip("|").split("|")][:3] == ["1-12", "24", "0.000"]
     for f in ("metrics.jsonl", "config.yaml", "run_summary.json", "eval_after.json", "eval_after.jsonl", "eval_before.json"):
         assert (out / "results" / f).is_file(), f
     svg = ET.parse(out / "results" / "reward_vs_time.svg").getroot()

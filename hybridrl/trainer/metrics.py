@@ -28,7 +28,7 @@ def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
     {'critic/groups/no_signal_frac': 0.6666666666666666, 'critic/groups/all_top_frac': 0.3333333333333333}
     """
     index: dict = {}
-    ids = torch.tensor([index.setdefault(u, len(index)) for u in uids], device=scores.device)
+    ids = torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long, device=scores.device)
     multi = torch.bincount(ids, minlength=len(index)) > 1
     n = int(multi.sum())
     if n == 0:

@@ -44,10 +44,21 @@ class Check(NamedTuple):
     value: str  # what was measured, for the table
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSON-lines file; a line that is not JSON (a run killed mid-write) is named, line and all."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{i}: not JSON ({e})") from None
+    return rows
+
+
 def load_steps(path: str | Path) -> list[dict]:
     """The training steps of a metrics.jsonl (step >= 1; step 0 is validation before training)."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("step", 0) >= 1]
+    return [r for r in read_jsonl(path) if r.get("step", 0) >= 1]
 
 
 def values(steps: list[dict], key: str) -> list[float]:

@@ -17,10 +17,12 @@ answers flip between them, so a gap of a few points needs this test before it me
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning_checks import load_steps, read_jsonl  # noqa: E402
 
 STRICT, FORMAT = "reward/gsm8k_strict_acc/mean", "reward/gsm8k_format/mean"
 NO_SIGNAL, ALL_TOP = "critic/groups/no_signal_frac", "critic/groups/all_top_frac"
@@ -35,22 +37,12 @@ COLUMNS = (  # (metric, header, format)
 )
 
 
-def _file(out: Path, name: str) -> Path:
+def row_file(out: Path, name: str) -> Path:
+    """A row's file: OUT/run/NAME on the machine that trained it, OUT/results/NAME once fetched, or OUT/NAME."""
     for path in (out / "run" / name, out / "results" / name, out / name):
         if path.is_file():
             return path
     raise SystemExit(f"{out}: no {name} in run/, results/ or itself: pass a learning-table row's OUT")
-
-
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}:{i}: not JSON ({e})") from None
-    return rows
 
 
 def _mean(v: list[float]) -> float | None:
@@ -59,7 +51,8 @@ def _mean(v: list[float]) -> float | None:
 
 def logged_groups(samples: list[dict], lo: int, hi: int, top: float) -> tuple[float, float, int] | None:
     """(share of the training groups logged in steps lo..hi whose scores are all equal, share all equal
-    to `top`, number of groups); None when none has more than one sample."""
+    to `top`, number of groups); None when none has more than one sample. The definition of
+    hybridrl.trainer.metrics.group_metrics, without torch (these scripts stay light)."""
     groups = [s["scores"] for s in samples if s.get("kind") == "train" and lo <= s["step"] <= hi and len(s["scores"]) > 1]
     if not groups:
         return None
@@ -71,11 +64,11 @@ def logged_groups(samples: list[dict], lo: int, hi: int, top: float) -> tuple[fl
 def windows(out: Path, window: int) -> str:
     if window < 1:
         raise SystemExit(f"--window {window}: a window holds at least one step")
-    steps = [r for r in _jsonl(_file(out, "metrics.jsonl")) if "timing_s/step" in r]
+    steps = [r for r in load_steps(row_file(out, "metrics.jsonl")) if "timing_s/step" in r]
     if not steps:
         raise SystemExit(f"{out}: metrics.jsonl has no training step")
     try:
-        samples = _jsonl(_file(out, "samples.jsonl"))
+        samples = read_jsonl(row_file(out, "samples.jsonl"))
     except SystemExit:
         samples = []
     logged = any(NO_SIGNAL in r for r in steps)
@@ -104,7 +97,7 @@ def windows(out: Path, window: int) -> str:
 
 
 def _answers(out: Path) -> dict:
-    rows = _jsonl(_file(out, "eval_after.jsonl"))
+    rows = read_jsonl(row_file(out, "eval_after.jsonl"))
     try:
         return {r["index"]: r["score"] >= 1.0 for r in rows}
     except KeyError as e:

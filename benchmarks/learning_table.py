@@ -418,10 +418,7 @@ def plot_runs(outs: list[Path], labels: list[str] | None, key: str, dest: Path, 
 
 def _metrics(out: Path) -> list[dict]:
     """A row's training steps: OUT/run/metrics.jsonl, or the copy in OUT/results/ (fetched from the GPU)."""
-    for path in (out / "run" / "metrics.jsonl", out / "results" / "metrics.jsonl"):
-        if path.is_file():
-            return checks.load_steps(path)
-    raise SystemExit(f"{out}: neither run/metrics.jsonl nor results/metrics.jsonl")
+    return checks.load_steps(diagnose.row_file(out, "metrics.jsonl"))
 
 
 def time_to_reach(steps: list[dict], key: str, target: float, window: int) -> float | None:

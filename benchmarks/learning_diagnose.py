@@ -9,9 +9,12 @@ the files a row brings back (OUT/results/ or OUT/run/):
 and how many prompts could teach a group-relative estimator anything: the share whose samples all
 scored alike (`critic/groups/no_signal_frac`) and the share all at the top score (solved every time).
 Runs from before that metric count the groups logged in samples.jsonl instead (a few per step) and
-say so. `flips` pairs two rows' greedy test answers (eval_after.jsonl): right in both, in one only,
-in neither, and McNemar's test of the difference: with two models this close, a quarter of the
-answers flip between them, so a gap of a few points needs this test before it means anything.
+say so. A DAPO row trains on the groups dynamic sampling kept, so there the shares count every generated
+group (`train/generated/*`; older DAPO runs: the dropped share, 1 - kept / generated).
+
+`flips` pairs two rows' greedy test answers (eval_after.jsonl): right in both, in one only, in
+neither, and McNemar's test of the difference: with two models this close, a quarter of the answers
+flip between them, so a gap of a few points needs this test before it means anything.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from learning_checks import load_steps, read_jsonl  # noqa: E402
 
 STRICT, FORMAT = "reward/gsm8k_strict_acc/mean", "reward/gsm8k_format/mean"
 NO_SIGNAL, ALL_TOP = "critic/groups/no_signal_frac", "critic/groups/all_top_frac"
+# dynamic sampling (DAPO): every generated group, before the filter; older runs have only the counts
+GEN_NO_SIGNAL, GEN_ALL_TOP = "train/generated/no_signal_frac", "train/generated/all_top_frac"
+GENERATED, KEPT = "train/num_groups_generated", "train/num_groups_kept"
+DYNAMIC_NOTE = (
+    "Dynamic sampling: the trained batch holds only groups whose scores differ, so the shares above count every "
+    "generated group, before the filter. The samples' columns are each step's last generation round, all of its responses."
+)
 COLUMNS = (  # (metric, header, format)
     ("timing_s/step", "training s (end)", None),
     (STRICT, "strict (samples)", "{:.3f}"),
@@ -61,6 +71,28 @@ def logged_groups(samples: list[dict], lo: int, hi: int, top: float) -> tuple[fl
     return sum(alike) / len(groups), sum(at_top) / len(groups), len(groups)
 
 
+def _group_shares(steps: list[dict]):
+    """(the column's source, part -> (share alike, share at the top)) from the per-step metrics, or None when
+    the run logged none (then samples.jsonl's groups are counted). With dynamic sampling, every generated
+    group (train/generated/*), or for runs before that metric the dropped share, 1 - kept / generated."""
+
+    def means(a_key, t_key):
+        return lambda part: (_mean([r[a_key] for r in part if a_key in r]), _mean([r[t_key] for r in part if t_key in r]))
+
+    if any(GEN_NO_SIGNAL in r for r in steps):
+        return "every generated group, per step (train/generated/*)", means(GEN_NO_SIGNAL, GEN_ALL_TOP)
+    if any(GENERATED in r for r in steps):
+
+        def dropped(part):
+            gen = sum(r[GENERATED] for r in part if GENERATED in r and KEPT in r)
+            return (1 - sum(r[KEPT] for r in part if GENERATED in r and KEPT in r) / gen if gen else None), None
+
+        return "dropped by dynamic sampling, 1 - kept / generated groups", dropped
+    if any(NO_SIGNAL in r for r in steps):
+        return "per step (critic/groups/*)", means(NO_SIGNAL, ALL_TOP)
+    return None
+
+
 def windows(out: Path, window: int) -> str:
     if window < 1:
         raise SystemExit(f"--window {window}: a window holds at least one step")
@@ -71,10 +103,10 @@ def windows(out: Path, window: int) -> str:
         samples = read_jsonl(row_file(out, "samples.jsonl"))
     except SystemExit:
         samples = []
-    logged = any(NO_SIGNAL in r for r in steps)
     scores = [x for s in samples if s.get("kind") == "train" for x in s["scores"]]
     top = max(scores) if scores else 0.0
-    source = "per step (critic/groups/*)" if logged else "groups logged in samples.jsonl"
+    shares = _group_shares(steps)
+    source = shares[0] if shares else "groups logged in samples.jsonl"
     head = [f"steps ({window} a window)"] + [h for _, h, _ in COLUMNS] + [f"alike ({source})", "all at the top score"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     clock = 0.0
@@ -86,13 +118,15 @@ def windows(out: Path, window: int) -> str:
         for key, _, fmt in COLUMNS[1:]:
             m = part[-1].get(key) if key == "training/epoch" else _mean([r[key] for r in part if key in r])
             cells.append("-" if m is None else fmt.format(m))
-        if logged:
-            a, t = _mean([r[NO_SIGNAL] for r in part if NO_SIGNAL in r]), _mean([r[ALL_TOP] for r in part if ALL_TOP in r])
+        if shares:
+            a, t = shares[1](part)
             cells += ["-" if a is None else f"{a:.2f}", "-" if t is None else f"{t:.2f}"]
         else:
             g = logged_groups(samples, lo, hi, top)
             cells += ["-", "-"] if g is None else [f"{g[0]:.2f} (of {g[2]})", f"{g[1]:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(GENERATED in r for r in steps):
+        lines += ["", DYNAMIC_NOTE]
     return "\n".join(lines)
 
 

@@ -10,7 +10,11 @@ prompts with varied outcomes are collected (the surplus is cut, whole groups at 
 gives up after `filter_groups.max_num_gen_batches` rounds.
 
 Metrics: train/num_gen_batches (generation rounds this step, verl's name),
-train/num_groups_generated and train/num_groups_kept.
+train/num_groups_generated and train/num_groups_kept; over every response generated this step, before
+the filter: train/generated/score_mean, and the shares of groups without signal and all at the top
+(train/generated/no_signal_frac, train/generated/all_top_frac; trainer/metrics.py's group_metrics).
+The trained batch holds kept groups only, so its critic/groups/* are 0 by construction, and its
+reward/* metrics are those of the last round (all of its responses).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from hybridrl.data import keys as K
@@ -25,6 +30,7 @@ from hybridrl.data.batch import Batch, pad_sequence_layout
 from hybridrl.rewards.stage import EarlyScores, RewardStage, Scores
 from hybridrl.tracking.progress import ticker
 from hybridrl.tracking.timer import StageTimer
+from hybridrl.trainer.metrics import group_metrics
 
 _LEFT_PADDED = (K.PROMPTS, K.PROMPT_MASK)
 _PROMPT_FIELDS = (K.PROMPTS, K.PROMPT_MASK, K.UID, K.DATA_SOURCE, K.GROUND_TRUTH, K.EXTRA_INFO, K.RAW_PROMPT)
@@ -55,6 +61,7 @@ class RolloutSampler:
         want, n = self.cfg.data.train_batch_size, self.sampling.n
         kept: list[tuple[Batch, Scores]] = []
         rounds = generated = groups_kept = 0
+        seen_uids, seen_values, seen_scores = [], [], []  # every generated response: what the filter saw
         rollout_metrics = {}
         while True:
             rounds += 1
@@ -62,7 +69,11 @@ class RolloutSampler:
             with timer("reward"):
                 scores = self.reward.score(batch)
             batch[K.UID] = [f"{u}#g{rounds}" for u in batch[K.UID]]  # a prompt drawn twice stays two groups
-            rows, groups = varied_groups(batch[K.UID], self._metric_values(scores))
+            values = self._metric_values(scores)
+            rows, groups = varied_groups(batch[K.UID], values)
+            seen_uids += list(batch[K.UID])
+            seen_values.append(values)
+            seen_scores.append(scores.values)
             generated += groups
             groups_kept += len(rows) // n if len(rows) else 0
             if len(rows):
@@ -85,6 +96,8 @@ class RolloutSampler:
             "train/num_gen_batches": rounds,
             "train/num_groups_generated": generated,
             "train/num_groups_kept": groups_kept,
+            "train/generated/score_mean": float(torch.cat(seen_scores).double().mean()),
+            **group_metrics(seen_uids, torch.as_tensor(np.concatenate(seen_values)), prefix="train/generated"),
         }
         return batch, prompts_of(batch, n), metrics, EarlyScores(scores=scores)
 

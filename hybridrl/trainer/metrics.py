@@ -16,13 +16,15 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(x.mean()), f"{prefix}/max": float(x.max()), f"{prefix}/min": float(x.min())}
 
 
-def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
+def group_metrics(uids, scores: torch.Tensor, prefix: str = "critic/groups") -> dict[str, float]:
     """How much of a step can teach a group-relative estimator (GRPO, RLOO, ...): the share of prompts
     whose samples all got the same score, so every advantage in the group is zero
     (`critic/groups/no_signal_frac`), and the share whose samples all got the step's top score
     (`critic/groups/all_top_frac`: on GSM8K, prompts every sample answers right). Empty when no prompt has
     more than one sample (PPO with rollout.n=1). A plateau in which these shares grow means the batch
-    holds fewer and fewer prompts to learn from (docs/learning.md); DAPO's dynamic sampling drops them.
+    holds fewer and fewer prompts to learn from (docs/learning.md); DAPO's dynamic sampling drops them,
+    so with it the trained batch logs 0 and every generated group is counted under `train/generated/`
+    (trainer/dynamic_sampling.py).
 
     >>> group_metrics(["a", "a", "b", "b", "c", "c"], torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]))
     {'critic/groups/no_signal_frac': 0.6666666666666666, 'critic/groups/all_top_frac': 0.3333333333333333}
@@ -38,7 +40,7 @@ def group_metrics(uids, scores: torch.Tensor) -> dict[str, float]:
     lo = torch.full((len(index),), math.inf, dtype=s.dtype, device=s.device).scatter_reduce(0, ids, s, "amin")
     uniform = multi & (hi - lo <= 1e-6)
     at_top = uniform & ((lo - s.max()).abs() <= 1e-6)
-    return {"critic/groups/no_signal_frac": int(uniform.sum()) / n, "critic/groups/all_top_frac": int(at_top.sum()) / n}
+    return {f"{prefix}/no_signal_frac": int(uniform.sum()) / n, f"{prefix}/all_top_frac": int(at_top.sum()) / n}
 
 
 def compute_data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:

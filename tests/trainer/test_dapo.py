@@ -64,9 +64,11 @@ def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights,
         filter_groups={"enable": True, "metric": "parity", "max_num_gen_batches": 20},
     )
     trainer = PPOTrainer(cfg)
-    seen = []
+    seen, rounds_scored = [], []
     real = trainer.compute_advantages
     trainer.compute_advantages = lambda batch: (seen.append(batch), real(batch))[1]
+    score = trainer.reward.score
+    trainer.reward.score = lambda batch: rounds_scored.append((None, score(batch))) or rounds_scored[-1][1]
     trainer.fit()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if m.get("training/global_step")]
@@ -90,6 +92,18 @@ def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights,
         assert m["reward/overlong_reward/mean"] <= 0
         # dynamic sampling keeps only prompts that teach something: none of the kept groups scored alike
         assert m["critic/groups/no_signal_frac"] == 0.0 and m["critic/groups/all_top_frac"] == 0.0
+        # every generated group is counted before the filter: the dropped ones are those without signal
+        dropped = 1 - m["train/num_groups_kept"] / m["train/num_groups_generated"]
+        assert m["train/generated/no_signal_frac"] == pytest.approx(dropped, abs=1e-12)
+        assert 0.0 <= m["train/generated/all_top_frac"] <= m["train/generated/no_signal_frac"]
+    # the mean score over every response of each step's rounds (the rounds come in order, step by step)
+    done = 0
+    for m in steps:
+        rounds = [s for _, s in rounds_scored[done : done + m["train/num_gen_batches"]]]
+        done += len(rounds)
+        expect = float(np.concatenate([s.values.numpy() for s in rounds]).astype(np.float64).mean())
+        assert m["train/generated/score_mean"] == pytest.approx(expect, abs=1e-6)
+    assert done == len(rounds_scored)
 
 
 def test_dapo_gives_up_with_a_clear_error_when_no_group_varies(tiny_model_with_weights, arith_data, tmp_path):

@@ -45,6 +45,32 @@ def test_windows_from_the_per_step_group_metric(tmp_path):
     assert "per step (critic/groups/*)" in LD.windows(tmp_path, 2)
 
 
+def test_windows_of_a_dynamic_sampling_run_count_every_generated_group(tmp_path):
+    """DAPO: the trained batch's critic/groups/* are 0 by construction, so the columns read the groups
+    before the filter: train/generated/* when logged, else the dropped share from the group counts."""
+    rng = random.Random()
+    gen = [rng.randint(48, 200) for _ in range(4)]
+    kept = [rng.randint(32, g) for g in gen]
+    steps = [
+        {"step": s + 1, "timing_s/step": 1.0, LD.NO_SIGNAL: 0.0, LD.ALL_TOP: 0.0, LD.GENERATED: g, LD.KEPT: k}
+        for s, (g, k) in enumerate(zip(gen, kept))
+    ]
+    _jsonl(tmp_path / "results" / "metrics.jsonl", steps)
+    table = LD.windows(tmp_path, 2)
+    rows = [r for r in _cells(table) if len(r) > 2]
+    assert [r[8] for r in rows] == [f"{1 - sum(kept[i : i + 2]) / sum(gen[i : i + 2]):.2f}" for i in (0, 2)]
+    assert [r[9] for r in rows] == ["-", "-"]
+    assert "dropped by dynamic sampling" in table and table.endswith(LD.DYNAMIC_NOTE)
+    # with the per-step metric of every generated group, that is what the columns show
+    alike, top = [rng.random() for _ in steps], [rng.random() / 2 for _ in steps]
+    for r, a, t in zip(steps, alike, top):
+        r.update({LD.GEN_NO_SIGNAL: a, LD.GEN_ALL_TOP: t})
+    _jsonl(tmp_path / "results" / "metrics.jsonl", steps)
+    rows = [r for r in _cells(LD.windows(tmp_path, 2)) if len(r) > 2]
+    assert [r[8] for r in rows] == [f"{(alike[i] + alike[i + 1]) / 2:.2f}" for i in (0, 2)]
+    assert [r[9] for r in rows] == [f"{(top[i] + top[i + 1]) / 2:.2f}" for i in (0, 2)]
+
+
 def test_windows_count_the_logged_groups_of_an_older_run(tmp_path):
     """Without critic/groups/*, the groups in samples.jsonl: fresh random scores, counted here directly."""
     rng = random.Random()

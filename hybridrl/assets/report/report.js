@@ -16,7 +16,7 @@
     { id: "kl", title: "KL", keys: ["actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl", "kl"] },
     { id: "entropy", title: "Entropy", keys: ["actor/entropy"] },
     { id: "groups", title: "Prompts whose samples all scored alike (no group-relative signal; all at the top score)",
-      keys: ["critic/groups/no_signal_frac", "critic/groups/all_top_frac"] },
+      keys: ["critic/groups/no_signal_frac", "critic/groups/all_top_frac", "train/generated/no_signal_frac", "train/generated/all_top_frac"] },
     { id: "resp_len", title: "Response length (mean)", keys: ["response_length/mean"] },
     { id: "clip_ratio", title: "Response length clip ratio (share hitting max_response_length)", keys: ["response_length/clip_ratio"] },
     { id: "grad_norm", title: "Grad norm", keys: ["actor/grad_norm", "critic/grad_norm"] },

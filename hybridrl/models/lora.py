@@ -8,6 +8,11 @@
   merged policy from `merged_named_parameters`: HF base names -> W + (alpha / r) B A, so the
   rollouts follow the current policy and not the stale base (the silent failure of verl #7495).
 
+Under grad the embeddings' output requires grad (`_layers_take_grad`), as it does in full
+fine-tuning: the frozen embeddings would otherwise hand the first decoder layer an input without
+grad and the others one with it, and each compiled decoder layer (models/prepare.py) would build a
+second forward-and-backward graph for that one layer. Parameter gradients do not change.
+
 Checkpoints (`save_lora_checkpoint`): `actor/` is a plain HF directory of the merged weights
 (from_pretrained-loadable, for eval and export) and `actor/adapter/` holds the peft adapter.
 Resume loads the base (model.path, or `lora_base/` for random-init bases) and the adapter, so it
@@ -32,14 +37,28 @@ def apply_lora(model, rank: int, alpha: int, target_modules):
     config = LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"
     )
-    return get_peft_model(model, config)
+    return _layers_take_grad(get_peft_model(model, config))
 
 
 def load_lora(model, adapter_dir: str | Path):
     """The base `model` with a saved adapter, trainable (resume)."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    return _layers_take_grad(PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True))
+
+
+def _embeddings_out_requires_grad(module, args, output):
+    if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and not output.requires_grad:
+        return output.requires_grad_(True)
+    return None
+
+
+def _layers_take_grad(model):
+    """Every decoder layer gets an input that requires grad when grad is on (the module docstring says
+    why): HF's `enable_input_require_grads` does it under no_grad too, which would trade the graph
+    this saves for another one in the reference and log-prob passes."""
+    model.get_input_embeddings().register_forward_hook(_embeddings_out_requires_grad)
+    return model
 
 
 def check_adapter_dir(path: str | Path) -> Path:

@@ -197,3 +197,65 @@ def test_lora_adapter_path_starts_from_the_saved_adapter(tiny_model_dir, tmp_pat
 def test_lora_adapter_path_without_an_adapter_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="lora_adapter_path=.* holds no adapter_config.json"):
         lora_worker(tiny_model_dir, lora_adapter_path=str(tmp_path))
+
+
+def _first_layer_inputs(model):
+    seen = []
+    layers = model.get_base_model().get_decoder().layers
+    handles = [
+        layer.register_forward_pre_hook(lambda m, a, kw: seen.append(a[0] if a else kw["hidden_states"]), with_kwargs=True)
+        for layer in layers
+    ]
+    return seen, handles
+
+
+def test_every_layer_input_takes_grad_under_grad_only_and_grads_do_not_change(tiny_model_dir):
+    """One compiled graph for every decoder layer: under grad the first layer's input requires grad
+    like the others' (frozen embeddings would give it none), under no_grad no layer's does."""
+    torch.manual_seed(0)
+    plain = load_causal_lm(tiny_model_dir, random_init=True)
+    model = apply_lora(copy.deepcopy(plain), 4, 8, "all-linear")
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    ids = torch.randint(2, 40, (3, 9))
+    seen, handles = _first_layer_inputs(model)
+    loss = model(input_ids=ids, use_cache=False).logits.float().pow(2).mean()
+    assert [x.requires_grad for x in seen] == [True] * len(seen)
+    seen.clear()
+    with torch.no_grad(), model.disable_adapter():
+        model(input_ids=ids, use_cache=False)
+    assert [x.requires_grad for x in seen] == [False] * len(seen)
+    for h in handles:
+        h.remove()
+    loss.backward()
+    # the same adapters without the hook (peft's own wrapping): the same gradients
+    from peft import LoraConfig, get_peft_model
+
+    reference = get_peft_model(copy.deepcopy(plain), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0))
+    reference.load_state_dict(model.state_dict())
+    reference(input_ids=ids, use_cache=False).logits.float().pow(2).mean().backward()
+    grads = {n: p.grad for n, p in reference.named_parameters() if p.requires_grad}
+    assert grads and all(torch.equal(p.grad, grads[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_compiled_lora_layers_build_one_graph_per_grad_mode(tiny_model_dir):
+    """The reference pass (no_grad, adapters off) and two updates of different lengths: 2 graphs, as
+    in full fine-tuning, where an input without grad to the first layer made 3 (dynamo, eager backend)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = apply_lora(load_causal_lm(tiny_model_dir, random_init=True), 4, 8, "all-linear")
+    for layer in model.get_base_model().get_decoder().layers:
+        layer.compile(dynamic=True, backend="eager")
+    try:
+        for n in (7, 11):
+            ids = torch.randint(2, 40, (2, n))
+            with torch.no_grad(), model.disable_adapter():
+                model(input_ids=ids, use_cache=False)
+            model(input_ids=ids, use_cache=False).logits.float().mean().backward()
+        assert counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch._dynamo.reset()

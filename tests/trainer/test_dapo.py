@@ -103,6 +103,10 @@ def test_dapo_keeps_generating_until_enough_groups_vary(tiny_model_with_weights,
         done += len(rounds)
         expect = float(np.concatenate([s.values.numpy() for s in rounds]).astype(np.float64).mean())
         assert m["train/generated/score_mean"] == pytest.approx(expect, abs=1e-6)
+        # the reward/* metrics are the last round's, every response of it (docs/algorithms.md)
+        reward_keys = [k for k in rounds[-1].metrics if k.startswith("reward/") and not k.endswith("_s")]
+        assert "reward/overlong_reward/mean" in reward_keys
+        assert {k: m[k] for k in reward_keys} == pytest.approx({k: rounds[-1].metrics[k] for k in reward_keys})
     assert done == len(rounds_scored)
 
 

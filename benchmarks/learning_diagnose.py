@@ -84,8 +84,9 @@ def _group_shares(steps: list[dict]):
     if any(GENERATED in r for r in steps):
 
         def dropped(part):
-            gen = sum(r[GENERATED] for r in part if GENERATED in r and KEPT in r)
-            return (1 - sum(r[KEPT] for r in part if GENERATED in r and KEPT in r) / gen if gen else None), None
+            counted = [r for r in part if GENERATED in r and KEPT in r]
+            gen = sum(r[GENERATED] for r in counted)
+            return (1 - sum(r[KEPT] for r in counted) / gen if gen else None), None
 
         return "dropped by dynamic sampling, 1 - kept / generated groups", dropped
     if any(NO_SIGNAL in r for r in steps):

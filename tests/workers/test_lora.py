@@ -199,7 +199,7 @@ def test_lora_adapter_path_without_an_adapter_is_a_clear_error(tiny_model_dir, t
         lora_worker(tiny_model_dir, lora_adapter_path=str(tmp_path))
 
 
-def _first_layer_inputs(model):
+def _layer_inputs(model):
     seen = []
     layers = model.get_base_model().get_decoder().layers
     handles = [
@@ -219,7 +219,7 @@ def test_every_layer_input_takes_grad_under_grad_only_and_grads_do_not_change(ti
         if "lora_B" in name:
             torch.nn.init.normal_(p)
     ids = torch.randint(2, 40, (3, 9))
-    seen, handles = _first_layer_inputs(model)
+    seen, handles = _layer_inputs(model)
     loss = model(input_ids=ids, use_cache=False).logits.float().pow(2).mean()
     assert [x.requires_grad for x in seen] == [True] * len(seen)
     seen.clear()

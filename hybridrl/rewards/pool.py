@@ -312,6 +312,8 @@ class _Worker:
             self.proc.start()
         child.close()
         self.tag: str | None = None  # the worker's tag descriptor in /proc, once it is ready
+        self._stop_lock = threading.Lock()  # `close` and a `map` replacing this worker may stop it at once
+        self.stopped = False
         self.pending: deque[int] = deque()  # item indices sent and not answered, in order
         self.since = 0.0  # when the oldest pending item started (the last reply or the send)
 
@@ -339,7 +341,16 @@ class _Worker:
 
     def stop(self, kill: bool = False) -> None:
         """End the worker and everything it started: its process group, then any process that left
-        the group but carries the worker's environment marker."""
+        the group but carries the worker's environment marker. Runs once: a second call, from
+        another thread too, waits for the first and returns."""
+        with self._stop_lock:
+            if not self.stopped:
+                try:
+                    self._stop(kill)
+                finally:
+                    self.stopped = True
+
+    def _stop(self, kill: bool) -> None:
         if self.proc.is_alive() and not kill:
             try:
                 self.conn.send(None)
@@ -439,8 +450,14 @@ class WorkerPool:
         with self._lock:
             self.closed = True
             workers, self.workers = self.workers, []
-        for w in workers:
-            w.stop(kill=bool(w.pending))
+        failed = None
+        for w in workers:  # every worker, also when stopping one fails
+            try:
+                w.stop(kill=bool(w.pending))
+            except Exception as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def _new_worker(self) -> _Worker:
         forked = self.kind == "fork"
@@ -448,6 +465,8 @@ class WorkerPool:
         return _Worker(target, self.memory_limit_mb, forked, siblings=tuple(self.workers))
 
     def _replace(self, w: _Worker) -> _Worker:
+        if self.closed:  # `close` owns the workers now
+            raise _closed()
         w.stop(kill=True)
         with self._lock:
             if self.closed:

@@ -130,3 +130,50 @@ def test_wrong_custom_signature_is_found_before_training():
         return 1.0
 
     check_reward_kwargs(fine, {}, ["x"])
+
+
+def test_a_worker_stopped_from_two_threads_at_once_is_stopped_once(reward_file, monkeypatch):
+    """`close` (the run ending) and a `map` replacing the same dead worker both stop it: the second
+    waits for the first instead of closing the pipe a second time (an EBADF that used to abort
+    `close` before the other workers were stopped)."""
+    import threading
+
+    from hybridrl.rewards import pool as pool_module
+
+    calls = []
+    real = pool_module._kill_marked
+    monkeypatch.setattr(pool_module, "_kill_marked", lambda *a: calls.append(a) or real(*a))
+    pool = WorkerPool(Target(reward_file, "compute_score"), num_workers=1, timeout_s=5)
+    w = pool.workers[0]
+    barrier, errors = threading.Barrier(4), []
+
+    def stop():
+        barrier.wait()
+        try:
+            w.stop(kill=True)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=stop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert errors == [] and len(calls) == 1 and w.stopped and not w.proc.is_alive()
+    pool.close()  # the stopped worker again: nothing to do
+    assert len(calls) == 1
+
+
+def test_close_stops_every_worker_when_stopping_one_fails(reward_file, monkeypatch):
+    pool = WorkerPool(Target(reward_file, "compute_score"), num_workers=3, timeout_s=5)
+    first, *others = pool.workers
+
+    def broken(kill=False):
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(first, "stop", broken)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        pool.close()
+    assert all(not w.proc.is_alive() for w in others) and pool.workers == []
+    type(first).stop(first, kill=True)
+    assert not first.proc.is_alive()

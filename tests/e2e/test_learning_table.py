@@ -90,3 +90,58 @@ def test_the_queue_runs_the_base_and_grpo_rows_detached_and_packs_what_the_rows_
     assert len(first.get("points").split()) == 2  # one point per step
     cfg = (res / "config.yaml").read_text()
     assert "lr: 2.0e-06" in cfg and "format_needs_work: true" in cfg and "max_wall_time_s: 300.0" in cfg
+
+
+def _tiny_llama(tiny_model_dir, out):
+    """The tests' tiny model with the Llama architecture (SmolLM2's), random weights."""
+    import shutil
+
+    import torch
+
+    from hybridrl.models.loading import load_causal_lm, load_tokenizer
+
+    src = out / "config"
+    shutil.copytree(tiny_model_dir, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (src / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    model = load_causal_lm(str(src), random_init=True)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    model.save_pretrained(out / "llama")
+    load_tokenizer(str(src)).save_pretrained(out / "llama")
+    return out / "llama"
+
+
+def test_the_rows_still_to_run_on_a_gpu_run_through_the_queue(tmp_path, tiny_model_dir, tiny_model_with_weights):
+    """RLOO (the KL in the reward), the tool row (multi-turn with the python tool, on the native engine)
+    and the SmolLM2 row (a Llama model) train and evaluate end to end, each with its recipe's settings:
+    the rows whose GPU numbers are still owed (docs/learning.md) are ready to run."""
+    gsm8k, root = _gsm8k(tmp_path), tmp_path / "lt"
+    llama = _tiny_llama(tiny_model_dir, tmp_path)
+    train = [a for a in CPU if not a.startswith("actor_rollout_ref.rollout.name")]  # the native engine: the tool row needs it
+    env = {"BUDGET_S": "300", "TRAIN_ARGS": " ".join(train), "EVAL_ARGS": "--max-response-length 8"}
+    rows = ("rloo", "tool", f"smollm2_grpo={llama}")
+    started = _queue("start", tiny_model_with_weights, str(gsm8k), str(root), *rows, env=env)
+    assert started.returncode == 0, started.stderr
+    waited = _queue("wait", str(root), "540", timeout=600)
+    assert waited.returncode == 0 and "all rows done" in waited.stdout, waited.stdout + (root / "queue.log").read_text()
+
+    def results(name):
+        res = root / name / "results"
+        (row,) = json.loads((res / "row.json").read_text())
+        steps = [json.loads(line) for line in (res / "metrics.jsonl").read_text().splitlines()]
+        assert (row["recipe"], row["steps"], row["n_eval"], len(steps)) == (name, 2, 3, 2)
+        return row, steps, (res / "config.yaml").read_text()
+
+    _, steps, cfg = results("rloo")
+    assert "adv_estimator: rloo" in cfg and "use_kl_in_reward: true" in cfg and "use_kl_loss: false" in cfg
+    assert [s["actor/reward_kl_penalty_coeff"] for s in steps] == [0.001, 0.001] and "actor/kl_loss" not in steps[0]
+
+    _, steps, cfg = results("tool")
+    assert "multi_turn: {enable: true, format: code, max_assistant_turns: 3" in cfg
+    assert f"tool_config_path: {root}/repo/configs/tools/python.yaml" in cfg
+    assert all(s["agent/turns_mean"] >= 1.0 for s in steps)
+
+    row, _, cfg = results("smollm2_grpo")
+    assert row["model"] == "llama" and f"path: {llama}" in cfg

@@ -36,7 +36,7 @@ import time
 from datetime import timedelta
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -60,6 +60,9 @@ class Heartbeats:
 
     def beat(self, pid: int) -> None:
         self.last[pid] = time.monotonic()
+
+    def ready(self) -> bool:
+        return True
 
     def silent_for(self, pids: list[int]) -> dict[int, float]:
         now = time.monotonic()
@@ -313,6 +316,7 @@ class RayBackend:
         self.monitor = ray.remote(num_cpus=0, max_restarts=0)(Heartbeats).options(scheduling_strategy=here).remote()
         _WATCH.update(monitor=self.monitor, timeout_s=cfg.trainer.worker_timeout_s)
         try:
+            self._wait_for_monitor()
             for spec in self.specs:
                 self.pools[spec.name] = self._start_pool(spec, cfg, device_type)
             refs, who = [], []
@@ -326,6 +330,17 @@ class RayBackend:
         except BaseException:
             self.shutdown()
             raise
+
+    def _wait_for_monitor(self) -> None:
+        """Before any worker beats: the beats sent to a monitor still starting wait for it and are all
+        timed when it starts, so a rank stopped in the meantime would look just heard from."""
+        try:
+            ray.get(self.monitor.ready.remote(), timeout=PG_TIMEOUT_S)
+        except GetTimeoutError:
+            raise BackendError(
+                f"the heartbeat monitor (a Ray actor on the driver's node) did not start within {PG_TIMEOUT_S} s; "
+                "see `ray status` and the Ray logs of this node"
+            ) from None
 
     def _start_pool(self, spec: PoolSpec, cfg, device_type: str) -> tuple[list, list[dict]]:
         # One bundle per node with its per_node devices: the ranks of a node are consecutive, and

@@ -34,12 +34,29 @@ class Pair:
             raise RuntimeError("Connection closed by peer [127.0.0.1]:12345")
 
 
-def test_a_silent_peer_is_reported_as_the_cause_of_a_ranks_failure(ray_session, tiny_model_dir, arith_data):
+def _slow_monitor(start_s: float):
+    """The heartbeat monitor, starting as slowly as on a loaded node (seen in CI: 7 s)."""
+    from hybridrl.distributed.ray_backend import Heartbeats
+
+    class SlowMonitor(Heartbeats):
+        def __init__(self):
+            time.sleep(start_s)
+            super().__init__()
+
+    return SlowMonitor
+
+
+def test_a_silent_peer_is_reported_as_the_cause_of_a_ranks_failure(ray_session, tiny_model_dir, arith_data, monkeypatch):
+    """The monitor starts after the workers could (a loaded node): the backend waits for it before
+    starting them, else their first beats queue until it starts and all look fresh then, a rank
+    stopped meanwhile too."""
     from ray import cloudpickle
 
+    from hybridrl.distributed import ray_backend
     from hybridrl.distributed.ray_backend import RayBackend
 
-    cloudpickle.register_pickle_by_value(__import__(__name__))  # the toy worker travels by value
+    cloudpickle.register_pickle_by_value(__import__(__name__))  # the toy worker and the slow monitor travel by value
+    monkeypatch.setattr(ray_backend, "Heartbeats", _slow_monitor(8.0))
     cfg = config_from_dict(
         {
             "data": {"train_files": arith_data["train"], "train_batch_size": 4},

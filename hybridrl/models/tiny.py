@@ -70,6 +70,11 @@ def tiny_qwen2_config(vocab_size: int, **overrides) -> dict:
     return cfg
 
 
+def tiny_llama_config(vocab_size: int, **overrides) -> dict:
+    """`tiny_qwen2_config` with the Llama architecture (SmolLM2's): no attention biases."""
+    return tiny_qwen2_config(vocab_size, **{"architectures": ["LlamaForCausalLM"], "model_type": "llama", **overrides})
+
+
 def tiny_qwen2(vocab_size: int, *, seed: int = 0, dtype=None, attn: str | None = None, **overrides):
     """The tiny model in memory: a `Qwen2ForCausalLM` of `tiny_qwen2_config(vocab_size, **overrides)`
     with weights drawn after `torch.manual_seed(seed)`, cast to `dtype` when given; `attn` sets the
@@ -138,12 +143,13 @@ QWEN3_30B_A3B = dict(
 )
 
 
-CONFIGS = {"qwen2": tiny_qwen2_config, "qwen3_moe": tiny_qwen3_moe_config}  # write_tiny_model_dir's families
+# write_tiny_model_dir's families
+CONFIGS = {"qwen2": tiny_qwen2_config, "llama": tiny_llama_config, "qwen3_moe": tiny_qwen3_moe_config}
 
 
 def write_tiny_model_dir(out: str | Path, family: str = "qwen2", **config_overrides) -> Path:
     """Write tokenizer + config.json (no weights) to `out`; load with `model.random_init=true`.
-    `family`: qwen2 (dense) or qwen3_moe (mixture of experts)."""
+    `family`: qwen2 or llama (dense), or qwen3_moe (mixture of experts)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()

@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from tiny_models import SHAPE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,19 +93,14 @@ def test_the_queue_runs_the_base_and_grpo_rows_detached_and_packs_what_the_rows_
     assert "lr: 2.0e-06" in cfg and "format_needs_work: true" in cfg and "max_wall_time_s: 300.0" in cfg
 
 
-def _tiny_llama(tiny_model_dir, out):
+def _tiny_llama(out):
     """The tests' tiny model with the Llama architecture (SmolLM2's), random weights."""
-    import shutil
-
     import torch
 
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
+    from hybridrl.models.tiny import write_tiny_model_dir
 
-    src = out / "config"
-    shutil.copytree(tiny_model_dir, src)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
-    (src / "config.json").write_text(json.dumps(cfg))
+    src = write_tiny_model_dir(out / "config", family="llama", **SHAPE)
     torch.manual_seed(0)
     model = load_causal_lm(str(src), random_init=True)
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -113,13 +109,13 @@ def _tiny_llama(tiny_model_dir, out):
     return out / "llama"
 
 
-def test_the_rows_still_to_run_on_a_gpu_run_through_the_queue(tmp_path, tiny_model_dir, tiny_model_with_weights):
+def test_the_rows_still_to_run_on_a_gpu_run_through_the_queue(tmp_path, tiny_model_with_weights):
     """The tool row (multi-turn with the python tool, on the native engine) and the SmolLM2 row (a
     Llama model) train and evaluate end to end, each with its recipe's settings: rows whose GPU
     numbers are still owed (docs/learning.md) are ready to run. (RLOO's estimator and its KL in the
     reward run in tests/trainer/test_estimators_run.py.)"""
     gsm8k, root = _gsm8k(tmp_path), tmp_path / "lt"
-    llama = _tiny_llama(tiny_model_dir, tmp_path)
+    llama = _tiny_llama(tmp_path)
     train = [a for a in CPU if not a.startswith("actor_rollout_ref.rollout.name")]  # the native engine: the tool row needs it
     env = {"BUDGET_S": "300", "TRAIN_ARGS": " ".join(train), "EVAL_ARGS": "--max-response-length 8"}
     rows = ("tool", f"smollm2_grpo={llama}")
